@@ -1,0 +1,382 @@
+"""`Engine`: the asyncio-facing side of the engine thread.
+
+The server talks only to this class (or to a fake with the same methods). It runs on
+the event loop thread: requests are validated and their samplers built here, then handed
+to the engine thread through its command queue; outputs come back through
+`loop.call_soon_threadsafe`, once per engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import random
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.embedder import EmbedJob, Embedder
+from engine.llama import Context, ContextParams, Model, Sampler
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sequence import Sequence as Seq
+from engine.types import (
+    EngineNotReadyError,
+    EngineStats,
+    GenerateRequest,
+    InvalidRequestError,
+    ModelInfo,
+    QueueFullError,
+    SeqOutput,
+)
+from engine.worker import Abort, Embed, Stop, Submit, Worker
+
+log = logging.getLogger("kvserve.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: str
+    model_id: str
+    n_ctx: int = 8192  # KV cells shared by all slots (kv_unified)
+    n_seq_max: int = 8  # slots: sequences decoded together
+    n_batch: int = 512  # token budget of one step
+    prefill_chunk: int = 256  # most prompt tokens of one sequence per step
+    n_threads: int = 0  # 0: every core
+    max_queue: int = 64  # sequences that may wait for a slot; more get 429
+    embeddings: bool = True
+    embed_n_ctx: int = 4096  # longest embedding input, in tokens
+    embed_chunk: int = 256  # embedding tokens computed per engine step
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or os.cpu_count() or 1
+
+
+class EngineState(str, enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Generation:
+    """The outputs of one API request: `n` sequences of one prompt, interleaved.
+
+    Iterate to receive `(index, SeqOutput)` until every sequence has finished. Leaving
+    early (`async with` exit, or `abort()`) aborts the sequences still running.
+    """
+
+    def __init__(self, request_ids: Sequence[str], abort: Callable[[list[str]], None]):
+        self.request_ids = list(request_ids)
+        self._abort = abort
+        self._queue: asyncio.Queue[tuple[int, SeqOutput]] = asyncio.Queue()
+        self._open = set(range(len(request_ids)))
+
+    def put(self, index: int, output: SeqOutput) -> None:
+        """Called on the event loop with each output the engine produced."""
+        self._queue.put_nowait((index, output))
+
+    @property
+    def finished(self) -> bool:
+        return not self._open
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, SeqOutput]]:
+        while self._open:
+            index, output = await self._queue.get()
+            if output.finish_reason is not None:
+                self._open.discard(index)
+            yield index, output
+
+    def ready_nowait(self) -> list[tuple[int, SeqOutput]]:
+        """Outputs already waiting, without blocking (lets a slow reader coalesce)."""
+        items = []
+        while self._open and not self._queue.empty():
+            index, output = self._queue.get_nowait()
+            if output.finish_reason is not None:
+                self._open.discard(index)
+            items.append((index, output))
+        return items
+
+    def abort(self) -> None:
+        if self._open:
+            self._abort([self.request_ids[i] for i in sorted(self._open)])
+
+    async def __aenter__(self) -> Generation:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.abort()
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.state = EngineState.LOADING
+        self.load_progress = 0.0
+        self.load_error: str | None = None
+        self._model: Model | None = None
+        self._worker: Worker | None = None
+        self._info: ModelInfo | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._outstanding = 0  # sequences submitted and not yet finished (loop thread only)
+        self._pending_embeds = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the model and start the engine thread. Returns at once; see `state`."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._main, name="kvserve-engine", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    def _main(self) -> None:
+        try:
+            worker = self._load()
+        except Exception as exc:  # reported on /health; the process stays up to say so
+            log.exception("model load failed")
+            self.load_error = str(exc)
+            self.state = EngineState.FAILED
+            self._ready.set()
+            return
+        self._worker = worker
+        self.state = EngineState.READY
+        self._ready.set()
+        log.info("engine ready: %s", self.info.model_id)
+        try:
+            worker.run()
+        finally:
+            self.state = EngineState.STOPPED
+            worker.ctx.close()
+            if worker.embedder is not None:
+                worker.embedder.ctx.close()
+            worker.model.close()
+
+    def _load(self) -> Worker:
+        cfg = self.config
+
+        def progress(value: float) -> None:
+            self.load_progress = value
+
+        model = Model(cfg.model_path, on_progress=progress)
+        self._model = model
+        ctx = Context(model, ContextParams(cfg.n_ctx, cfg.n_batch, cfg.n_seq_max, cfg.threads))
+        embedder = None
+        if cfg.embeddings:
+            embed_ctx = Context(
+                model,
+                ContextParams(cfg.embed_n_ctx, cfg.embed_chunk, 1, cfg.threads, embeddings=True),
+            )
+            embedder = Embedder(embed_ctx, cfg.embed_chunk)
+        scheduler = Scheduler(
+            SchedulerConfig(cfg.n_seq_max, ctx.n_ctx, cfg.n_batch, cfg.prefill_chunk)
+        )
+        self._info = ModelInfo(
+            model_id=cfg.model_id,
+            path=cfg.model_path,
+            n_ctx=ctx.n_ctx,
+            n_ctx_train=model.n_ctx_train,
+            n_vocab=model.n_vocab,
+            n_embd=model.n_embd,
+            n_seq_max=cfg.n_seq_max,
+            chat_template=model.chat_template(),
+            bos_token=model.token_text(model.bos_id) if model.bos_id >= 0 else "",
+            eos_token=model.token_text(model.eos_id) if model.eos_id >= 0 else "",
+            add_bos=model.add_bos,
+            description=model.description(),
+            size_bytes=model.size_bytes(),
+            n_params=model.n_params(),
+        )
+        return Worker(model, ctx, scheduler, embedder, self._deliver)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread: running sequences are aborted, handles freed."""
+        if self._worker is not None and self._thread is not None and self._thread.is_alive():
+            self._worker.commands.put(Stop())
+            self._thread.join(timeout)
+
+    # -- facts -----------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    @property
+    def info(self) -> ModelInfo:
+        if self._info is None:
+            raise EngineNotReadyError("the model is not loaded")
+        return self._info
+
+    def _require_model(self) -> Model:
+        if self._model is None or not self.ready:
+            raise EngineNotReadyError("the model is still loading")
+        return self._model
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self._require_model().tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._require_model().detokenize(tokens)
+
+    def token_text(self, token: int) -> str:
+        return self._require_model().token_text(token)
+
+    def stats(self) -> EngineStats | None:
+        return self._worker.stats() if self._worker is not None else None
+
+    @property
+    def capacity(self) -> int:
+        return self.config.n_seq_max + self.config.max_queue
+
+    # -- generation ------------------------------------------------------------------
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> Generation:
+        """Validate and queue `requests` (the n choices of one API request).
+
+        Raises InvalidRequestError (400), QueueFullError (429) or EngineNotReadyError
+        (503) before anything is queued."""
+        model = self._require_model()
+        for request in requests:
+            self._validate(request)
+        if self._outstanding + len(requests) > self.capacity:
+            raise QueueFullError()
+        if any(r.sampling.grammar is not None for r in requests):
+            samplers = await asyncio.to_thread(self._build_samplers, model, requests)
+        else:
+            samplers = self._build_samplers(model, requests)
+        if self._outstanding + len(requests) > self.capacity:  # re-check after the await
+            for sampler in samplers:
+                sampler.close()
+            raise QueueFullError()
+        generation = Generation([r.request_id for r in requests], self._abort)
+        seqs = tuple(
+            Seq(
+                request,
+                sampler,
+                IncrementalDetokenizer(model.pieces, request.stop, request.include_stop_str),
+                (generation, index),
+            )
+            for index, (request, sampler) in enumerate(zip(requests, samplers, strict=True))
+        )
+        self._outstanding += len(seqs)
+        assert self._worker is not None
+        self._worker.commands.put(Submit(seqs))
+        return generation
+
+    def _validate(self, request: GenerateRequest) -> None:
+        info = self.info
+        num_prompt = len(request.prompt_tokens)
+        if num_prompt == 0:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if any(t < 0 or t >= info.n_vocab for t in request.prompt_tokens):
+            raise InvalidRequestError(
+                f"prompt contains a token id outside [0, {info.n_vocab})", param="prompt"
+            )
+        wanted = num_prompt + (request.max_tokens or 1)
+        if wanted > info.n_ctx:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {info.n_ctx} tokens. However, you "
+                f"requested {wanted} tokens ({num_prompt} in the prompt, "
+                f"{request.max_tokens or 1} for the completion).",
+                param="messages" if request.max_tokens is None else "max_tokens",
+                code="context_length_exceeded",
+            )
+        for token, _ in request.sampling.logit_bias:
+            if token < 0 or token >= info.n_vocab:
+                raise InvalidRequestError(
+                    f"logit_bias names token {token}, outside [0, {info.n_vocab})",
+                    param="logit_bias",
+                )
+
+    @staticmethod
+    def _build_samplers(model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
+        samplers: list[Sampler] = []
+        try:
+            for request in requests:
+                seed = request.sampling.seed
+                if seed is None:
+                    seed = random.getrandbits(32)
+                samplers.append(Sampler(model, request.sampling, seed & 0xFFFFFFFF))
+        except ValueError as exc:
+            for sampler in samplers:
+                sampler.close()
+            param = "grammar" if "grammar" in str(exc) else None
+            raise InvalidRequestError(str(exc), param=param) from exc
+        return samplers
+
+    def _abort(self, request_ids: list[str]) -> None:
+        if self._worker is not None:
+            self._worker.commands.put(Abort(tuple(request_ids)))
+
+    def _deliver(self, items: list[tuple[object, SeqOutput]]) -> None:
+        """Engine thread: hand one step's outputs to the event loop in one wake-up."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._dispatch, items)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def _dispatch(self, items: list[tuple[object, SeqOutput]]) -> None:
+        for sink, output in items:
+            generation, index = sink  # type: ignore[misc]
+            if output.finish_reason is not None:
+                self._outstanding -= 1
+            generation.put(index, output)
+
+    # -- embeddings ------------------------------------------------------------------
+
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Mean-pooled, unit-length embeddings of token lists."""
+        self._require_model()
+        if not self.config.embeddings:
+            raise InvalidRequestError("embeddings are disabled on this server", param="input")
+        limit = self.config.embed_n_ctx
+        for i, tokens in enumerate(inputs):
+            if not tokens:
+                raise InvalidRequestError(f"input[{i}] is empty", param="input")
+            if len(tokens) > limit:
+                raise InvalidRequestError(
+                    f"input[{i}] has {len(tokens)} tokens; the limit is {limit}",
+                    param="input",
+                    code="context_length_exceeded",
+                )
+            if any(t < 0 or t >= self.info.n_vocab for t in tokens):
+                raise InvalidRequestError(
+                    f"input[{i}] contains a token id outside [0, {self.info.n_vocab})",
+                    param="input",
+                )
+        if self._pending_embeds >= self.config.max_queue:
+            raise QueueFullError()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[np.ndarray]] = loop.create_future()
+
+        def on_done(results: list[np.ndarray] | None, error: str | None) -> None:
+            loop.call_soon_threadsafe(_settle, results, error)
+
+        def _settle(results: list[np.ndarray] | None, error: str | None) -> None:
+            self._pending_embeds -= 1
+            if future.done():
+                return
+            if results is None:
+                future.set_exception(RuntimeError(error or "embedding cancelled"))
+            else:
+                future.set_result(results)
+
+        job = EmbedJob([list(t) for t in inputs], on_done)
+        self._pending_embeds += 1
+        assert self._worker is not None
+        self._worker.commands.put(Embed(job))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            job.cancelled = True  # read by the engine thread at its next embedding step
+            raise

@@ -1,0 +1,407 @@
+"""The one module that touches llama.cpp (through llama-cpp-python's ctypes bindings).
+
+Everything above this module deals in Python ints, bytes and numpy arrays. Handles are
+owned by the objects here and freed by `close()`; except where a docstring says
+otherwise, methods must be called from the engine thread only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import llama_cpp as C
+import numpy as np
+
+from engine.types import SamplingParams
+
+log = logging.getLogger("kvserve.llama")
+
+# ggml's log levels: 1 debug, 2 info, 3 warn, 4 error, 5 "continue the last line".
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_ERROR = 4
+_local = threading.local()
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    # Module-level so that the ctypes callback outlives every call llama.cpp makes to it.
+    message = text.decode("utf-8", "replace").rstrip("\n")
+    captured = getattr(_local, "captured", None)
+    if captured is not None and level == _ERROR:
+        captured.append(message)
+    if message:
+        log.log(_LEVELS.get(level, logging.DEBUG), "%s", message)
+
+
+_backend_ready = False
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and route its log lines into `logging`."""
+    global _backend_ready
+    if not _backend_ready:
+        C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        _backend_ready = True
+
+
+class _CaptureErrors:
+    """Collect llama.cpp's error log lines emitted by this thread inside the block."""
+
+    def __enter__(self) -> list[str]:
+        _local.captured = []
+        return _local.captured  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: object) -> None:
+        _local.captured = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContextParams:
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+    n_threads: int
+    embeddings: bool = False
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary.
+
+    The vocabulary is immutable after load, so `tokenize`, `detokenize` and the token
+    tables may be used from any thread (llama-server tokenizes on its HTTP threads too).
+    """
+
+    def __init__(self, path: str, *, on_progress: Callable[[float], None] | None = None):
+        init_backend()
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"model file not found: {path}")
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = 0
+        # No repacked "extra" weight buffers: on CPUs with AMX, llama.cpp's AMX matmul
+        # for Q4_1 weights segfaults on any batch of more than one token (seen on the
+        # dev machine with llama-cpp-python 0.3.36). Plain CPU buffers are correct.
+        params.use_extra_bufts = False
+        # Keep the callback referenced on self: llama.cpp calls it during the load.
+        self._progress_cb = None
+        if on_progress is not None:
+
+            def _progress(progress: float, _user: ctypes.c_void_p) -> bool:
+                on_progress(float(progress))
+                return True
+
+            self._progress_cb = C.llama_progress_callback(_progress)
+            params.progress_callback = self._progress_cb
+        handle = C.llama_model_load_from_file(path.encode(), params)
+        if not handle:
+            raise RuntimeError(f"llama.cpp could not load the model at {path}")
+        self.handle = handle
+        self.path = path
+        self.vocab = C.llama_model_get_vocab(handle)
+        self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
+        self.n_embd: int = C.llama_model_n_embd(handle)
+        self.n_ctx_train: int = C.llama_model_n_ctx_train(handle)
+        self.add_bos: bool = bool(C.llama_vocab_get_add_bos(self.vocab))
+        self.bos_id: int = C.llama_vocab_bos(self.vocab)
+        self.eos_id: int = C.llama_vocab_eos(self.vocab)
+        self.eog_ids: frozenset[int] = frozenset(
+            t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t)
+        )
+        # Piece bytes of every token, rendered without special tokens: the detokenizer
+        # concatenates these, so a token costs a list lookup instead of a C call.
+        self.pieces: list[bytes] = [self._piece(t, special=False) for t in range(self.n_vocab)]
+
+    def _piece(self, token: int, *, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        """The token's text with special tokens rendered (for /tokenize pieces)."""
+        return self._piece(token, special=True).decode("utf-8", "replace")
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = C.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            C.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        ptr = C.llama_model_chat_template(self.handle, None)
+        return ptr.decode("utf-8") if ptr else None
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self.handle, buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def size_bytes(self) -> int:
+        return int(C.llama_model_size(self.handle))
+
+    def n_params(self) -> int:
+        return int(C.llama_model_n_params(self.handle))
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (C.llama_token * capacity)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (C.llama_token * capacity)()
+            n = C.llama_tokenize(
+                self.vocab, data, len(data), buf, capacity, add_special, parse_special
+            )
+        return list(buf[:n])
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        if not tokens:
+            return ""
+        arr = (C.llama_token * len(tokens))(*tokens)
+        capacity = max(64, len(tokens) * 8)
+        buf = ctypes.create_string_buffer(capacity)
+        n = C.llama_detokenize(self.vocab, arr, len(tokens), buf, capacity, False, special)
+        if n < 0:
+            capacity = -n
+            buf = ctypes.create_string_buffer(capacity)
+            n = C.llama_detokenize(self.vocab, arr, len(tokens), buf, capacity, False, special)
+        return buf.raw[:n].decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if self.handle:
+            C.llama_model_free(self.handle)
+            self.handle = None
+
+
+
+class Batch:
+    """A `llama_batch` whose arrays are numpy buffers we own.
+
+    Filling a prefill chunk is a few numpy slice assignments instead of one ctypes
+    store per token. Each row belongs to exactly one sequence: `seq_id[i]` points at
+    `seq_ids[i]`.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.tokens = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq_ids = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        self._seq_ptrs = (i32p * capacity)()
+        base = self.seq_ids.ctypes.data
+        for i in range(capacity):
+            self._seq_ptrs[i] = ctypes.cast(base + 4 * i, i32p)
+        self.struct = C.llama_batch(
+            n_tokens=0,
+            token=self.tokens.ctypes.data_as(i32p),
+            embd=None,
+            pos=self.pos.ctypes.data_as(i32p),
+            n_seq_id=self.n_seq_id.ctypes.data_as(i32p),
+            seq_id=ctypes.cast(self._seq_ptrs, ctypes.POINTER(i32p)),
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
+        self.size = 0
+
+    def clear(self) -> None:
+        self.size = 0
+
+    def add(self, seq_id: int, tokens: Sequence[int], start_pos: int, logits_last: bool) -> int:
+        """Append a run of one sequence's tokens; return the row index of its last token."""
+        n = len(tokens)
+        i = self.size
+        j = i + n
+        if j > self.capacity:
+            raise ValueError(f"batch overflow: {j} > {self.capacity}")
+        self.tokens[i:j] = tokens
+        self.pos[i:j] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        self.seq_ids[i:j] = seq_id
+        self.logits[i:j] = 0
+        if logits_last:
+            self.logits[j - 1] = 1
+        self.size = j
+        return j - 1
+
+    def add_all_outputs(self, seq_id: int, tokens: Sequence[int], start_pos: int) -> None:
+        """Append a run that asks for an output (embedding) at every row."""
+        self.add(seq_id, tokens, start_pos, logits_last=False)
+        self.logits[self.size - len(tokens) : self.size] = 1
+
+
+class Context:
+    """A llama context over a `Model`. Engine thread only."""
+
+    def __init__(self, model: Model, params: ContextParams):
+        cp = C.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = params.n_batch
+        cp.n_seq_max = params.n_seq_max
+        cp.n_threads = params.n_threads
+        cp.n_threads_batch = params.n_threads
+        cp.kv_unified = True
+        cp.no_perf = True
+        if params.embeddings:
+            cp.embeddings = True
+            # Mean pooling is done by the caller over per-token outputs, so that a long
+            # input can be split over several steps without stalling generation.
+            cp.pooling_type = C.LLAMA_POOLING_TYPE_NONE
+        handle = C.llama_init_from_model(model.handle, cp)
+        if not handle:
+            raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+        self.handle = handle
+        self.model = model
+        self.params = params
+        self.n_ctx: int = C.llama_n_ctx(handle)
+        self.memory = C.llama_get_memory(handle)
+
+    def decode(self, batch: Batch) -> int:
+        """Run one llama_decode; 0 is success, 1 means no KV space, other values fail."""
+        batch.struct.n_tokens = batch.size
+        return int(C.llama_decode(self.handle, batch.struct))
+
+    def logits_row(self, row: int) -> np.ndarray:
+        """A numpy view (no copy) of the logits of batch row `row`; valid until the next decode."""
+        ptr = C.llama_get_logits_ith(self.handle, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def embeddings(self, n_outputs: int) -> np.ndarray:
+        """A (n_outputs, n_embd) view of the per-token embeddings of the last decode."""
+        ptr = C.llama_get_embeddings(self.handle)
+        if not ptr:
+            raise RuntimeError("the context produced no embeddings")
+        return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.model.n_embd))
+
+    def remove_seq(self, seq_id: int, start: int = 0) -> None:
+        """Drop the KV cells of `seq_id` at positions >= start."""
+        C.llama_memory_seq_rm(self.memory, seq_id, start, -1)
+
+    def clear(self) -> None:
+        C.llama_memory_clear(self.memory, True)
+
+    def close(self) -> None:
+        if self.handle:
+            C.llama_free(self.handle)
+            self.handle = None
+
+
+class Sampler:
+    """A per-sequence llama sampler chain.
+
+    Built on the caller's thread (grammar compilation may take a while and its errors
+    belong to the request), then owned by the engine thread.
+    """
+
+    def __init__(self, model: Model, params: SamplingParams, seed: int):
+        self._keep: list[object] = []  # ctypes arrays the chain may point into
+        chain_params = C.llama_sampler_chain_default_params()
+        chain_params.no_perf = True
+        self.handle = C.llama_sampler_chain_init(chain_params)
+        try:
+            self._build(model, params, seed)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, sampler: object) -> None:
+        if not sampler:
+            raise ValueError("llama.cpp rejected a sampler parameter")
+        C.llama_sampler_chain_add(self.handle, sampler)
+
+    def _build(self, model: Model, p: SamplingParams, seed: int) -> None:
+        if p.grammar is not None:
+            with _CaptureErrors() as errors:
+                grammar = C.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+            if not grammar:
+                reason = "; ".join(e for e in errors if e) or "the grammar does not parse"
+                raise ValueError(f"invalid grammar: {reason}")
+            self._add(grammar)
+        bias = list(p.logit_bias)
+        if p.ignore_eos:
+            bias += [(t, float("-inf")) for t in model.eog_ids]
+        if bias:
+            arr = (C.llama_logit_bias * len(bias))(*(C.llama_logit_bias(t, b) for t, b in bias))
+            self._keep.append(arr)
+            self._add(C.llama_sampler_init_logit_bias(model.n_vocab, len(bias), arr))
+        if p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+            last_n = model.n_vocab if p.repeat_last_n == -1 else p.repeat_last_n
+            self._add(
+                C.llama_sampler_init_penalties(
+                    last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                )
+            )
+        if p.dry_multiplier > 0.0:
+            breakers = [s.encode() for s in p.dry_sequence_breakers]
+            arr_b = (ctypes.c_char_p * len(breakers))(*breakers)
+            self._keep.append(arr_b)
+            self._add(
+                C.llama_sampler_init_dry(
+                    model.vocab,
+                    p.dry_multiplier,
+                    p.dry_base,
+                    p.dry_allowed_length,
+                    p.dry_penalty_last_n,
+                    arr_b,
+                    len(breakers),
+                )
+            )
+        if p.greedy:
+            self._add(C.llama_sampler_init_greedy())
+            return
+        if p.mirostat == 1:
+            self._add(C.llama_sampler_init_temp(p.temperature))
+            self._add(
+                C.llama_sampler_init_mirostat(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
+            )
+            return
+        if p.mirostat == 2:
+            self._add(C.llama_sampler_init_temp(p.temperature))
+            self._add(C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
+            return
+        min_keep = p.min_keep
+        if p.top_n_sigma > 0.0:
+            self._add(C.llama_sampler_init_top_n_sigma(p.top_n_sigma))
+        if p.top_k > 0:
+            self._add(C.llama_sampler_init_top_k(p.top_k))
+        if p.typical_p < 1.0:
+            self._add(C.llama_sampler_init_typical(p.typical_p, min_keep))
+        if p.top_p < 1.0:
+            self._add(C.llama_sampler_init_top_p(p.top_p, min_keep))
+        if p.min_p > 0.0:
+            self._add(C.llama_sampler_init_min_p(p.min_p, min_keep))
+        if p.xtc_probability > 0.0:
+            self._add(C.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, min_keep, seed))
+        if p.dynatemp_range > 0.0:
+            self._add(
+                C.llama_sampler_init_temp_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent)
+            )
+        else:
+            self._add(C.llama_sampler_init_temp(p.temperature))
+        self._add(C.llama_sampler_init_dist(seed))
+
+    def sample(self, ctx: Context, row: int) -> int:
+        """Sample from batch row `row` and accept the token into the chain's state."""
+        return int(C.llama_sampler_sample(self.handle, ctx.handle, row))
+
+    def close(self) -> None:
+        if self.handle:
+            C.llama_sampler_free(self.handle)
+            self.handle = None
+        self._keep.clear()
+
+    def __del__(self) -> None:  # a request dropped before it reached the engine thread
+        self.close()

@@ -1,0 +1,74 @@
+"""Executes one scheduled step: fill the batch, decode once, sample each finished chunk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.llama import Batch, Context
+from engine.scheduler import Chunk
+from engine.sequence import Sequence
+from engine.types import TokenLogprob, TopLogprob
+
+
+class DecodeError(Exception):
+    def __init__(self, code: int):
+        reason = {
+            1: "no KV cache slot for the batch",
+            2: "decode aborted",
+            -1: "invalid input batch",
+        }.get(code, "internal llama.cpp error")
+        super().__init__(f"llama_decode failed with code {code} ({reason})")
+        self.code = code
+
+
+@dataclass(slots=True)
+class Sampled:
+    seq: Sequence
+    token: int
+    logprob: TokenLogprob | None
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """Log-probability of `token` and the `top` most likely tokens under the raw
+    distribution of the model (before temperature, penalties or grammar)."""
+    peak = float(logits.max())
+    log_norm = peak + float(np.log(np.exp(logits - peak, dtype=np.float32).sum(dtype=np.float64)))
+    alternatives: tuple[TopLogprob, ...] = ()
+    if top > 0:
+        best = np.argpartition(logits, -top)[-top:]
+        best = best[np.argsort(-logits[best], kind="stable")]
+        alternatives = tuple(TopLogprob(int(t), float(logits[t]) - log_norm) for t in best)
+    return TokenLogprob(token, float(logits[token]) - log_norm, alternatives)
+
+
+class Runner:
+    """The model runner: computes what the scheduler decided, decides nothing."""
+
+    def __init__(self, ctx: Context, capacity: int):
+        self.ctx = ctx
+        self.batch = Batch(capacity)
+
+    def run(self, chunks: list[Chunk]) -> list[Sampled]:
+        batch = self.batch
+        batch.clear()
+        to_sample: list[tuple[Sequence, int]] = []
+        for chunk in chunks:
+            seq = chunk.seq
+            assert seq.slot is not None
+            end = chunk.start + chunk.length
+            row = batch.add(seq.slot, seq.tokens[chunk.start : end], chunk.start, chunk.sample)
+            if chunk.sample:
+                to_sample.append((seq, row))
+        code = self.ctx.decode(batch)
+        if code != 0:
+            raise DecodeError(code)
+        results = []
+        for seq, row in to_sample:
+            assert seq.sampler is not None
+            token = seq.sampler.sample(self.ctx, row)
+            top = seq.request.logprobs
+            logprob = None if top is None else token_logprob(self.ctx.logits_row(row), token, top)
+            results.append(Sampled(seq, token, logprob))
+        return results

@@ -1,0 +1,156 @@
+"""Which tokens go into the next `llama_decode`: pure policy, no llama.cpp.
+
+One step carries a decode row for every decoding sequence first, then prefill chunks of
+the others, oldest first, under a per-step token budget and a per-chunk cap. Decode rows
+are never dropped for a prefill, so a long prompt delays running streams by at most one
+chunk per step, never stalls them.
+
+The KV cache is one unified pool of `n_ctx` cells. A sequence is admitted when its
+tokens fit beside everything already admitted; when decoding grows the running set past
+the pool, the newest sequence is preempted (its cells freed, its tokens re-prefilled
+later) so the older ones can finish: the vLLM policy.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.sequence import Sequence, SeqStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """`length` pending tokens of `seq` starting at `start`; `sample` if they end the list."""
+
+    seq: Sequence
+    start: int
+    length: int
+    sample: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    num_slots: int
+    n_ctx: int
+    step_tokens: int  # token budget of one llama_decode
+    prefill_chunk: int  # most prompt tokens of one sequence in one step
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig):
+        if config.step_tokens < config.num_slots:
+            raise ValueError("step_tokens must be at least the number of slots")
+        self.config = config
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self.free_slots: list[int] = list(range(config.num_slots - 1, -1, -1))
+        self.num_preemptions = 0
+
+    # -- queries ---------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def kv_cells_committed(self) -> int:
+        """Cells the running sequences will occupy once their pending tokens are in."""
+        return sum(len(s.tokens) for s in self.running)
+
+    @property
+    def kv_cells_used(self) -> int:
+        return sum(s.num_computed for s in self.running)
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in self.running:
+            if seq.request_id == request_id:
+                return seq
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                return seq
+        return None
+
+    # -- mutations -------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> int | None:
+        """Take `seq` out (finished or aborted); return the slot it held, now free."""
+        slot = seq.slot
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            assert slot is not None
+            self.free_slots.append(slot)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.slot = None
+        return slot
+
+    def preempt_newest(self) -> int:
+        """Send the most recently admitted sequence back to the head of the queue.
+        Returns its former slot, whose KV cells the caller must drop."""
+        seq = self.running.pop()
+        slot = seq.slot
+        assert slot is not None
+        self.free_slots.append(slot)
+        seq.slot = None
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        return slot
+
+    def schedule(self) -> tuple[list[Chunk], list[int]]:
+        """Plan the next step. Returns the chunks and the slots of sequences preempted to
+        make room (their KV cells must be dropped before the step runs)."""
+        preempted = self._make_room()
+        self._admit()
+        chunks: list[Chunk] = []
+        budget = self.config.step_tokens
+        free_cells = self.config.n_ctx - self.kv_cells_used
+        for seq in self.running:
+            if seq.is_decoding:
+                chunks.append(Chunk(seq, seq.num_computed, 1, True))
+                budget -= 1
+                free_cells -= 1
+        for seq in self.running:
+            if budget <= 0 or free_cells <= 0:
+                break
+            if seq.is_decoding or seq.num_pending == 0:
+                continue
+            length = min(seq.num_pending, self.config.prefill_chunk, budget, free_cells)
+            chunks.append(Chunk(seq, seq.num_computed, length, length == seq.num_pending))
+            budget -= length
+            free_cells -= length
+        return chunks, preempted
+
+    def _make_room(self) -> list[int]:
+        freed = []
+        while len(self.running) > 1 and self.kv_cells_committed > self.config.n_ctx:
+            freed.append(self.preempt_newest())
+        return freed
+
+    def _admit(self) -> None:
+        committed = self.kv_cells_committed
+        while self.waiting and self.free_slots:
+            seq = self.waiting[0]
+            if self.running and committed + len(seq.tokens) > self.config.n_ctx:
+                break  # FIFO: later arrivals do not overtake a large one
+            self.waiting.popleft()
+            seq.slot = self.free_slots.pop()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            committed += len(seq.tokens)
+
+    def check_integrity(self) -> None:
+        """Invariants; cheap enough for tests and idle moments."""
+        slots = [s.slot for s in self.running]
+        assert len(set(slots)) == len(slots), "two running sequences share a slot"
+        assert not set(slots) & set(self.free_slots), "a running slot is also free"
+        assert len(slots) + len(self.free_slots) == self.config.num_slots, "a slot leaked"
+        assert all(s.status is SeqStatus.WAITING and s.slot is None for s in self.waiting)
+        assert all(s.status is SeqStatus.RUNNING for s in self.running)

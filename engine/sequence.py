@@ -1,0 +1,87 @@
+"""`Sequence`: the one piece of state the scheduler, runner and worker share."""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import TYPE_CHECKING
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.types import GenerateRequest
+
+if TYPE_CHECKING:
+    from engine.llama import Sampler
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # queued, no slot
+    RUNNING = "running"  # holds a slot: prefilling or decoding
+    FINISHED = "finished"
+
+
+class Sequence:
+    """A prompt plus the tokens generated so far, and where it stands in the KV cache.
+
+    `tokens` is prompt + output. The first `num_computed` of them are in the KV cache of
+    slot `slot`; the rest are pending. A decoding sequence has exactly one pending token
+    (the one it sampled last). Preemption only resets `num_computed` to 0: the whole
+    token list is prefilled again later and generation carries on where it stopped.
+    """
+
+    __slots__ = (
+        "request",
+        "sampler",
+        "detokenizer",
+        "sink",
+        "tokens",
+        "num_prompt_tokens",
+        "num_computed",
+        "num_cached",
+        "slot",
+        "status",
+        "arrival",
+        "first_token_time",
+    )
+
+    def __init__(
+        self,
+        request: GenerateRequest,
+        sampler: "Sampler | None",
+        detokenizer: IncrementalDetokenizer,
+        sink: object,
+    ):
+        self.request = request
+        self.sampler = sampler
+        self.detokenizer = detokenizer
+        self.sink = sink  # opaque to the engine: handed back with every output
+        self.tokens: list[int] = list(request.prompt_tokens)
+        self.num_prompt_tokens = len(self.tokens)
+        self.num_computed = 0
+        self.num_cached = 0  # prompt tokens restored instead of prefilled
+        self.slot: int | None = None
+        self.status = SeqStatus.WAITING
+        self.arrival = time.monotonic()
+        self.first_token_time: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.tokens) - self.num_prompt_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Prompt done: the only pending token is the last one sampled."""
+        return self.num_output_tokens > 0 and self.num_pending == 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, slot={self.slot}, "
+            f"computed={self.num_computed}/{len(self.tokens)})"
+        )

@@ -1,0 +1,164 @@
+"""Plain values that cross the boundary between the server and the engine thread.
+
+Everything here is a frozen dataclass: a request is built on the event loop, read on the
+engine thread, and never mutated by either side afterwards.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOG token or a stop string
+    LENGTH = "length"  # max_tokens or the context ran out
+    ABORT = "abort"  # the client went away or asked to cancel
+    ERROR = "error"  # the engine failed this sequence (see SeqOutput.error)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What a request asks of the sampler chain. Defaults match llama-server's."""
+
+    temperature: float = 1.0
+    top_k: int = 40
+    top_p: float = 1.0
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    min_keep: int = 1
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    top_n_sigma: float = -1.0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    ignore_eos: bool = False
+    grammar: str | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 and self.mirostat == 0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One sequence to generate. `n > 1` in the API becomes n of these."""
+
+    request_id: str
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None  # None: until EOG or the context is full
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: off; k >= 0: sampled token plus top k
+    include_stop_str: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SeqOutput:
+    """An increment of one sequence: new text, the tokens behind it, maybe the end.
+
+    `text` may lag `token_ids`: bytes of an incomplete UTF-8 character or a possible
+    stop-string prefix are held back until they resolve.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """Facts about the loaded model that the server needs."""
+
+    model_id: str
+    path: str
+    n_ctx: int
+    n_ctx_train: int
+    n_vocab: int
+    n_embd: int
+    n_seq_max: int
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+    add_bos: bool
+    description: str = ""
+    size_bytes: int = 0
+    n_params: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine for /metrics and tests."""
+
+    num_slots: int
+    num_running: int
+    num_waiting: int
+    kv_cells_used: int
+    num_steps: int
+    num_prefill_tokens: int
+    num_generated_tokens: int
+    num_preemptions: int
+    num_decode_failures: int
+    last_batch_size: int
+
+
+class EngineError(Exception):
+    """Base class of errors the engine reports to callers."""
+
+
+class InvalidRequestError(EngineError):
+    """The request cannot be served as asked (bad grammar, bad token id, too long)."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class QueueFullError(EngineError):
+    """Every slot is busy and the admission queue is at its bound."""
+
+    def __init__(self, retry_after_s: int = 1):
+        super().__init__("the server is at capacity; retry later")
+        self.retry_after_s = retry_after_s
+
+
+class EngineNotReadyError(EngineError):
+    """The model is still loading (or failed to load)."""
+
+
+class GenerationError(EngineError):
+    """The engine failed a sequence mid-way (a failed llama_decode, say)."""
