@@ -41,7 +41,9 @@ class IncrementalDetokenizer:
 
     __slots__ = ("_pieces", "_raw", "_held", "_stops", "_include_stop", "stopped")
 
-    def __init__(self, pieces: Sequence[bytes], stops: Sequence[str] = (), include_stop: bool = False):
+    def __init__(
+        self, pieces: Sequence[bytes], stops: Sequence[str] = (), include_stop: bool = False
+    ):
         self._pieces = pieces
         self._raw = bytearray()  # bytes of an incomplete character
         self._held = ""  # decoded text that may begin a stop string

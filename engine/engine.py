@@ -9,6 +9,7 @@ to the engine thread through its command queue; outputs come back through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.embedder import EmbedJob, Embedder
+from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, ContextParams, Model, Sampler
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence as Seq
@@ -57,7 +58,7 @@ class EngineConfig:
         return self.n_threads or os.cpu_count() or 1
 
 
-class EngineState(str, enum.Enum):
+class EngineState(enum.StrEnum):
     LOADING = "loading"
     READY = "ready"
     FAILED = "failed"
@@ -221,14 +222,22 @@ class Engine:
             raise EngineNotReadyError("the model is still loading")
         return self._model
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self._require_model().tokenize(text, add_special=add_special, parse_special=parse_special)
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        return self._require_model().tokenize(
+            text, add_special=add_special, parse_special=parse_special
+        )
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._require_model().detokenize(tokens)
 
     def token_text(self, token: int) -> str:
         return self._require_model().token_text(token)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a generated token contributes to the text (b"" for control tokens)."""
+        return self._require_model().pieces[token]
 
     def stats(self) -> EngineStats | None:
         return self._worker.stats() if self._worker is not None else None
@@ -320,10 +329,8 @@ class Engine:
     def _deliver(self, items: list[tuple[object, SeqOutput]]) -> None:
         """Engine thread: hand one step's outputs to the event loop in one wake-up."""
         assert self._loop is not None
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
             self._loop.call_soon_threadsafe(self._dispatch, items)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
 
     def _dispatch(self, items: list[tuple[object, SeqOutput]]) -> None:
         for sink, output in items:

@@ -185,7 +185,6 @@ class Model:
             self.handle = None
 
 
-
 class Batch:
     """A `llama_batch` whose arrays are numpy buffers we own.
 
@@ -365,7 +364,9 @@ class Sampler:
         if p.mirostat == 1:
             self._add(C.llama_sampler_init_temp(p.temperature))
             self._add(
-                C.llama_sampler_init_mirostat(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
+                C.llama_sampler_init_mirostat(
+                    model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100
+                )
             )
             return
         if p.mirostat == 2:

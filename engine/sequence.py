@@ -46,7 +46,7 @@ class Sequence:
     def __init__(
         self,
         request: GenerateRequest,
-        sampler: "Sampler | None",
+        sampler: Sampler | None,
         detokenizer: IncrementalDetokenizer,
         sink: object,
     ):

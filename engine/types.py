@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOG token or a stop string
     LENGTH = "length"  # max_tokens or the context ran out
     ABORT = "abort"  # the client went away or asked to cancel

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.embedder import EmbedJob, Embedder
+from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, Model
 from engine.runner import DecodeError, Runner, Sampled
 from engine.scheduler import Chunk, Scheduler
@@ -169,9 +169,7 @@ class Worker:
         finish = None
         if seq.detokenizer.stopped:
             finish = FinishReason.STOP
-        elif request.max_tokens is not None and seq.num_output_tokens >= request.max_tokens:
-            finish = FinishReason.LENGTH
-        elif len(seq.tokens) >= self._n_ctx:
+        elif self._out_of_room(seq):
             finish = FinishReason.LENGTH
         if finish is None:
             self._emit(seq, SeqOutput(text, (token,), logprobs))
@@ -179,6 +177,13 @@ class Worker:
         if finish is FinishReason.LENGTH:
             text += seq.detokenizer.flush()
         self._finish(seq, finish, text, (token,), logprobs)
+
+    def _out_of_room(self, seq: Sequence) -> bool:
+        """max_tokens reached, or the context cannot hold another token."""
+        limit = seq.request.max_tokens
+        return (limit is not None and seq.num_output_tokens >= limit) or len(
+            seq.tokens
+        ) >= self._n_ctx
 
     def _emit(self, seq: Sequence, output: SeqOutput) -> None:
         self._outbox.append((seq.sink, output))

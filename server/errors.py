@@ -1,0 +1,153 @@
+"""Every error leaves in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.types import EngineNotReadyError, InvalidRequestError, QueueFullError
+
+log = logging.getLogger("kvserve.server")
+
+
+class APIError(Exception):
+    """An error a handler raises; becomes an OpenAI error body with `status`."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class BadRequest(APIError):
+    status = 400
+
+
+class Unsupported(BadRequest):
+    """A field OpenAI defines that kvserve does not implement: refused, never ignored."""
+
+    def __init__(self, param: str, detail: str = ""):
+        super().__init__(
+            f"'{param}' is not supported by this server{': ' + detail if detail else ''}",
+            param=param,
+            code="unsupported_parameter",
+        )
+
+
+class Unauthorized(APIError):
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+            code="invalid_api_key",
+        )
+
+
+class NotFound(APIError):
+    status = 404
+
+
+class PayloadTooLarge(APIError):
+    status = 413
+
+
+class TooManyRequests(APIError):
+    status = 429
+    type = "rate_limit_error"
+
+
+class ServerError(APIError):
+    status = 500
+    type = "server_error"
+
+
+class ServiceUnavailable(APIError):
+    status = 503
+    type = "service_unavailable"
+
+
+def error_body(message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def from_engine_error(exc: Exception) -> APIError:
+    """Map an engine exception to the HTTP error it means."""
+    if isinstance(exc, InvalidRequestError):
+        return BadRequest(exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, QueueFullError):
+        return TooManyRequests(
+            str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after_s)}
+        )
+    if isinstance(exc, EngineNotReadyError):
+        return ServiceUnavailable(str(exc), code="model_loading", headers={"Retry-After": "1"})
+    return ServerError(f"{type(exc).__name__}: {exc}")
+
+
+def _param_of(loc: tuple[Any, ...]) -> str | None:
+    """('body', 'messages', 0, 'role') -> 'messages[0].role'."""
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in str(part) or "-" in str(part) or "," in str(part):
+            continue  # pydantic's union-branch labels such as 'list[int]'
+        else:
+            out += f".{part}" if out else str(part)
+    return out or None
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        param = _param_of(tuple(first.get("loc", ())))
+        if first.get("type") == "json_invalid":
+            message = "the request body is not valid JSON"
+            param = None
+        elif first.get("type") == "missing":
+            message = f"'{param}' is required"
+        else:
+            message = f"invalid value for '{param}': {first.get('msg')}"
+        return BadRequest(message, param=param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cls = {404: NotFound, 405: BadRequest}.get(exc.status_code, BadRequest)
+        err = cls(str(exc.detail))
+        err.status = exc.status_code
+        return err.response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return ServerError(f"internal error: {type(exc).__name__}").response()

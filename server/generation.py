@@ -1,0 +1,153 @@
+"""Driving a `Generation` from an HTTP handler: to completion, or as a stream.
+
+Both paths abort the engine sequences when the client goes away: a non-streaming
+request races the generation against the client's disconnect; a stream is cancelled by
+sse-starlette, and leaving `async with generation` aborts what is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from engine.engine import Generation
+from engine.types import FinishReason, SeqOutput, TokenLogprob
+from server.errors import ServerError
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class Choice:
+    """One sequence's accumulated result."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+    def add(self, out: SeqOutput) -> None:
+        if out.text:
+            self.text.append(out.text)
+        self.token_ids.extend(out.token_ids)
+        self.logprobs.extend(out.logprobs)
+        if out.finish_reason is not None:
+            self.finish_reason = out.finish_reason
+            self.num_prompt_tokens = out.num_prompt_tokens
+            self.num_cached_tokens = out.num_cached_tokens
+            self.num_output_tokens = out.num_output_tokens
+            self.error = out.error
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(choices: list[Choice], num_prompt_tokens: int) -> dict[str, Any]:
+    """OpenAI usage: the prompt counted once, completion tokens summed over choices."""
+    completion = sum(c.num_output_tokens for c in choices)
+    cached = min((c.num_cached_tokens for c in choices), default=0)
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": num_prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def finish_reason_text(reason: FinishReason | None) -> str | None:
+    if reason is None or reason is FinishReason.ABORT:
+        return None
+    return reason.value
+
+
+async def _watch_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`; cancel it (aborting its sequences) if the client disconnects."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_watch_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ClientDisconnected()
+
+
+async def collect(generation: Generation, n: int) -> list[Choice]:
+    """Run every sequence to its end. Raises ServerError if the engine failed one."""
+    choices = [Choice() for _ in range(n)]
+    async with generation:
+        async for index, out in generation:
+            choices[index].add(out)
+    for choice in choices:
+        if choice.finish_reason is FinishReason.ERROR:
+            raise ServerError(f"generation failed: {choice.error}", code="engine_error")
+    return choices
+
+
+def merged(
+    first: tuple[int, SeqOutput], rest: list[tuple[int, SeqOutput]]
+) -> list[tuple[int, Choice]]:
+    """Fold the outputs ready right now into one increment per choice (a slow reader
+    then sends fewer, larger chunks instead of falling behind)."""
+    by_index: dict[int, Choice] = {}
+    for index, out in [first, *rest]:
+        by_index.setdefault(index, Choice()).add(out)
+    return list(by_index.items())
+
+
+async def increments(generation: Generation) -> AsyncIterator[list[tuple[int, Choice]]]:
+    async with generation:
+        async for item in generation:
+            yield merged(item, generation.ready_nowait())
+
+
+def chunk_framing(
+    obj: str, response_id: str, created: int, model: str, include_usage: bool
+) -> tuple[str, str]:
+    """The constant JSON before and after the "choices" of every stream chunk, so
+    that a chunk costs one json.dumps of its choices and nothing else."""
+    head = json.dumps(
+        {
+            "id": response_id,
+            "object": obj,
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+        }
+    )
+    return head[:-1] + ',"choices":', (',"usage":null}' if include_usage else "}")

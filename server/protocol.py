@@ -1,0 +1,209 @@
+"""OpenAI wire models for requests. Responses are built as plain dicts in the routes
+(they sit on the per-token path, where pydantic serialisation would cost throughput).
+
+Unknown fields are accepted and logged (clients send vendor extras all the time).
+Fields OpenAI defines that kvserve does not implement are refused by `refuse_unsupported`
+with a 400 that names them, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from server.errors import BadRequest, Unsupported
+
+log = logging.getLogger("kvserve.server")
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    def log_unknown(self, where: str) -> None:
+        if self.model_extra:
+            log.info("%s: ignoring unknown fields %s", where, sorted(self.model_extra))
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class SamplingExtras(_Open):
+    """Sampling fields shared by chat and completions, OpenAI's and llama.cpp's."""
+
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Probability | None = None
+    n: Annotated[int, Field(ge=1)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    seed: int | None = None
+    user: str | None = None
+    # llama.cpp extras
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Probability | None = None
+    typical_p: Probability | None = None
+    min_keep: Annotated[int, Field(ge=0)] | None = None
+    repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
+    dry_multiplier: Annotated[float, Field(ge=0.0)] | None = None
+    dry_base: Annotated[float, Field(ge=1.0)] | None = None
+    dry_allowed_length: Annotated[int, Field(ge=0)] | None = None
+    dry_penalty_last_n: Annotated[int, Field(ge=-1)] | None = None
+    dry_sequence_breakers: list[str] | None = None
+    xtc_probability: Probability | None = None
+    xtc_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_n_sigma: float | None = None
+    dynatemp_range: Annotated[float, Field(ge=0.0)] | None = None
+    dynatemp_exponent: Annotated[float, Field(ge=0.0)] | None = None
+    mirostat: Literal[0, 1, 2] | None = None
+    mirostat_tau: Annotated[float, Field(ge=0.0)] | None = None
+    mirostat_eta: Annotated[float, Field(ge=0.0)] | None = None
+    ignore_eos: bool | None = None
+    grammar: str | None = None
+
+    @model_validator(mode="after")
+    def _check_stop(self) -> SamplingExtras:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stops) > 16:
+            raise ValueError("at most 16 stop sequences are allowed")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return self
+
+    @property
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class TextPart(_Open):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+# Defined by OpenAI for chat, not implemented here: refused when set.
+CHAT_UNSUPPORTED = (
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "audio",
+    "prediction",
+    "web_search_options",
+    "reasoning_effort",
+    "metadata",
+)
+
+
+class ResponseFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class ChatCompletionRequest(SamplingExtras):
+    model: str
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        extra = self.model_extra or {}
+        for name in CHAT_UNSUPPORTED:
+            if extra.get(name) not in (None, [], {}):
+                raise Unsupported(name, "not implemented yet")
+        if extra.get("store") not in (None, False):
+            raise Unsupported("store", "completions are never stored")
+        modalities = extra.get("modalities")
+        if modalities not in (None, ["text"]):
+            raise Unsupported("modalities", "only ['text'] is available")
+        if self.response_format is not None and self.response_format.type != "text":
+            raise Unsupported(
+                "response_format", f"type '{self.response_format.type}' is not implemented yet"
+            )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BadRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+        for i, message in enumerate(self.messages):
+            where = f"messages[{i}]"
+            if message.model_extra and (
+                message.model_extra.get("tool_calls") or message.model_extra.get("tool_call_id")
+            ):
+                raise Unsupported(f"{where}.tool_calls", "tool calls are not implemented yet")
+            if message.role == "tool":
+                raise Unsupported(f"{where}.role", "tool messages are not implemented yet")
+            if isinstance(message.content, list):
+                for j, part in enumerate(message.content):
+                    if part.type != "text":
+                        raise Unsupported(
+                            f"{where}.content[{j}].type",
+                            f"content parts of type '{part.type}' are not supported; only 'text'",
+                        )
+                    if part.text is None:
+                        raise BadRequest(
+                            "a text content part needs 'text'", param=f"{where}.content[{j}].text"
+                        )
+            elif message.content is None and message.role != "assistant":
+                raise BadRequest(f"{where}.content is required", param=f"{where}.content")
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingExtras):
+    model: str
+    prompt: Prompt
+    max_tokens: Annotated[int, Field(ge=0)] | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool = False
+
+    def refuse_unsupported(self) -> None:
+        extra = self.model_extra or {}
+        if extra.get("suffix") not in (None, ""):
+            raise Unsupported("suffix", "insertion is not implemented")
+        best_of = extra.get("best_of")
+        if best_of is not None and best_of != self.n:
+            raise Unsupported("best_of", "only best_of equal to n is available")
+        if self.echo and self.logprobs is not None:
+            raise Unsupported("echo", "echo together with logprobs is not implemented yet")
+        if self.max_tokens == 0 and not self.echo:
+            raise BadRequest(
+                "'max_tokens' must be at least 1 unless echo is true", param="max_tokens"
+            )
+
+
+class EmbeddingRequest(_Open):
+    model: str
+    input: Prompt
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+
+
+class TokenizeRequest(_Open):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_Open):
+    tokens: list[TokenId]

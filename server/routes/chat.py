@@ -1,0 +1,194 @@
+"""POST /v1/chat/completions"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+
+from chat.template import TemplateError
+from engine.types import FinishReason, TokenLogprob
+from server.deps import EngineDep, EngineLike, TemplateDep, check_model
+from server.errors import BadRequest, ServerError, from_engine_error
+from server.generation import (
+    Choice,
+    ClientDisconnected,
+    chunk_framing,
+    collect,
+    finish_reason_text,
+    increments,
+    new_id,
+    now,
+    until_disconnect,
+    usage,
+)
+from server.protocol import ChatCompletionRequest
+from server.sampling import generate_requests
+
+router = APIRouter()
+
+
+def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    out = []
+    for message in body.messages:
+        content = message.content
+        if isinstance(content, list):
+            content = "".join(part.text or "" for part in content)
+        # Templates written before the 'developer' role know it as 'system'.
+        role = "system" if message.role == "developer" else message.role
+        item: dict[str, Any] = {"role": role, "content": content or ""}
+        if message.name is not None:
+            item["name"] = message.name
+        out.append(item)
+    return out
+
+
+def logprob_entry(engine: EngineLike, lp: TokenLogprob) -> dict[str, Any]:
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        raw = engine.token_bytes(token)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+    entry = one(lp.token_id, lp.logprob)
+    entry["top_logprobs"] = [one(t.token_id, t.logprob) for t in lp.top]
+    return entry
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(
+    body: ChatCompletionRequest, request: Request, engine: EngineDep, template: TemplateDep
+) -> Any:
+    """Create a model response for the given chat conversation."""
+    body.log_unknown("chat.completions")
+    body.refuse_unsupported()
+    check_model(engine, body.model)
+    info = engine.info
+    if body.n > info.n_seq_max:
+        raise BadRequest(f"'n' must be at most {info.n_seq_max} on this server", param="n")
+    try:
+        rendered = template.render(_messages(body), extra=body.chat_template_kwargs)
+    except TemplateError as exc:
+        raise BadRequest(str(exc), param="messages") from exc
+    prompt = engine.tokenize(rendered.text, add_special=rendered.add_bos, parse_special=True)
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    requests = generate_requests(
+        prompt, body, n_vocab=info.n_vocab, max_tokens=max_tokens, logprobs=logprobs
+    )
+    try:
+        generation = await engine.generate(requests)
+    except Exception as exc:
+        raise from_engine_error(exc) from exc
+
+    response_id = new_id("chatcmpl")
+    created = now()
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _stream(
+            engine, generation, body.n, len(prompt), response_id, created, include_usage
+        )
+        return EventSourceResponse(events, sep="\n", ping=15)
+
+    try:
+        choices = await until_disconnect(request, collect(generation, body.n))
+    except ClientDisconnected:
+        return JSONResponse({}, status_code=499)
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": info.model_id,
+        "system_fingerprint": None,
+        "choices": [_choice(engine, i, c, body.logprobs) for i, c in enumerate(choices)],
+        "usage": usage(choices, len(prompt)),
+    }
+
+
+def _choice(engine: EngineLike, index: int, choice: Choice, logprobs: bool) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": "".join(choice.text), "refusal": None},
+        "logprobs": (
+            {"content": [logprob_entry(engine, lp) for lp in choice.logprobs], "refusal": None}
+            if logprobs
+            else None
+        ),
+        "finish_reason": finish_reason_text(choice.finish_reason),
+    }
+
+
+async def _stream(
+    engine: EngineLike,
+    generation: Any,
+    n: int,
+    num_prompt_tokens: int,
+    response_id: str,
+    created: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    model = engine.info.model_id
+    head, tail = chunk_framing("chat.completion.chunk", response_id, created, model, include_usage)
+
+    def chunk(choices: list[dict[str, Any]]) -> str:
+        return head + json.dumps(choices, ensure_ascii=False) + tail
+
+    totals = [Choice() for _ in range(n)]
+    yield chunk(
+        [
+            {
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            for i in range(n)
+        ]
+    )
+    async for increment in increments(generation):
+        parts = []
+        for index, inc in increment:
+            if inc.finish_reason is FinishReason.ERROR:
+                error = ServerError(f"generation failed: {inc.error}", code="engine_error")
+                yield json.dumps(error.body())
+                return
+            totals[index].num_output_tokens = (
+                inc.num_output_tokens or totals[index].num_output_tokens
+            )
+            totals[index].num_cached_tokens = inc.num_cached_tokens
+            text = "".join(inc.text)
+            finish = finish_reason_text(inc.finish_reason)
+            if not text and not inc.logprobs and finish is None:
+                continue
+            parts.append(
+                {
+                    "index": index,
+                    "delta": {"content": text} if text else {},
+                    "logprobs": (
+                        {
+                            "content": [logprob_entry(engine, lp) for lp in inc.logprobs],
+                            "refusal": None,
+                        }
+                        if inc.logprobs
+                        else None
+                    ),
+                    "finish_reason": finish,
+                }
+            )
+        if parts:
+            yield chunk(parts)
+    if include_usage:
+        yield json.dumps(
+            {
+                "id": response_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "system_fingerprint": None,
+                "choices": [],
+                "usage": usage(totals, num_prompt_tokens),
+            }
+        )
+    yield "[DONE]"

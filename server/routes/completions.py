@@ -1,0 +1,276 @@
+"""POST /v1/completions"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+
+from engine.engine import Generation
+from engine.types import FinishReason, TokenLogprob
+from server.deps import EngineDep, EngineLike, check_model
+from server.errors import BadRequest, ServerError, from_engine_error
+from server.generation import (
+    Choice,
+    ClientDisconnected,
+    chunk_framing,
+    collect,
+    finish_reason_text,
+    increments,
+    new_id,
+    now,
+    until_disconnect,
+    usage,
+)
+from server.protocol import CompletionRequest
+from server.sampling import generate_requests
+
+router = APIRouter()
+
+MAX_PROMPTS = 64
+
+
+def prompt_token_lists(engine: EngineLike, prompt: Any, param: str = "prompt") -> list[list[int]]:
+    """Normalise a string / strings / token ids / lists of token ids into token lists."""
+    n_vocab = engine.info.n_vocab
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        items = [list(prompt)]
+    else:
+        items = list(prompt)
+    if not items:
+        raise BadRequest(f"'{param}' must not be empty", param=param)
+    if len(items) > MAX_PROMPTS:
+        raise BadRequest(f"at most {MAX_PROMPTS} inputs per request", param=param)
+    lists = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            if not item:
+                raise BadRequest(f"{param}[{i}] is an empty string", param=param)
+            tokens = engine.tokenize(item, add_special=engine.info.add_bos, parse_special=False)
+        else:
+            tokens = list(item)
+            if not tokens:
+                raise BadRequest(f"{param}[{i}] is an empty token list", param=param)
+            bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise BadRequest(
+                    f"{param}[{i}] contains token id {bad}, outside [0, {n_vocab})", param=param
+                )
+        lists.append(tokens)
+    return lists
+
+
+def completion_logprobs(
+    engine: EngineLike, logprobs: list[TokenLogprob], offset: int
+) -> tuple[dict[str, Any], int]:
+    """OpenAI's legacy logprobs object, and the text offset after its last token."""
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    for lp in logprobs:
+        text = engine.token_bytes(lp.token_id).decode("utf-8", "replace")
+        tokens.append(text)
+        token_logprobs.append(lp.logprob)
+        top.append(
+            {engine.token_bytes(t.token_id).decode("utf-8", "replace"): t.logprob for t in lp.top}
+        )
+        offsets.append(offset)
+        offset += len(text)
+    body = {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }
+    return body, offset
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request, engine: EngineDep) -> Any:
+    """Create a completion for the given prompt(s)."""
+    body.log_unknown("completions")
+    body.refuse_unsupported()
+    check_model(engine, body.model)
+    info = engine.info
+    if body.n > info.n_seq_max:
+        raise BadRequest(f"'n' must be at most {info.n_seq_max} on this server", param="n")
+    prompts = prompt_token_lists(engine, body.prompt)
+    echoes = [engine.detokenize(p) if body.echo else "" for p in prompts]
+    response_id = new_id("cmpl")
+    created = now()
+
+    if body.max_tokens == 0:  # echo only: nothing to generate
+        choices = [
+            _choice(
+                engine, p * body.n + i, echoes[p], Choice(finish_reason=FinishReason.LENGTH), None
+            )
+            for p in range(len(prompts))
+            for i in range(body.n)
+        ]
+        total = sum(len(p) for p in prompts)
+        return _response(response_id, created, info.model_id, choices, usage([], total))
+
+    generations: list[Generation] = []
+    try:
+        for prompt in prompts:
+            requests = generate_requests(
+                prompt,
+                body,
+                n_vocab=info.n_vocab,
+                max_tokens=body.max_tokens,
+                logprobs=body.logprobs,
+            )
+            generations.append(await engine.generate(requests))
+    except Exception as exc:
+        for generation in generations:
+            generation.abort()
+        raise from_engine_error(exc) from exc
+
+    num_prompt_tokens = sum(len(p) for p in prompts)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _stream(
+            engine,
+            generations,
+            body,
+            echoes,
+            num_prompt_tokens,
+            response_id,
+            created,
+            include_usage,
+        )
+        return EventSourceResponse(events, sep="\n", ping=15)
+
+    async def run_all() -> list[list[Choice]]:
+        return list(await asyncio.gather(*(collect(g, body.n) for g in generations)))
+
+    try:
+        results = await until_disconnect(request, run_all())
+    except ClientDisconnected:
+        return JSONResponse({}, status_code=499)
+    finally:
+        for generation in generations:
+            generation.abort()
+    flat = [c for per_prompt in results for c in per_prompt]
+    choices = [
+        _choice(engine, p * body.n + i, echoes[p], c, body.logprobs)
+        for p, per_prompt in enumerate(results)
+        for i, c in enumerate(per_prompt)
+    ]
+    return _response(response_id, created, info.model_id, choices, usage(flat, num_prompt_tokens))
+
+
+def _response(
+    response_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    totals: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": choices,
+        "usage": totals,
+    }
+
+
+def _choice(
+    engine: EngineLike, index: int, echo: str, choice: Choice, logprobs: int | None
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "text": echo + "".join(choice.text),
+        "logprobs": completion_logprobs(engine, choice.logprobs, len(echo))[0]
+        if logprobs is not None
+        else None,
+        "finish_reason": finish_reason_text(choice.finish_reason),
+    }
+
+
+async def _stream(
+    engine: EngineLike,
+    generations: list[Generation],
+    body: CompletionRequest,
+    echoes: list[str],
+    num_prompt_tokens: int,
+    response_id: str,
+    created: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    model = engine.info.model_id
+    head, tail = chunk_framing("text_completion", response_id, created, model, include_usage)
+    queue: asyncio.Queue[tuple[int, list[tuple[int, Choice]]] | None] = asyncio.Queue()
+    offsets = [len(echoes[p]) for p in range(len(generations)) for _ in range(body.n)]
+    totals: list[Choice] = [Choice() for _ in range(len(generations) * body.n)]
+
+    async def pump(p: int, generation: Generation) -> None:
+        try:
+            async for increment in increments(generation):
+                await queue.put((p, increment))
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(p, g)) for p, g in enumerate(generations)]
+    try:
+        if body.echo:
+            parts = [
+                {
+                    "index": p * body.n + i,
+                    "text": echoes[p],
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                for p in range(len(generations))
+                for i in range(body.n)
+            ]
+            yield head + json.dumps(parts, ensure_ascii=False) + tail
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+                continue
+            p, increment = item
+            parts = []
+            for i, inc in increment:
+                index = p * body.n + i
+                if inc.finish_reason is FinishReason.ERROR:
+                    yield json.dumps(
+                        ServerError(f"generation failed: {inc.error}", code="engine_error").body()
+                    )
+                    return
+                if inc.finish_reason is not None:
+                    totals[index].num_output_tokens = inc.num_output_tokens
+                text = "".join(inc.text)
+                lp = None
+                if body.logprobs is not None and inc.logprobs:
+                    lp, offsets[index] = completion_logprobs(engine, inc.logprobs, offsets[index])
+                parts.append(
+                    {
+                        "index": index,
+                        "text": text,
+                        "logprobs": lp,
+                        "finish_reason": finish_reason_text(inc.finish_reason),
+                    }
+                )
+            if parts:
+                yield head + json.dumps(parts, ensure_ascii=False) + tail
+        if include_usage:
+            yield json.dumps(
+                _response(response_id, created, model, [], usage(totals, num_prompt_tokens))
+            )
+        yield "[DONE]"
+    finally:
+        for task in tasks:
+            task.cancel()
+        for generation in generations:
+            generation.abort()

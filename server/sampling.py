@@ -1,0 +1,101 @@
+"""Request fields -> engine values (SamplingParams, GenerateRequest)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+
+from engine.types import GenerateRequest, SamplingParams
+from server.errors import BadRequest
+from server.protocol import SamplingExtras
+
+# Request field -> SamplingParams field, for the fields that map one to one.
+_DIRECT = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "min_keep",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "xtc_probability",
+    "xtc_threshold",
+    "top_n_sigma",
+    "dynatemp_range",
+    "dynatemp_exponent",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "ignore_eos",
+    "grammar",
+)
+
+
+def sampling_params(body: SamplingExtras, *, n_vocab: int) -> SamplingParams:
+    """Build the sampler settings of a request; unset fields keep the engine defaults."""
+    values: dict[str, object] = {}
+    for name in _DIRECT:
+        value = getattr(body, name)
+        if value is not None:
+            values[name] = value
+    if body.dry_sequence_breakers is not None:
+        values["dry_sequence_breakers"] = tuple(body.dry_sequence_breakers)
+    if body.logit_bias:
+        values["logit_bias"] = tuple(_logit_bias(body.logit_bias, n_vocab))
+    if body.seed is not None:
+        values["seed"] = body.seed & 0xFFFFFFFF
+    # OpenAI's default temperature is 1.0, as is the engine's.
+    return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+def _logit_bias(raw: dict[str, float], n_vocab: int) -> list[tuple[int, float]]:
+    out = []
+    for key, bias in raw.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise BadRequest(
+                f"logit_bias keys must be token ids; got {key!r}", param="logit_bias"
+            ) from None
+        if not 0 <= token < n_vocab:
+            raise BadRequest(
+                f"logit_bias names token {token}, outside [0, {n_vocab})", param="logit_bias"
+            )
+        out.append((token, float(bias)))
+    return out
+
+
+def generate_requests(
+    prompt: list[int],
+    body: SamplingExtras,
+    *,
+    n_vocab: int,
+    max_tokens: int | None,
+    logprobs: int | None,
+) -> list[GenerateRequest]:
+    """The `n` engine requests of one API request. Choice i samples with seed + i, so
+    seeded choices differ from each other yet reproduce run after run."""
+    base = sampling_params(body, n_vocab=n_vocab)
+    requests = []
+    for i in range(body.n):
+        sampling = base
+        if base.seed is not None and i > 0:
+            sampling = replace(base, seed=(base.seed + i) & 0xFFFFFFFF)
+        requests.append(
+            GenerateRequest(
+                request_id=uuid.uuid4().hex,
+                prompt_tokens=tuple(prompt),
+                sampling=sampling,
+                max_tokens=max_tokens,
+                stop=body.stop_list,
+                logprobs=logprobs,
+            )
+        )
+    return requests
