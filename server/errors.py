@@ -107,6 +107,9 @@ def from_engine_error(exc: Exception) -> APIError:
     return ServerError(f"{type(exc).__name__}: {exc}")
 
 
+_TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "function-after"}
+
+
 def _param_of(loc: tuple[Any, ...]) -> str | None:
     """('body', 'messages', 0, 'role') -> 'messages[0].role'."""
     parts = [p for p in loc if p != "body"]
@@ -114,8 +117,8 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif "[" in str(part) or "-" in str(part) or "," in str(part):
-            continue  # pydantic's union-branch labels such as 'list[int]'
+        elif part in _TYPE_LABELS or "[" in str(part):
+            continue  # pydantic's union-branch labels such as 'str' or 'list[int]'
         else:
             out += f".{part}" if out else str(part)
     return out or None

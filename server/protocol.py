@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from server.errors import BadRequest, Unsupported
 
@@ -71,14 +71,15 @@ class SamplingExtras(_Open):
     ignore_eos: bool | None = None
     grammar: str | None = None
 
-    @model_validator(mode="after")
-    def _check_stop(self) -> SamplingExtras:
-        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else (stop or [])
         if len(stops) > 16:
             raise ValueError("at most 16 stop sequences are allowed")
         if any(not s for s in stops):
             raise ValueError("stop sequences must not be empty")
-        return self
+        return stop
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -144,12 +145,12 @@ class ChatCompletionRequest(SamplingExtras):
             raise BadRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
         for i, message in enumerate(self.messages):
             where = f"messages[{i}]"
+            if message.role == "tool":
+                raise Unsupported(f"{where}.role", "tool messages are not implemented yet")
             if message.model_extra and (
                 message.model_extra.get("tool_calls") or message.model_extra.get("tool_call_id")
             ):
                 raise Unsupported(f"{where}.tool_calls", "tool calls are not implemented yet")
-            if message.role == "tool":
-                raise Unsupported(f"{where}.role", "tool messages are not implemented yet")
             if isinstance(message.content, list):
                 for j, part in enumerate(message.content):
                     if part.type != "text":

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from server.app import create_app
+from server.config import ServerSection, Settings
+from tests.fakes import FakeEngine
+
+ClientFactory = Callable[..., httpx.AsyncClient]
+
+
+@pytest.fixture
+def fake() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+async def make_client() -> AsyncIterator[ClientFactory]:
+    """Build an httpx client on the app over a given engine, with server settings."""
+    clients: list[httpx.AsyncClient] = []
+
+    def build(engine: Any, **server: Any) -> httpx.AsyncClient:
+        settings = Settings(server=dataclasses.replace(ServerSection(), **server))
+        app = create_app(settings, engine=engine)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+async def client(make_client: ClientFactory, fake: FakeEngine) -> httpx.AsyncClient:
+    return make_client(fake)

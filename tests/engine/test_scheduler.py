@@ -1,0 +1,123 @@
+"""Scheduler policy, without a model."""
+
+from __future__ import annotations
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sequence import SeqStatus, Sequence
+from engine.types import GenerateRequest
+
+
+def seq(name: str, num_prompt: int) -> Sequence:
+    request = GenerateRequest(name, tuple(range(1, num_prompt + 1)))
+    return Sequence(request, None, IncrementalDetokenizer([b""]), None)
+
+
+def sched(slots: int = 4, n_ctx: int = 1000, step: int = 64, chunk: int = 32) -> Scheduler:
+    return Scheduler(SchedulerConfig(slots, n_ctx, step, chunk))
+
+
+def apply(s: Scheduler) -> list[tuple[str, int, int, bool]]:
+    """Run one schedule() as the worker would, sampling token 7 where asked."""
+    chunks, _ = s.schedule()
+    for c in chunks:
+        c.seq.num_computed += c.length
+    for c in chunks:
+        if c.sample:
+            c.seq.tokens.append(7)
+    s.check_integrity()
+    return [(c.seq.request_id, c.start, c.length, c.sample) for c in chunks]
+
+
+def test_long_prompt_is_chunked_and_samples_at_the_end() -> None:
+    s = sched(chunk=32)
+    s.add(seq("a", 70))
+    assert apply(s) == [("a", 0, 32, False)]
+    assert apply(s) == [("a", 32, 32, False)]
+    assert apply(s) == [("a", 64, 6, True)]
+    assert apply(s) == [("a", 70, 1, True)]  # now decoding one token per step
+
+
+def test_decode_rows_come_first_and_are_never_starved() -> None:
+    s = sched(step=40, chunk=32)
+    s.add(seq("short", 5))
+    apply(s)  # short prefilled and sampled
+    s.add(seq("long", 500))
+    for _ in range(5):
+        plan = apply(s)
+        assert plan[0][0] == "short" and plan[0][2] == 1  # a decode row every step
+        assert sum(p[2] for p in plan) <= 40  # within the budget
+        assert plan[1][0] == "long" and plan[1][2] <= 32  # prefill capped per chunk
+
+
+def test_prefill_budget_goes_oldest_first() -> None:
+    s = sched(step=50, chunk=40)
+    s.add(seq("first", 100))
+    s.add(seq("second", 100))
+    plan = apply(s)
+    assert plan == [("first", 0, 40, False), ("second", 0, 10, False)]
+
+
+def test_fifo_admission_and_slot_reuse() -> None:
+    s = sched(slots=2)
+    a, b, c = seq("a", 3), seq("b", 3), seq("c", 3)
+    for x in (a, b, c):
+        s.add(x)
+    apply(s)
+    assert [x.request_id for x in s.running] == ["a", "b"]
+    assert c.status is SeqStatus.WAITING
+    slot = s.remove(a)
+    assert slot is not None and a.status is SeqStatus.FINISHED
+    apply(s)
+    assert [x.request_id for x in s.running] == ["b", "c"]
+    assert c.slot == slot
+
+
+def test_remove_waiting_sequence_frees_nothing() -> None:
+    s = sched(slots=1)
+    a, b = seq("a", 3), seq("b", 3)
+    s.add(a)
+    s.add(b)
+    apply(s)
+    assert s.remove(b) is None
+    assert list(s.waiting) == []
+    s.check_integrity()
+
+
+def test_admission_respects_kv_cells() -> None:
+    s = sched(slots=4, n_ctx=100)
+    s.add(seq("a", 60))
+    s.add(seq("b", 60))
+    apply(s)
+    assert [x.request_id for x in s.running] == ["a"]  # b would not fit beside a
+    assert [x.request_id for x in s.waiting] == ["b"]
+
+
+def test_newest_is_preempted_when_decoding_outgrows_the_cache() -> None:
+    s = sched(slots=2, n_ctx=20, step=64, chunk=64)
+    a, b = seq("a", 9), seq("b", 9)
+    s.add(a)
+    s.add(b)
+    apply(s)  # both prefilled: 10 tokens each committed (prompt + first sample)
+    assert s.kv_cells_committed == 20
+    apply(s)  # both decode: 11 + 11 committed > 20
+    chunks, freed = s.schedule()
+    assert freed == [1] or freed == [0]
+    assert b.status is SeqStatus.WAITING and b.num_computed == 0 and len(b.tokens) == 11
+    assert [c.seq.request_id for c in chunks] == ["a"]
+    assert s.num_preemptions == 1
+    s.check_integrity()
+
+
+def test_preempted_sequence_is_reprefilled_whole_and_resumes() -> None:
+    s = sched(slots=2, n_ctx=20, step=64, chunk=64)
+    a, b = seq("a", 9), seq("b", 9)
+    s.add(a)
+    s.add(b)
+    apply(s)
+    apply(s)
+    apply(s)  # b preempted here
+    s.remove(a)
+    plan = apply(s)
+    assert plan == [("b", 0, 11, True)]  # all of b's tokens again, then it samples
+    assert len(b.tokens) == 12

@@ -1,0 +1,202 @@
+"""A fake engine with the server-facing interface of `engine.engine.Engine`.
+
+Tokens are UTF-8 bytes (token id = byte value), so prompts and replies are easy to
+reason about. Each sequence "generates" `reply` one byte per tick, through the real
+`IncrementalDetokenizer` (stop strings, UTF-8 hold-back) and the real `Generation`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from chat.template import CHATML
+from engine.detokenizer import IncrementalDetokenizer
+from engine.engine import EngineState, Generation
+from engine.types import (
+    EngineStats,
+    FinishReason,
+    GenerateRequest,
+    InvalidRequestError,
+    ModelInfo,
+    QueueFullError,
+    SeqOutput,
+    TokenLogprob,
+    TopLogprob,
+)
+
+PIECES = [bytes([i]) for i in range(256)] + [b""] * 4
+EOS = 256
+
+
+class FakeEngine:
+    def __init__(
+        self,
+        *,
+        reply: str = "Hello from the fake engine.",
+        delay: float = 0.0,
+        n_ctx: int = 512,
+        n_seq_max: int = 4,
+        max_queue: int = 4,
+        ready: bool = True,
+    ):
+        self.reply = reply.encode()
+        self.delay = delay
+        self.state = EngineState.READY if ready else EngineState.LOADING
+        self.load_progress = 1.0 if ready else 0.25
+        self.load_error: str | None = None
+        self.fail_next = False
+        self.capacity = n_seq_max + max_queue
+        self.outstanding = 0
+        self.submitted: list[GenerateRequest] = []
+        self.aborted: list[str] = []
+        self.running: set[str] = set()
+        self._info = ModelInfo(
+            model_id="fake-model",
+            path="/nonexistent/fake.gguf",
+            n_ctx=n_ctx,
+            n_ctx_train=n_ctx,
+            n_vocab=len(PIECES),
+            n_embd=8,
+            n_seq_max=n_seq_max,
+            chat_template=CHATML,
+            bos_token="",
+            eos_token="<|im_end|>",
+            add_bos=False,
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def ready(self) -> bool:
+        return self.state is EngineState.READY
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def start(self) -> None:
+        pass
+
+    def close(self, timeout: float = 0) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        return list(text.encode())
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(PIECES[t] for t in tokens).decode("utf-8", "replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        return PIECES[token]
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_slots=self._info.n_seq_max,
+            num_running=len(self.running),
+            num_waiting=0,
+            kv_cells_used=0,
+            num_steps=0,
+            num_prefill_tokens=0,
+            num_generated_tokens=0,
+            num_preemptions=0,
+            num_decode_failures=0,
+            last_batch_size=0,
+        )
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> Generation:
+        for r in requests:
+            if len(r.prompt_tokens) + (r.max_tokens or 1) > self._info.n_ctx:
+                raise InvalidRequestError(
+                    "too long for the context",
+                    param="messages" if r.max_tokens is None else "max_tokens",
+                    code="context_length_exceeded",
+                )
+            if r.sampling.grammar is not None and "root" not in r.sampling.grammar:
+                raise InvalidRequestError("invalid grammar: no root rule", param="grammar")
+        if self.outstanding + len(requests) > self.capacity:
+            raise QueueFullError()
+        self.submitted.extend(requests)
+        generation = Generation([r.request_id for r in requests], self._abort)
+        fail = self.fail_next
+        self.fail_next = False
+        for index, request in enumerate(requests):
+            self.outstanding += 1
+            self.running.add(request.request_id)
+            task = asyncio.ensure_future(self._run(generation, index, request, fail))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return generation
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            if request_id in self.running:
+                self.aborted.append(request_id)
+                self.running.discard(request_id)
+
+    async def _run(self, gen: Generation, index: int, request: GenerateRequest, fail: bool) -> None:
+        detok = IncrementalDetokenizer(PIECES, request.stop, request.include_stop_str)
+        produced = 0
+        prompt = len(request.prompt_tokens)
+        try:
+            for token in [*self.reply, EOS]:
+                await asyncio.sleep(self.delay)
+                if request.request_id not in self.running:
+                    gen.put(index, SeqOutput("", (), finish_reason=FinishReason.ABORT))
+                    return
+                if fail:
+                    gen.put(
+                        index,
+                        SeqOutput(
+                            "",
+                            (),
+                            finish_reason=FinishReason.ERROR,
+                            error="llama_decode failed with code -3 (fake)",
+                        ),
+                    )
+                    return
+                produced += 1
+                done = dict(num_prompt_tokens=prompt, num_output_tokens=produced)
+                if token == EOS:
+                    gen.put(
+                        index, SeqOutput(detok.flush(), (), finish_reason=FinishReason.STOP, **done)
+                    )
+                    return
+                text = detok.push(token)
+                lp = ()
+                if request.logprobs is not None:
+                    top = tuple(
+                        TopLogprob(t, -0.1 * (k + 1))
+                        for k, t in enumerate([token, 32][: request.logprobs])
+                    )
+                    lp = (TokenLogprob(token, -0.1, top),)
+                if detok.stopped:
+                    gen.put(
+                        index,
+                        SeqOutput(text, (token,), lp, finish_reason=FinishReason.STOP, **done),
+                    )
+                    return
+                if request.max_tokens is not None and produced >= request.max_tokens:
+                    text += detok.flush()
+                    gen.put(
+                        index,
+                        SeqOutput(text, (token,), lp, finish_reason=FinishReason.LENGTH, **done),
+                    )
+                    return
+                gen.put(index, SeqOutput(text, (token,), lp))
+        finally:
+            self.outstanding -= 1
+            self.running.discard(request.request_id)
+
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        out = []
+        for tokens in inputs:
+            digest = hashlib.sha256(bytes(t % 256 for t in tokens)).digest()
+            vector = np.frombuffer(digest[:8], dtype=np.uint8).astype(np.float32) + 1.0
+            out.append(vector / np.linalg.norm(vector))
+        return out

@@ -1,0 +1,54 @@
+"""Request -> SamplingParams / GenerateRequest conversion."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.types import SamplingParams
+from server.errors import BadRequest
+from server.protocol import ChatCompletionRequest
+from server.sampling import generate_requests, sampling_params
+
+
+def body(**fields: object) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
+    )
+
+
+def test_unset_fields_keep_engine_defaults() -> None:
+    assert sampling_params(body(), n_vocab=100) == SamplingParams()
+
+
+def test_temperature_zero_is_greedy() -> None:
+    assert sampling_params(body(temperature=0), n_vocab=100).greedy
+    assert not sampling_params(body(temperature=0.7), n_vocab=100).greedy
+    assert not sampling_params(body(temperature=0, mirostat=2), n_vocab=100).greedy
+
+
+def test_logit_bias_keys_become_token_ids() -> None:
+    params = sampling_params(body(logit_bias={"5": -100, "7": 2.5}), n_vocab=100)
+    assert params.logit_bias == ((5, -100.0), (7, 2.5))
+    with pytest.raises(BadRequest) as err:
+        sampling_params(body(logit_bias={"100": 1}), n_vocab=100)
+    assert err.value.param == "logit_bias"
+
+
+def test_seed_is_folded_to_32_bits() -> None:
+    assert sampling_params(body(seed=-1), n_vocab=100).seed == 0xFFFFFFFF
+    assert sampling_params(body(seed=2**40 + 3), n_vocab=100).seed == 3
+
+
+def test_n_requests_share_the_prompt_with_successive_seeds() -> None:
+    reqs = generate_requests(
+        [1, 2, 3], body(n=3, seed=5, stop="x"), n_vocab=100, max_tokens=9, logprobs=2
+    )
+    assert [r.sampling.seed for r in reqs] == [5, 6, 7]
+    assert len({r.request_id for r in reqs}) == 3
+    assert all(r.prompt_tokens == (1, 2, 3) and r.stop == ("x",) for r in reqs)
+    assert all(r.max_tokens == 9 and r.logprobs == 2 for r in reqs)
+
+
+def test_unseeded_choices_stay_unseeded() -> None:
+    reqs = generate_requests([1], body(n=2), n_vocab=100, max_tokens=None, logprobs=None)
+    assert [r.sampling.seed for r in reqs] == [None, None]
