@@ -43,8 +43,9 @@ log = logging.getLogger("kvserve.engine")
 class EngineConfig:
     model_path: str
     model_id: str
-    n_ctx: int = 8192  # KV cells shared by all slots (kv_unified)
+    n_ctx: int = 4096  # context of one sequence (prompt + output), in tokens
     n_seq_max: int = 8  # slots: sequences decoded together
+    kv_unified: bool = False  # True: one pool of n_ctx cells shared by all slots
     n_batch: int = 512  # token budget of one step
     prefill_chunk: int = 256  # most prompt tokens of one sequence per step
     n_threads: int = 0  # 0: every core
@@ -170,7 +171,13 @@ class Engine:
 
         model = Model(cfg.model_path, on_progress=progress)
         self._model = model
-        ctx = Context(model, ContextParams(cfg.n_ctx, cfg.n_batch, cfg.n_seq_max, cfg.threads))
+        total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
+        ctx = Context(
+            model,
+            ContextParams(
+                total_cells, cfg.n_batch, cfg.n_seq_max, cfg.threads, kv_unified=cfg.kv_unified
+            ),
+        )
         embedder = None
         if cfg.embeddings:
             embed_ctx = Context(
@@ -179,12 +186,12 @@ class Engine:
             )
             embedder = Embedder(embed_ctx, cfg.embed_chunk)
         scheduler = Scheduler(
-            SchedulerConfig(cfg.n_seq_max, ctx.n_ctx, cfg.n_batch, cfg.prefill_chunk)
+            SchedulerConfig(cfg.n_seq_max, ctx.n_ctx, ctx.n_ctx_seq, cfg.n_batch, cfg.prefill_chunk)
         )
         self._info = ModelInfo(
             model_id=cfg.model_id,
             path=cfg.model_path,
-            n_ctx=ctx.n_ctx,
+            n_ctx=ctx.n_ctx_seq,
             n_ctx_train=model.n_ctx_train,
             n_vocab=model.n_vocab,
             n_embd=model.n_embd,

@@ -68,6 +68,7 @@ class ContextParams:
     n_seq_max: int
     n_threads: int
     embeddings: bool = False
+    kv_unified: bool = False
 
 
 class Model:
@@ -252,7 +253,12 @@ class Context:
         cp.n_seq_max = params.n_seq_max
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads
-        cp.kv_unified = True
+        # Separate KV streams per sequence (kv_unified off) make a sequence's attention
+        # independent of what else is in the batch: greedy output is then the same
+        # batched or alone. With one unified buffer it measurably is not (the attention
+        # kernels see other sequences' cells), so unified is opt-in.
+        cp.kv_unified = params.kv_unified
+        cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
         cp.no_perf = True
         if params.embeddings:
             cp.embeddings = True
@@ -265,7 +271,8 @@ class Context:
         self.handle = handle
         self.model = model
         self.params = params
-        self.n_ctx: int = C.llama_n_ctx(handle)
+        self.n_ctx: int = C.llama_n_ctx(handle)  # cells in all
+        self.n_ctx_seq: int = C.llama_n_ctx_seq(handle)  # cells one sequence may use
         self.memory = C.llama_get_memory(handle)
 
     def decode(self, batch: Batch) -> int:

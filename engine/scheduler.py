@@ -5,10 +5,11 @@ the others, oldest first, under a per-step token budget and a per-chunk cap. Dec
 are never dropped for a prefill, so a long prompt delays running streams by at most one
 chunk per step, never stalls them.
 
-The KV cache is one unified pool of `n_ctx` cells. A sequence is admitted when its
-tokens fit beside everything already admitted; when decoding grows the running set past
-the pool, the newest sequence is preempted (its cells freed, its tokens re-prefilled
-later) so the older ones can finish: the vLLM policy.
+The KV cache holds `n_ctx` cells. With one stream per slot (the default) a sequence
+simply owns `n_ctx_seq` of them. With a unified cache the cells are one pool: a sequence
+is admitted when its tokens fit beside everything already admitted, and when decoding
+grows the running set past the pool, the newest sequence is preempted (its cells freed,
+its tokens re-prefilled later) so the older ones can finish: the vLLM policy.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class Chunk:
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     num_slots: int
-    n_ctx: int
+    n_ctx: int  # KV cells in all
+    n_ctx_seq: int  # KV cells one sequence may use (n_ctx when the cache is unified)
     step_tokens: int  # token budget of one llama_decode
     prefill_chunk: int  # most prompt tokens of one sequence in one step
 

@@ -72,7 +72,7 @@ class Worker:
         self._outbox: list[tuple[object, SeqOutput]] = []
         self._stopping = False
         self._eog = model.eog_ids
-        self._n_ctx = scheduler.config.n_ctx
+        self._n_ctx_seq = scheduler.config.n_ctx_seq
         # counters for stats(); plain ints, written by this thread only
         self.num_steps = 0
         self.num_prefill_tokens = 0
@@ -183,7 +183,7 @@ class Worker:
         limit = seq.request.max_tokens
         return (limit is not None and seq.num_output_tokens >= limit) or len(
             seq.tokens
-        ) >= self._n_ctx
+        ) >= self._n_ctx_seq
 
     def _emit(self, seq: Sequence, output: SeqOutput) -> None:
         self._outbox.append((seq.sink, output))

@@ -14,6 +14,8 @@ from engine.engine import Engine, EngineConfig
 from server import errors
 from server.config import Settings, chat_template_source
 from server.deps import EngineLike, require_api_key
+from server.metrics import make_registry
+from server.metrics import router as metrics_router
 from server.middleware import BodyLimit
 from server.routes import chat, completions, embeddings, health, models, tokenize
 
@@ -60,10 +62,12 @@ def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
     app.state.engine = the_engine
     app.state.template_override = chat_template_source(settings)
     app.state.started = int(time.time())
+    app.state.registry = make_registry(the_engine)
     errors.install(app)
 
     authed = [Depends(require_api_key)]
     app.include_router(health.router)
+    app.include_router(metrics_router)
     for router in (
         chat.router,
         completions.router,

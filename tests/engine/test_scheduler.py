@@ -14,7 +14,7 @@ def seq(name: str, num_prompt: int) -> Sequence:
 
 
 def sched(slots: int = 4, n_ctx: int = 1000, step: int = 64, chunk: int = 32) -> Scheduler:
-    return Scheduler(SchedulerConfig(slots, n_ctx, step, chunk))
+    return Scheduler(SchedulerConfig(slots, n_ctx, n_ctx, step, chunk))
 
 
 def apply(s: Scheduler) -> list[tuple[str, int, int, bool]]:

