@@ -1,0 +1,188 @@
+"""The real `kvserve` process on a free port, driven by the openai SDK and by curl."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+pytestmark = pytest.mark.model
+
+MODEL = "SmolLM2-135M-Instruct"
+KEY = "sk-e2e-test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("e2e") / "server.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed in the finally below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server", "--port", str(port), "--parallel", "2", "--api-key", KEY],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not become ready"
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def client(server: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_sync_chat_completion(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=24  # type: ignore[arg-type]
+    )
+    assert completion.object == "chat.completion"
+    assert completion.choices[0].message.content
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    assert completion.usage is not None and completion.usage.prompt_tokens > 10
+    again = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=24  # type: ignore[arg-type]
+    )
+    assert again.choices[0].message.content == completion.choices[0].message.content
+
+
+def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
+    whole = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=24  # type: ignore[arg-type]
+    )
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    parts, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(parts) == whole.choices[0].message.content
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+
+
+async def test_async_client_concurrent_requests(server: str) -> None:
+    import asyncio
+
+    client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+    questions = ["Name a color.", "Name a fruit.", "Name a planet."]
+    results = await asyncio.gather(
+        *(
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": q}], temperature=0, max_tokens=16
+            )
+            for q in questions
+        )
+    )
+    assert all(r.choices[0].message.content for r in results)
+    await client.close()
+
+
+def test_completions_embeddings_models(client: openai.OpenAI) -> None:
+    completion = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0)
+    assert completion.object == "text_completion" and completion.choices[0].text
+    emb = client.embeddings.create(model=MODEL, input=["a cat", "a dog"])
+    assert len(emb.data) == 2 and len(emb.data[0].embedding) == 576
+    emb64 = client.embeddings.create(model=MODEL, input="a cat", encoding_format="base64")
+    raw = np.frombuffer(base64.b64decode(emb64.data[0].embedding), dtype="<f4")  # type: ignore[arg-type]
+    np.testing.assert_allclose(raw, emb.data[0].embedding, rtol=1e-5, atol=1e-6)
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_sdk_errors(client: openai.OpenAI, server: str) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=5)  # type: ignore[arg-type]
+    assert err.value.body["param"] == "temperature"  # type: ignore[index]
+    bad_key = openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl(server: str) -> None:
+    body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "stream": True})
+    out = subprocess.run(
+        ["curl", "-sN", f"{server}/v1/chat/completions", "-H", f"Authorization: Bearer {KEY}",
+         "-H", "Content-Type: application/json", "-d", body],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    events = [line[6:] for line in out.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[0])["object"] == "chat.completion.chunk"
+    health = subprocess.run(["curl", "-s", f"{server}/health"], capture_output=True, text=True, timeout=30)
+    assert json.loads(health.stdout) == {"status": "ok"}
+
+
+def slots_in_use(server: str) -> float:
+    text = httpx.get(f"{server}/metrics").text
+    line = next(x for x in text.splitlines() if x.startswith("kvserve_slots_in_use "))
+    return float(line.split()[1])
+
+
+def test_dropped_stream_frees_its_slot(server: str) -> None:
+    body = {
+        "model": MODEL, "messages": MESSAGES, "max_tokens": 2000, "stream": True, "ignore_eos": True,
+    }
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=server, headers=headers, timeout=30) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            for _ in range(10):
+                next(lines)
+            assert slots_in_use(server) == 1
+        deadline = time.monotonic() + 10
+        while slots_in_use(server) != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert slots_in_use(server) == 0
+        after = http.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 4})
+        assert after.status_code == 200
