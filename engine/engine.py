@@ -17,6 +17,7 @@ import random
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -341,7 +342,7 @@ class Engine:
 
     def _dispatch(self, items: list[tuple[object, SeqOutput]]) -> None:
         for sink, output in items:
-            generation, index = sink  # type: ignore[misc]
+            generation, index = cast(tuple[Generation, int], sink)
             if output.finish_reason is not None:
                 self._outstanding -= 1
             generation.put(index, output)

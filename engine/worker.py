@@ -115,9 +115,9 @@ class Worker:
                 self.scheduler.add(seq)
         elif isinstance(command, Abort):
             for request_id in command.request_ids:
-                seq = self.scheduler.find(request_id)
-                if seq is not None:
-                    self._finish(seq, FinishReason.ABORT, "")
+                found = self.scheduler.find(request_id)
+                if found is not None:
+                    self._finish(found, FinishReason.ABORT, "")
         elif isinstance(command, Embed):
             if self.embedder is None:
                 command.job.on_done(None, "embeddings are disabled")

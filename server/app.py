@@ -29,6 +29,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         model_id=m.id,
         n_ctx=m.n_ctx,
         n_seq_max=m.n_seq_max,
+        kv_unified=m.kv_unified,
         n_batch=m.n_batch,
         prefill_chunk=m.prefill_chunk,
         n_threads=m.n_threads,

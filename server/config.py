@@ -50,8 +50,9 @@ class ModelSection:
     path: str = ""  # empty: the bundled SmolLM2-135M-Instruct
     id: str = DEFAULT_MODEL_ID
     chat_template: str = ""  # empty: the template in the GGUF
-    n_ctx: int = 8192
+    n_ctx: int = 4096
     n_seq_max: int = 8
+    kv_unified: bool = False
     n_batch: int = 512
     prefill_chunk: int = 256
     n_threads: int = 0

@@ -222,7 +222,7 @@ async def _stream(
     tasks = [asyncio.ensure_future(pump(p, g)) for p, g in enumerate(generations)]
     try:
         if body.echo:
-            parts = [
+            echoed = [
                 {
                     "index": p * body.n + i,
                     "text": echoes[p],
@@ -232,7 +232,7 @@ async def _stream(
                 for p in range(len(generations))
                 for i in range(body.n)
             ]
-            yield head + json.dumps(parts, ensure_ascii=False) + tail
+            yield head + json.dumps(echoed, ensure_ascii=False) + tail
         remaining = len(tasks)
         while remaining:
             item = await queue.get()
@@ -240,7 +240,7 @@ async def _stream(
                 remaining -= 1
                 continue
             p, increment = item
-            parts = []
+            parts: list[dict[str, Any]] = []
             for i, inc in increment:
                 index = p * body.n + i
                 if inc.finish_reason is FinishReason.ERROR:

@@ -73,21 +73,30 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 def test_sync_chat_completion(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=24  # type: ignore[arg-type]
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=24,  # type: ignore[arg-type]
     )
     assert completion.object == "chat.completion"
     assert completion.choices[0].message.content
     assert completion.choices[0].finish_reason in ("stop", "length")
     assert completion.usage is not None and completion.usage.prompt_tokens > 10
     again = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=24  # type: ignore[arg-type]
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=24,  # type: ignore[arg-type]
     )
     assert again.choices[0].message.content == completion.choices[0].message.content
 
 
 def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=24  # type: ignore[arg-type]
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=24,  # type: ignore[arg-type]
     )
     stream = client.chat.completions.create(
         model=MODEL,
@@ -125,7 +134,9 @@ async def test_async_client_concurrent_requests(server: str) -> None:
 
 
 def test_completions_embeddings_models(client: openai.OpenAI) -> None:
-    completion = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=8, temperature=0)
+    completion = client.completions.create(
+        model=MODEL, prompt="The sky is", max_tokens=8, temperature=0
+    )
     assert completion.object == "text_completion" and completion.choices[0].text
     emb = client.embeddings.create(model=MODEL, input=["a cat", "a dog"])
     assert len(emb.data) == 2 and len(emb.data[0].embedding) == 576
@@ -152,14 +163,28 @@ def test_sdk_errors(client: openai.OpenAI, server: str) -> None:
 def test_curl(server: str) -> None:
     body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "stream": True})
     out = subprocess.run(
-        ["curl", "-sN", f"{server}/v1/chat/completions", "-H", f"Authorization: Bearer {KEY}",
-         "-H", "Content-Type: application/json", "-d", body],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            "curl",
+            "-sN",
+            f"{server}/v1/chat/completions",
+            "-H",
+            f"Authorization: Bearer {KEY}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
     events = [line[6:] for line in out.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert json.loads(events[0])["object"] == "chat.completion.chunk"
-    health = subprocess.run(["curl", "-s", f"{server}/health"], capture_output=True, text=True, timeout=30)
+    health = subprocess.run(
+        ["curl", "-s", f"{server}/health"], capture_output=True, text=True, timeout=30
+    )
     assert json.loads(health.stdout) == {"status": "ok"}
 
 
@@ -171,7 +196,11 @@ def slots_in_use(server: str) -> float:
 
 def test_dropped_stream_frees_its_slot(server: str) -> None:
     body = {
-        "model": MODEL, "messages": MESSAGES, "max_tokens": 2000, "stream": True, "ignore_eos": True,
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": 2000,
+        "stream": True,
+        "ignore_eos": True,
     }
     headers = {"Authorization": f"Bearer {KEY}"}
     with httpx.Client(base_url=server, headers=headers, timeout=30) as http:

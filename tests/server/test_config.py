@@ -74,3 +74,16 @@ def test_print_config_masks_keys() -> None:
     )
     assert run.returncode == 0
     assert "sk-secret" not in run.stdout and '"***"' in run.stdout
+
+
+def test_example_config_lists_every_key_with_its_default() -> None:
+    import dataclasses
+    import tomllib
+
+    from server.config import ModelSection, ServerSection
+
+    example = tomllib.loads((Path(__file__).parents[2] / "config.example.toml").read_text())
+    for name, section in (("server", ServerSection()), ("model", ModelSection())):
+        defaults = dataclasses.asdict(section)
+        listed = {k: tuple(v) if isinstance(v, list) else v for k, v in example[name].items()}
+        assert listed == defaults, name

@@ -53,13 +53,15 @@ BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "go"}]}
 
 def test_dropped_stream_aborts_the_sequence(served: tuple[str, FakeEngine]) -> None:
     url, engine = served
-    with httpx.Client(base_url=url) as client:
-        with client.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()
-            received = [next(lines) for _ in range(6)]
-            assert any(line.startswith("data: ") for line in received)
-        # the context manager closed the connection mid-stream
+    with (
+        httpx.Client(base_url=url) as client,
+        client.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        received = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: ") for line in received)
+    # leaving the block closed the connection mid-stream
     assert wait_for(lambda: len(engine.aborted) == 1)
     assert wait_for(lambda: not engine.running)
 
