@@ -10,6 +10,11 @@ simply owns `n_ctx_seq` of them. With a unified cache the cells are one pool: a 
 is admitted when its tokens fit beside everything already admitted, and when decoding
 grows the running set past the pool, the newest sequence is preempted (its cells freed,
 its tokens re-prefilled later) so the older ones can finish: the vLLM policy.
+
+With one stream per slot, a finished sequence leaves its KV in its slot. A new sequence
+takes the free slot whose resident tokens share the longest prefix with its own, and
+prefills only the rest (what llama-server calls cache_prompt): a repeated system prompt
+or the earlier turns of a conversation are not computed again.
 """
 
 from __future__ import annotations
@@ -38,6 +43,23 @@ class SchedulerConfig:
     step_tokens: int  # token budget of one llama_decode
     prefill_chunk: int  # most prompt tokens of one sequence in one step
 
+    @property
+    def keeps_prefixes(self) -> bool:
+        """Finished sequences leave their KV for reuse (only with a stream per slot:
+        in a unified pool, resident cells would compete with running sequences)."""
+        return self.n_ctx_seq < self.n_ctx
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i + 256 <= n and a[i : i + 256] == b[i : i + 256]:  # whole blocks at C speed
+        i += 256
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig):
@@ -46,7 +68,8 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
-        self.free_slots: list[int] = list(range(config.num_slots - 1, -1, -1))
+        self.free_slots: list[int] = list(range(config.num_slots))  # least recently used first
+        self.resident: dict[int, list[int]] = {}  # free slot -> tokens whose KV it holds
         self.num_preemptions = 0
 
     # -- queries ---------------------------------------------------------------------
@@ -79,13 +102,19 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence) -> int | None:
-        """Take `seq` out (finished or aborted); return the slot it held, now free."""
+    def remove(self, seq: Sequence, *, keep_kv: bool = True) -> int | None:
+        """Take `seq` out (finished or aborted); return the slot it held, now free.
+
+        Returns None when the caller has nothing to drop: the sequence held no slot, or
+        its KV stays resident for reuse. Otherwise the caller must drop the slot's KV."""
         slot = seq.slot
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             assert slot is not None
             self.free_slots.append(slot)
+            if keep_kv and self.config.keeps_prefixes:
+                self.resident[slot] = seq.tokens[: seq.num_computed]
+                slot = None
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
@@ -106,11 +135,12 @@ class Scheduler:
         self.num_preemptions += 1
         return slot
 
-    def schedule(self) -> tuple[list[Chunk], list[int]]:
-        """Plan the next step. Returns the chunks and the slots of sequences preempted to
-        make room (their KV cells must be dropped before the step runs)."""
-        preempted = self._make_room()
-        self._admit()
+    def schedule(self) -> tuple[list[Chunk], list[tuple[int, int]]]:
+        """Plan the next step. Returns the chunks, and `(slot, start)` pairs whose KV
+        cells from position `start` on must be dropped before the step runs (preempted
+        sequences, and the unshared tails of reused slots)."""
+        drops = [(slot, 0) for slot in self._make_room()]
+        self._admit(drops)
         chunks: list[Chunk] = []
         budget = self.config.step_tokens
         free_cells = self.config.n_ctx - self.kv_cells_used
@@ -128,7 +158,7 @@ class Scheduler:
             chunks.append(Chunk(seq, seq.num_computed, length, length == seq.num_pending))
             budget -= length
             free_cells -= length
-        return chunks, preempted
+        return chunks, drops
 
     def _make_room(self) -> list[int]:
         freed = []
@@ -136,17 +166,38 @@ class Scheduler:
             freed.append(self.preempt_newest())
         return freed
 
-    def _admit(self) -> None:
+    def _admit(self, drops: list[tuple[int, int]]) -> None:
         committed = self.kv_cells_committed
         while self.waiting and self.free_slots:
             seq = self.waiting[0]
             if self.running and committed + len(seq.tokens) > self.config.n_ctx:
                 break  # FIFO: later arrivals do not overtake a large one
             self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
+            slot, reused = self._pick_slot(seq.tokens)
+            # At least the last token is computed again: its logits are needed to sample.
+            keep = min(reused, len(seq.tokens) - 1)
+            if self.resident.pop(slot, None):
+                drops.append((slot, keep))
+            seq.slot = slot
+            seq.num_computed = keep
+            if seq.num_output_tokens == 0:
+                seq.num_cached = keep
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             committed += len(seq.tokens)
+
+    def _pick_slot(self, tokens: list[int]) -> tuple[int, int]:
+        """The free slot holding the longest prefix of `tokens`, else the least recently
+        used one. Returns (slot, tokens reusable)."""
+        best, best_len = self.free_slots[0], 0
+        for slot in self.free_slots:
+            resident = self.resident.get(slot)
+            if resident:
+                length = common_prefix(resident, tokens)
+                if length > best_len:
+                    best, best_len = slot, length
+        self.free_slots.remove(best)
+        return best, best_len
 
     def check_integrity(self) -> None:
         """Invariants; cheap enough for tests and idle moments."""
@@ -156,3 +207,4 @@ class Scheduler:
         assert len(slots) + len(self.free_slots) == self.config.num_slots, "a slot leaked"
         assert all(s.status is SeqStatus.WAITING and s.slot is None for s in self.waiting)
         assert all(s.status is SeqStatus.RUNNING for s in self.running)
+        assert set(self.resident) <= set(self.free_slots), "a busy slot has resident tokens"

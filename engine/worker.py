@@ -129,9 +129,9 @@ class Worker:
     # -- one step ----------------------------------------------------------------------
 
     def step(self) -> None:
-        chunks, preempted = self.scheduler.schedule()
-        for slot in preempted:
-            self.ctx.remove_seq(slot)
+        chunks, drops = self.scheduler.schedule()
+        for slot, start in drops:
+            self.ctx.remove_seq(slot, start)
         if not chunks:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)
             return
@@ -197,7 +197,8 @@ class Worker:
         logprobs: tuple = (),
         error: str | None = None,
     ) -> None:
-        slot = self.scheduler.remove(seq)
+        # A failed sequence's cells may be half-written: never offer them for reuse.
+        slot = self.scheduler.remove(seq, keep_kv=reason is not FinishReason.ERROR)
         if slot is not None:
             self.ctx.remove_seq(slot)
         if seq.sampler is not None:

@@ -101,8 +101,9 @@ def test_newest_is_preempted_when_decoding_outgrows_the_cache() -> None:
     apply(s)  # both prefilled: 10 tokens each committed (prompt + first sample)
     assert s.kv_cells_committed == 20
     apply(s)  # both decode: 11 + 11 committed > 20
-    chunks, freed = s.schedule()
-    assert freed == [1] or freed == [0]
+    slot_b = b.slot
+    chunks, drops = s.schedule()
+    assert drops == [(slot_b, 0)]
     assert b.status is SeqStatus.WAITING and b.num_computed == 0 and len(b.tokens) == 11
     assert [c.seq.request_id for c in chunks] == ["a"]
     assert s.num_preemptions == 1
@@ -121,3 +122,80 @@ def test_preempted_sequence_is_reprefilled_whole_and_resumes() -> None:
     plan = apply(s)
     assert plan == [("b", 0, 11, True)]  # all of b's tokens again, then it samples
     assert len(b.tokens) == 12
+
+
+def per_slot(slots: int = 2, n_ctx_seq: int = 100) -> Scheduler:
+    """A stream per slot: finished sequences leave their prefix for reuse."""
+    return Scheduler(SchedulerConfig(slots, n_ctx_seq * slots, n_ctx_seq, 64, 32))
+
+
+def seq_of(name: str, tokens: list[int]) -> Sequence:
+    return Sequence(GenerateRequest(name, tuple(tokens)), None, IncrementalDetokenizer([b""]), None)
+
+
+def test_common_prefix() -> None:
+    from engine.scheduler import common_prefix
+
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+    long = list(range(1000))
+    assert common_prefix(long, long[:700] + [-1] + long[701:]) == 700
+    assert common_prefix(long, long) == 1000
+    assert common_prefix(long[:512], long) == 512
+
+
+def test_finished_prefix_is_reused_by_the_next_matching_prompt() -> None:
+    s = per_slot()
+    first = seq_of("first", list(range(1, 41)))
+    s.add(first)
+    apply(s)
+    apply(s)  # 40 prompt tokens in two chunks, then it samples
+    first_slot = first.slot
+    assert s.remove(first) is None  # KV kept: nothing for the worker to drop
+    assert s.resident[first_slot] == list(range(1, 41))  # type: ignore[index]
+    second = seq_of("second", list(range(1, 31)) + [999] * 5)
+    s.add(second)
+    chunks, drops = s.schedule()
+    assert second.slot == first_slot
+    assert drops == [(first_slot, 30)]  # the unshared tail goes
+    assert second.num_computed == second.num_cached == 30
+    assert [(c.start, c.length) for c in chunks] == [(30, 5)]
+    s.check_integrity()
+
+
+def test_identical_prompt_recomputes_only_its_last_token() -> None:
+    s = per_slot()
+    a = seq_of("a", [5, 6, 7, 8])
+    s.add(a)
+    apply(s)
+    s.remove(a)
+    b = seq_of("b", [5, 6, 7, 8])
+    s.add(b)
+    chunks, drops = s.schedule()
+    assert b.num_cached == 3 and [(c.start, c.length, c.sample) for c in chunks] == [(3, 1, True)]
+
+
+def test_no_match_takes_the_least_recently_used_slot_and_clears_it() -> None:
+    s = per_slot(slots=2)
+    a, b = seq_of("a", [1, 2, 3]), seq_of("b", [4, 5, 6])
+    s.add(a)
+    s.add(b)
+    apply(s)
+    slot_a, slot_b = a.slot, b.slot
+    s.remove(a)
+    s.remove(b)
+    c = seq_of("c", [7, 8, 9])
+    s.add(c)
+    _, drops = s.schedule()
+    assert c.slot == slot_a and drops == [(slot_a, 0)] and c.num_cached == 0
+    assert slot_b in s.resident
+
+
+def test_failed_sequence_leaves_nothing_resident() -> None:
+    s = per_slot()
+    a = seq_of("a", [1, 2, 3])
+    s.add(a)
+    apply(s)
+    slot = a.slot
+    assert s.remove(a, keep_kv=False) == slot
+    assert slot not in s.resident

@@ -228,3 +228,41 @@ async def test_grammar_constrains_output(engine: Engine) -> None:
     text, reason, _, _ = await run(engine, request(prompt, sampling=sampling, max_tokens=10))
     assert text in ("yes.", "no.")
     assert reason is FinishReason.STOP
+
+
+async def run_cached(engine: Engine, prompt: tuple[int, ...]) -> tuple[str, int]:
+    text, cached = "", -1
+    generation = await engine.generate([request(prompt, max_tokens=40)])
+    async for _, out in generation:
+        text += out.text
+        if out.finish_reason is not None:
+            cached = out.num_cached_tokens
+    return text, cached
+
+
+def system_prompt(engine: Engine, question: str) -> tuple[int, ...]:
+    text = (
+        "<|im_start|>system\nYou are a terse assistant who answers in one sentence.<|im_end|>\n"
+        f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    return tuple(engine.tokenize(text, add_special=False, parse_special=True))
+
+
+async def test_reused_slot_prefix_gives_the_cold_output(engine: Engine) -> None:
+    a = system_prompt(engine, QUESTIONS[0])
+    b = system_prompt(engine, QUESTIONS[3])
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    cold_b, cached = await run_cached(engine, b)
+    assert cached == 0
+    # Fill every slot with A so B's resident prefix is gone, then ask B again.
+    other = await start()
+    try:
+        cold_a, _ = await run_cached(other, a)
+    finally:
+        other.close()
+    warm_a, cached_a = await run_cached(engine, a)  # reuses the shared system prefix of B
+    assert cached_a == shared and warm_a == cold_a
+    again_a, cached_again = await run_cached(engine, a)  # the exact prompt again
+    assert cached_again == len(a) - 1 and again_a == cold_a
+    warm_b, cached_b = await run_cached(engine, b)
+    assert cached_b >= shared and warm_b == cold_b

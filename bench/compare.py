@@ -1,0 +1,149 @@
+"""Side-by-side throughput run: kvserve vs llama-cpp-python's server, same model, same load.
+
+    pip install -e '.[bench]'        # adds llama-cpp-python's [server] extra
+    python bench/compare.py          # prints a markdown table
+
+Each server is started on a free loopback port with the bundled SmolLM2-135M-Instruct
+and 2 threads, warmed up with one request, then driven by bench/loadgen.py at each
+concurrency; it is stopped before the next server starts, so they never share the CPU.
+Pass --base-url NAME=URL to include a server you started yourself (llama.cpp's
+`llama-server -np 8`, say).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.loadgen import run_load  # noqa: E402
+from server.config import default_model_path  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str, str]:
+    port = free_port()
+    model = default_model_path()
+    if name == "kvserve":
+        cmd = [
+            sys.executable,
+            "-m",
+            "server",
+            "--port",
+            str(port),
+            "--threads",
+            str(threads),
+            "--parallel",
+            str(parallel),
+            "--log-level",
+            "warning",
+        ]
+        model_id = "SmolLM2-135M-Instruct"
+    elif name == "llama_cpp.server":
+        cmd = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
+            "--n_ctx",
+            "4096",
+        ]
+        model_id = model
+    else:
+        raise ValueError(name)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{base}/v1/models", timeout=1).status_code == 200:
+                return proc, f"{base}/v1", model_id
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{name} did not start")
+
+
+def measure(label: str, base_url: str, model_id: str, args: argparse.Namespace) -> list[dict]:
+    asyncio.run(run_load(base_url, model_id, 1, 1, args.prompt_words, 8, {}))  # warm-up
+    rows = []
+    for concurrency in args.concurrency:
+        report = asyncio.run(
+            run_load(
+                base_url,
+                model_id,
+                concurrency,
+                args.requests,
+                args.prompt_words,
+                args.max_tokens,
+                {},
+            )
+        )
+        report["server"] = label
+        rows.append(report)
+        print(json.dumps(report), file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--servers", default="kvserve,llama_cpp.server")
+    p.add_argument("--base-url", action="append", default=[], help="NAME=URL of a running server")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--prompt-words", type=int, default=45)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parallel", type=int, default=8)
+    args = p.parse_args()
+    rows: list[dict] = []
+    for name in [s for s in args.servers.split(",") if s]:
+        proc, base_url, model_id = start(name, args.threads, args.parallel)
+        try:
+            rows += measure(name, base_url, model_id, args)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    for item in args.base_url:
+        label, url = item.split("=", 1)
+        rows += measure(label, url, os.environ.get("BENCH_MODEL", "SmolLM2-135M-Instruct"), args)
+    print(
+        "| server | concurrency | output tok/s | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | errors |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['server']} | {r['concurrency']} | {r['output_tok_s']} | {r['ttft_p50_s']} s | "
+            f"{r['ttft_p95_s']} s | {r['itl_p50_ms']} ms | {r['itl_p95_ms']} ms | {r['errors']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
