@@ -55,10 +55,10 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
         ]
         model_id = "SmolLM2-135M-Instruct"
     elif name == "llama_cpp.server":
+        peer = str(Path(__file__).resolve().parent / "peer_llama_cpp_server.py")
         cmd = [
             sys.executable,
-            "-m",
-            "llama_cpp.server",
+            peer,
             "--model",
             model,
             "--port",
@@ -69,11 +69,16 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             str(threads),
             "--n_ctx",
             "4096",
+            # serve concurrent requests one after another instead of cancelling the
+            # running one when the next arrives (the peer's default)
+            "--interrupt_requests",
+            "False",
         ]
         model_id = model
     else:
         raise ValueError(name)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = open(f"/tmp/bench-{name}.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

@@ -314,15 +314,16 @@ class Engine:
                     param="logit_bias",
                 )
 
-    @staticmethod
-    def _build_samplers(model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
+    def _build_samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
         samplers: list[Sampler] = []
         try:
             for request in requests:
                 seed = request.sampling.seed
                 if seed is None:
                     seed = random.getrandbits(32)
-                samplers.append(Sampler(model, request.sampling, seed & 0xFFFFFFFF))
+                samplers.append(
+                    Sampler(model, request.sampling, seed & 0xFFFFFFFF, self.info.n_ctx)
+                )
         except ValueError as exc:
             for sampler in samplers:
                 sampler.close()

@@ -312,13 +312,13 @@ class Sampler:
     belong to the request), then owned by the engine thread.
     """
 
-    def __init__(self, model: Model, params: SamplingParams, seed: int):
+    def __init__(self, model: Model, params: SamplingParams, seed: int, n_ctx: int):
         self._keep: list[object] = []  # ctypes arrays the chain may point into
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self.handle = C.llama_sampler_chain_init(chain_params)
         try:
-            self._build(model, params, seed)
+            self._build(model, params, seed, n_ctx)
         except BaseException:
             self.close()
             raise
@@ -328,7 +328,7 @@ class Sampler:
             raise ValueError("llama.cpp rejected a sampler parameter")
         C.llama_sampler_chain_add(self.handle, sampler)
 
-    def _build(self, model: Model, p: SamplingParams, seed: int) -> None:
+    def _build(self, model: Model, p: SamplingParams, seed: int, n_ctx: int) -> None:
         if p.grammar is not None:
             with _CaptureErrors() as errors:
                 grammar = C.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
@@ -344,7 +344,7 @@ class Sampler:
             self._keep.append(arr)
             self._add(C.llama_sampler_init_logit_bias(model.n_vocab, len(bias), arr))
         if p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
-            last_n = model.n_vocab if p.repeat_last_n == -1 else p.repeat_last_n
+            last_n = n_ctx if p.repeat_last_n == -1 else p.repeat_last_n
             self._add(
                 C.llama_sampler_init_penalties(
                     last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
@@ -360,7 +360,7 @@ class Sampler:
                     p.dry_multiplier,
                     p.dry_base,
                     p.dry_allowed_length,
-                    p.dry_penalty_last_n,
+                    n_ctx if p.dry_penalty_last_n == -1 else p.dry_penalty_last_n,
                     arr_b,
                     len(breakers),
                 )

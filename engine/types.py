@@ -29,14 +29,14 @@ class SamplingParams:
     min_keep: int = 1
     seed: int | None = None
     repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
+    repeat_last_n: int = 64  # penalty window in tokens; 0: off; -1: the whole context
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     dry_multiplier: float = 0.0
     dry_base: float = 1.75
     dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
+    dry_penalty_last_n: int = -1  # DRY window in tokens; 0: off; -1: the whole context
     dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1

@@ -107,7 +107,7 @@ def from_engine_error(exc: Exception) -> APIError:
     return ServerError(f"{type(exc).__name__}: {exc}")
 
 
-_TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "function-after"}
+_TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "function-after", "constrained-str"}
 
 
 def _param_of(loc: tuple[Any, ...]) -> str | None:

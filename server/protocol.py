@@ -20,6 +20,9 @@ log = logging.getLogger("kvserve.server")
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 TokenId = Annotated[int, Field(ge=0)]
+# Stop strings are matched against the tail of the text after every token: bounded, so
+# that a request cannot make each token cost a scan of megabytes.
+StopText = Annotated[str, Field(max_length=1000)]
 
 
 class _Open(BaseModel):
@@ -42,7 +45,7 @@ class SamplingExtras(_Open):
     n: Annotated[int, Field(ge=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: StopText | list[StopText] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
@@ -59,7 +62,7 @@ class SamplingExtras(_Open):
     dry_base: Annotated[float, Field(ge=1.0)] | None = None
     dry_allowed_length: Annotated[int, Field(ge=0)] | None = None
     dry_penalty_last_n: Annotated[int, Field(ge=-1)] | None = None
-    dry_sequence_breakers: list[str] | None = None
+    dry_sequence_breakers: Annotated[list[StopText], Field(max_length=64)] | None = None
     xtc_probability: Probability | None = None
     xtc_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     top_n_sigma: float | None = None
@@ -69,7 +72,7 @@ class SamplingExtras(_Open):
     mirostat_tau: Annotated[float, Field(ge=0.0)] | None = None
     mirostat_eta: Annotated[float, Field(ge=0.0)] | None = None
     ignore_eos: bool | None = None
-    grammar: str | None = None
+    grammar: Annotated[str, Field(max_length=256 * 1024)] | None = None
 
     @field_validator("stop")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 
-from engine.types import GenerateRequest, SamplingParams
+from engine.types import GenerateRequest, ModelInfo, SamplingParams
 from server.errors import BadRequest
 from server.protocol import SamplingExtras
 
@@ -38,17 +38,22 @@ _DIRECT = (
 )
 
 
-def sampling_params(body: SamplingExtras, *, n_vocab: int) -> SamplingParams:
+def sampling_params(body: SamplingExtras, info: ModelInfo) -> SamplingParams:
     """Build the sampler settings of a request; unset fields keep the engine defaults."""
     values: dict[str, object] = {}
     for name in _DIRECT:
         value = getattr(body, name)
         if value is not None:
             values[name] = value
+    # Penalty windows (-1: the whole context): none is longer than the context.
+    for name in ("repeat_last_n", "dry_penalty_last_n"):
+        window = getattr(body, name)
+        if window is not None:
+            values[name] = min(window, info.n_ctx)
     if body.dry_sequence_breakers is not None:
         values["dry_sequence_breakers"] = tuple(body.dry_sequence_breakers)
     if body.logit_bias:
-        values["logit_bias"] = tuple(_logit_bias(body.logit_bias, n_vocab))
+        values["logit_bias"] = tuple(_logit_bias(body.logit_bias, info.n_vocab))
     if body.seed is not None:
         values["seed"] = body.seed & 0xFFFFFFFF
     # OpenAI's default temperature is 1.0, as is the engine's.
@@ -75,14 +80,14 @@ def _logit_bias(raw: dict[str, float], n_vocab: int) -> list[tuple[int, float]]:
 def generate_requests(
     prompt: list[int],
     body: SamplingExtras,
+    info: ModelInfo,
     *,
-    n_vocab: int,
     max_tokens: int | None,
     logprobs: int | None,
 ) -> list[GenerateRequest]:
     """The `n` engine requests of one API request. Choice i samples with seed + i, so
     seeded choices differ from each other yet reproduce run after run."""
-    base = sampling_params(body, n_vocab=n_vocab)
+    base = sampling_params(body, info)
     requests = []
     for i in range(body.n):
         sampling = base

@@ -75,9 +75,7 @@ async def create_chat_completion(
     prompt = engine.tokenize(rendered.text, add_special=rendered.add_bos, parse_special=True)
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    requests = generate_requests(
-        prompt, body, n_vocab=info.n_vocab, max_tokens=max_tokens, logprobs=logprobs
-    )
+    requests = generate_requests(prompt, body, info, max_tokens=max_tokens, logprobs=logprobs)
     try:
         generation = await engine.generate(requests)
     except Exception as exc:

@@ -121,7 +121,7 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
             requests = generate_requests(
                 prompt,
                 body,
-                n_vocab=info.n_vocab,
+                info,
                 max_tokens=body.max_tokens,
                 logprobs=body.logprobs,
             )

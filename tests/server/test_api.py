@@ -513,3 +513,10 @@ async def test_metrics_expose_engine_gauges(client: httpx.AsyncClient) -> None:
     assert families["kvserve_slots_total"].samples[0].value == 4
     assert families["kvserve_slots_in_use"].samples[0].value == 0
     assert "kvserve_generated_tokens" in families
+
+
+async def test_oversized_stop_and_grammar_are_refused(client: httpx.AsyncClient) -> None:
+    assert_error(await client.post("/v1/chat/completions", json=chat(stop="x" * 1001)), 400, "stop")
+    assert_error(
+        await client.post("/v1/chat/completions", json=chat(grammar="r" * (256 * 1024 + 1))), 400, "grammar"
+    )
