@@ -20,6 +20,7 @@ from fastapi import Request
 
 from engine.engine import Generation
 from engine.types import FinishReason, SeqOutput, TokenLogprob
+from server.deps import EngineLike
 from server.errors import ServerError
 
 T = TypeVar("T")
@@ -53,6 +54,21 @@ class Choice:
             self.num_cached_tokens = out.num_cached_tokens
             self.num_output_tokens = out.num_output_tokens
             self.error = out.error
+
+
+# Texts longer than this are tokenized on a worker thread, so that one huge prompt does
+# not hold up the event loop (and every other stream) while it is split into tokens.
+TOKENIZE_INLINE_CHARS = 16_384
+
+
+async def tokenize(
+    engine: EngineLike, text: str, *, add_special: bool, parse_special: bool
+) -> list[int]:
+    if len(text) <= TOKENIZE_INLINE_CHARS:
+        return engine.tokenize(text, add_special=add_special, parse_special=parse_special)
+    return await asyncio.to_thread(
+        engine.tokenize, text, add_special=add_special, parse_special=parse_special
+    )
 
 
 def new_id(prefix: str) -> str:

@@ -23,6 +23,7 @@ from server.generation import (
     increments,
     new_id,
     now,
+    tokenize,
     until_disconnect,
     usage,
 )
@@ -72,7 +73,7 @@ async def create_chat_completion(
         rendered = template.render(_messages(body), extra=body.chat_template_kwargs)
     except TemplateError as exc:
         raise BadRequest(str(exc), param="messages") from exc
-    prompt = engine.tokenize(rendered.text, add_special=rendered.add_bos, parse_special=True)
+    prompt = await tokenize(engine, rendered.text, add_special=rendered.add_bos, parse_special=True)
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     requests = generate_requests(prompt, body, info, max_tokens=max_tokens, logprobs=logprobs)

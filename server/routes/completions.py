@@ -24,6 +24,7 @@ from server.generation import (
     increments,
     new_id,
     now,
+    tokenize,
     until_disconnect,
     usage,
 )
@@ -35,7 +36,9 @@ router = APIRouter()
 MAX_PROMPTS = 64
 
 
-def prompt_token_lists(engine: EngineLike, prompt: Any, param: str = "prompt") -> list[list[int]]:
+async def prompt_token_lists(
+    engine: EngineLike, prompt: Any, param: str = "prompt"
+) -> list[list[int]]:
     """Normalise a string / strings / token ids / lists of token ids into token lists."""
     n_vocab = engine.info.n_vocab
     if isinstance(prompt, str):
@@ -53,7 +56,9 @@ def prompt_token_lists(engine: EngineLike, prompt: Any, param: str = "prompt") -
         if isinstance(item, str):
             if not item:
                 raise BadRequest(f"{param}[{i}] is an empty string", param=param)
-            tokens = engine.tokenize(item, add_special=engine.info.add_bos, parse_special=False)
+            tokens = await tokenize(
+                engine, item, add_special=engine.info.add_bos, parse_special=False
+            )
         else:
             tokens = list(item)
             if not tokens:
@@ -99,7 +104,7 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
     info = engine.info
     if body.n > info.n_seq_max:
         raise BadRequest(f"'n' must be at most {info.n_seq_max} on this server", param="n")
-    prompts = prompt_token_lists(engine, body.prompt)
+    prompts = await prompt_token_lists(engine, body.prompt)
     echoes = [engine.detokenize(p) if body.echo else "" for p in prompts]
     response_id = new_id("cmpl")
     created = now()

@@ -28,7 +28,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, engine: En
         raise BadRequest(
             f"'dimensions' must be at most {n_embd} for this model", param="dimensions"
         )
-    inputs = prompt_token_lists(engine, body.input, param="input")
+    inputs = await prompt_token_lists(engine, body.input, param="input")
     try:
         vectors = await until_disconnect(request, engine.embed(inputs))
     except ClientDisconnected:

@@ -518,5 +518,7 @@ async def test_metrics_expose_engine_gauges(client: httpx.AsyncClient) -> None:
 async def test_oversized_stop_and_grammar_are_refused(client: httpx.AsyncClient) -> None:
     assert_error(await client.post("/v1/chat/completions", json=chat(stop="x" * 1001)), 400, "stop")
     assert_error(
-        await client.post("/v1/chat/completions", json=chat(grammar="r" * (256 * 1024 + 1))), 400, "grammar"
+        await client.post("/v1/chat/completions", json=chat(grammar="r" * (256 * 1024 + 1))),
+        400,
+        "grammar",
     )
