@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from server.generation import (
 from server.protocol import ChatCompletionRequest
 from server.sampling import generate_requests
 
+log = logging.getLogger("kvserve.server")
 router = APIRouter()
 
 
@@ -84,6 +86,14 @@ async def create_chat_completion(
 
     response_id = new_id("chatcmpl")
     created = now()
+    log.info(
+        "chat.completion %s: %d prompt tokens, n=%d, stream=%s, user=%s",
+        response_id,
+        len(prompt),
+        body.n,
+        body.stream,
+        body.user,
+    )
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = _stream(

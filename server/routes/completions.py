@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from server.generation import (
 from server.protocol import CompletionRequest
 from server.sampling import generate_requests
 
+log = logging.getLogger("kvserve.server")
 router = APIRouter()
 
 MAX_PROMPTS = 64
@@ -108,6 +110,14 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
     echoes = [engine.detokenize(p) if body.echo else "" for p in prompts]
     response_id = new_id("cmpl")
     created = now()
+    log.info(
+        "completion %s: %d prompt(s), n=%d, stream=%s, user=%s",
+        response_id,
+        len(prompts),
+        body.n,
+        body.stream,
+        body.user,
+    )
 
     if body.max_tokens == 0:  # echo only: nothing to generate
         choices = [
