@@ -88,10 +88,14 @@ class Worker:
             self._take_commands(block=not busy)
             if self._stopping:
                 break
-            if self.embedder is not None and self.embedder.has_work:
-                self.embedder.step()
-            if self.scheduler.has_work:
-                self.step()
+            try:
+                if self.embedder is not None and self.embedder.has_work:
+                    self.embedder.step()
+                if self.scheduler.has_work:
+                    self.step()
+            except Exception as exc:  # a bug must cost its requests, never the engine thread
+                log.exception("engine step failed")
+                self._fail_everything(f"internal engine error: {type(exc).__name__}: {exc}")
             if self._outbox:
                 out, self._outbox = self._outbox, []
                 self.deliver(out)
@@ -231,6 +235,17 @@ class Worker:
         log.error("%s; failing %d sequence(s)", exc, len(chunks))
         for seq in {id(c.seq): c.seq for c in chunks}.values():
             self._finish(seq, FinishReason.ERROR, "", error=str(exc))
+
+    def _fail_everything(self, error: str) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._finish(seq, FinishReason.ERROR, "", error=error)
+        if self.embedder is not None:
+            while self.embedder.jobs:
+                job = self.embedder.jobs.popleft()
+                job.on_done(None, error)
+            self.embedder.ctx.clear()
+        self.ctx.clear()
+        self.scheduler.resident.clear()
 
     def _abort_all(self) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):

@@ -266,3 +266,25 @@ async def test_reused_slot_prefix_gives_the_cold_output(engine: Engine) -> None:
     assert cached_again == len(a) - 1 and again_a == cold_a
     warm_b, cached_b = await run_cached(engine, b)
     assert cached_b >= shared and warm_b == cold_b
+
+
+async def test_a_bug_in_a_step_fails_its_requests_not_the_engine(engine: Engine) -> None:
+    worker = engine._worker
+    assert worker is not None
+    real = worker.runner.run
+    calls = {"n": 0}
+
+    def buggy(chunks: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return real(chunks)  # type: ignore[arg-type]
+
+    worker.runner.run = buggy  # type: ignore[method-assign]
+    prompt = chat_prompt(engine, QUESTIONS[1])
+    generation = await engine.generate([request(prompt, max_tokens=8)])
+    outputs = [out async for _, out in generation]
+    assert outputs[-1].finish_reason is FinishReason.ERROR
+    assert "boom" in (outputs[-1].error or "")
+    text, reason, _, _ = await run(engine, request(prompt, max_tokens=8))
+    assert text and reason in (FinishReason.STOP, FinishReason.LENGTH)
