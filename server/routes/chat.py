@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from chat.template import TemplateError
 from engine.types import FinishReason, TokenLogprob
@@ -99,7 +100,10 @@ async def create_chat_completion(
         events = _stream(
             engine, generation, body.n, len(prompt), response_id, created, include_usage
         )
-        return EventSourceResponse(events, sep="\n", ping=15)
+        # The background abort covers a client gone before the stream even started.
+        return EventSourceResponse(
+            events, sep="\n", ping=15, background=BackgroundTask(generation.abort)
+        )
 
     try:
         choices = await until_disconnect(request, collect(generation, body.n))

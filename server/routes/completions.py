@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from engine.engine import Generation
 from engine.types import FinishReason, TokenLogprob
@@ -159,7 +160,13 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
             created,
             include_usage,
         )
-        return EventSourceResponse(events, sep="\n", ping=15)
+
+        def abort_all() -> None:
+            for generation in generations:
+                generation.abort()
+
+        # The background abort covers a client gone before the stream even started.
+        return EventSourceResponse(events, sep="\n", ping=15, background=BackgroundTask(abort_all))
 
     async def run_all() -> list[list[Choice]]:
         return list(await asyncio.gather(*(collect(g, body.n) for g in generations)))

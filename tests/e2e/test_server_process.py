@@ -89,6 +89,9 @@ def test_sync_chat_completion(client: openai.OpenAI) -> None:
         max_tokens=24,  # type: ignore[arg-type]
     )
     assert again.choices[0].message.content == completion.choices[0].message.content
+    # The same prompt again reuses its slot's KV: all but the last prompt token.
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
 
 
 def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
