@@ -6,8 +6,8 @@
 Each server is started on a free loopback port with the bundled SmolLM2-135M-Instruct
 and 2 threads, warmed up with one request, then driven by bench/loadgen.py at each
 concurrency; it is stopped before the next server starts, so they never share the CPU.
-Pass --base-url NAME=URL to include a server you started yourself (llama.cpp's
-`llama-server -np 8`, say).
+Add `llama-server` to --servers (with LLAMA_SERVER=/path/to/llama-server) to include
+llama.cpp's C++ server, or pass --base-url NAME=URL for any server you started yourself.
 """
 
 from __future__ import annotations
@@ -75,6 +75,27 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             "False",
         ]
         model_id = model
+    elif name == "llama-server":
+        # llama.cpp's own C++ server, built by hand (bench/README in the main README);
+        # --no-repack is the same AMX workaround kvserve applies.
+        binary = os.environ.get("LLAMA_SERVER", "llama-server")
+        cmd = [
+            binary,
+            "-m",
+            model,
+            "--port",
+            str(port),
+            "-np",
+            str(parallel),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-c",
+            str(4096 * parallel),
+            "--no-repack",
+        ]
+        model_id = model
     else:
         raise ValueError(name)
     log = open(f"/tmp/bench-{name}.log", "w")  # noqa: SIM115
@@ -95,7 +116,7 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
 
 
 def measure(label: str, base_url: str, model_id: str, args: argparse.Namespace) -> list[dict]:
-    asyncio.run(run_load(base_url, model_id, 1, 1, args.prompt_words, 8, {}))  # warm-up
+    asyncio.run(run_load(base_url, model_id, 1, 2, args.prompt_words, 8, {}))  # warm-up
     rows = []
     for concurrency in args.concurrency:
         report = asyncio.run(
@@ -123,7 +144,7 @@ def main() -> None:
     p.add_argument("--base-url", action="append", default=[], help="NAME=URL of a running server")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--requests", type=int, default=16)
-    p.add_argument("--prompt-words", type=int, default=45)
+    p.add_argument("--prompt-words", type=int, default=20)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--parallel", type=int, default=8)

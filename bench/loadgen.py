@@ -15,6 +15,7 @@ import asyncio
 import json
 import statistics
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import httpx
@@ -39,13 +40,16 @@ TOPICS = [
 ]
 
 
-def prompt_for(i: int, prompt_words: int) -> str:
+def prompt_for(i: int, prompt_words: int, nonce: str) -> str:
+    """Prompts share a head (the chat template's system prompt and the first words) and
+    differ after it. `nonce` keeps the prompts of one run unlike any earlier run's, so a
+    server's prompt cache cannot turn a throughput run into a cache-hit run."""
     topic = TOPICS[i % len(TOPICS)]
     filler = (
         "Please be thorough, use plain words, give concrete examples, and explain each step "
         "so that a curious student could follow along without any prior knowledge. "
     )
-    words = f"Write a detailed explanation of {topic}. {filler * 4}".split()
+    words = f"Write a detailed explanation of {topic} (ref {nonce}-{i}). {filler * 4}".split()
     return " ".join(words[:prompt_words])
 
 
@@ -60,11 +64,15 @@ class Result:
 
 
 async def one_request(
-    client: httpx.AsyncClient, model: str, i: int, prompt_words: int, max_tokens: int, extra: dict
+    client: httpx.AsyncClient,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    extra: dict,
 ) -> Result:
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt_for(i, prompt_words)}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
@@ -125,7 +133,10 @@ async def run_load(
     api_key: str | None = None,
 ) -> dict:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=concurrency + 4)
+    # A fresh connection per request: some servers close idle keep-alive connections,
+    # which would show up as client errors that are not the server's fault.
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=0)
+    nonce = uuid.uuid4().hex[:8]
     async with httpx.AsyncClient(
         base_url=base_url, timeout=600, limits=limits, headers=headers
     ) as client:
@@ -137,7 +148,8 @@ async def run_load(
         async def worker() -> None:
             while not queue.empty():
                 i = queue.get_nowait()
-                results.append(await one_request(client, model, i, prompt_words, max_tokens, extra))
+                prompt = prompt_for(i, prompt_words, nonce)
+                results.append(await one_request(client, model, prompt, max_tokens, extra))
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -171,7 +183,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--requests", type=int, default=16)
     p.add_argument(
-        "--prompt-words", type=int, default=45, help="about 60 prompt tokens with the chat template"
+        "--prompt-words", type=int, default=20, help="about 60 prompt tokens with the chat template"
     )
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--extra", default="{}", help="JSON merged into every request body")

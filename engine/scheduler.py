@@ -61,6 +61,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+def _slot_of(chunk: Chunk) -> int:
+    return chunk.seq.slot if chunk.seq.slot is not None else -1
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig):
         if config.step_tokens < config.num_slots:
@@ -68,7 +72,7 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
-        self.free_slots: list[int] = list(range(config.num_slots))  # least recently used first
+        self.free_slots: list[int] = list(range(config.num_slots))
         self.resident: dict[int, list[int]] = {}  # free slot -> tokens whose KV it holds
         self.num_preemptions = 0
 
@@ -158,6 +162,10 @@ class Scheduler:
             chunks.append(Chunk(seq, seq.num_computed, length, length == seq.num_pending))
             budget -= length
             free_cells -= length
+        # With a KV stream per slot, llama.cpp splits a batch into ubatches of sequences
+        # with consecutive ids, scanning rows in order: rows sorted by slot make one
+        # ubatch of a step where any other order could make several.
+        chunks.sort(key=_slot_of)
         return chunks, drops
 
     def _make_room(self) -> list[int]:
@@ -187,9 +195,10 @@ class Scheduler:
             committed += len(seq.tokens)
 
     def _pick_slot(self, tokens: list[int]) -> tuple[int, int]:
-        """The free slot holding the longest prefix of `tokens`, else the least recently
-        used one. Returns (slot, tokens reusable)."""
-        best, best_len = self.free_slots[0], 0
+        """The free slot holding the longest prefix of `tokens`, else the lowest free
+        slot (busy slots then stay contiguous, see `schedule`). Returns (slot, tokens
+        reusable)."""
+        best, best_len = min(self.free_slots), 0
         for slot in self.free_slots:
             resident = self.resident.get(slot)
             if resident:

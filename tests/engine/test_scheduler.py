@@ -175,7 +175,7 @@ def test_identical_prompt_recomputes_only_its_last_token() -> None:
     assert b.num_cached == 3 and [(c.start, c.length, c.sample) for c in chunks] == [(3, 1, True)]
 
 
-def test_no_match_takes_the_least_recently_used_slot_and_clears_it() -> None:
+def test_no_match_takes_the_lowest_free_slot_and_clears_it() -> None:
     s = per_slot(slots=2)
     a, b = seq_of("a", [1, 2, 3]), seq_of("b", [4, 5, 6])
     s.add(a)
@@ -199,3 +199,16 @@ def test_failed_sequence_leaves_nothing_resident() -> None:
     slot = a.slot
     assert s.remove(a, keep_kv=False) == slot
     assert slot not in s.resident
+
+
+def test_batch_rows_are_ordered_by_slot() -> None:
+    s = per_slot(slots=4)
+    seqs = [seq_of(f"s{i}", [10 * i + 1, 10 * i + 2]) for i in range(4)]
+    for x in seqs:
+        s.add(x)
+    apply(s)
+    s.remove(seqs[1])  # slot 1 frees; a newcomer takes it while 0, 2, 3 decode
+    s.add(seq_of("new", [99, 98, 97]))
+    chunks, _ = s.schedule()
+    assert [c.seq.slot for c in chunks] == [0, 1, 2, 3]
+    assert [c.length for c in chunks] == [1, 3, 1, 1]
