@@ -296,6 +296,11 @@ class Context:
         """Drop the KV cells of `seq_id` at positions >= start."""
         C.llama_memory_seq_rm(self.memory, seq_id, start, -1)
 
+    def copy_seq(self, src: int, dst: int) -> None:
+        """Make `dst`'s KV a copy of all of `src`'s (between streams: a buffer copy,
+        done by llama.cpp at the start of the next decode)."""
+        C.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+
     def clear(self) -> None:
         C.llama_memory_clear(self.memory, True)
 

@@ -14,13 +14,14 @@ its tokens re-prefilled later) so the older ones can finish: the vLLM policy.
 With one stream per slot, a finished sequence leaves its KV in its slot. A new sequence
 takes the free slot whose resident tokens share the longest prefix with its own, and
 prefills only the rest (what llama-server calls cache_prompt): a repeated system prompt
-or the earlier turns of a conversation are not computed again.
+or the earlier turns of a conversation are not computed again. When another slot, busy
+or free, holds a clearly longer prefix, its KV stream is copied into the new slot first.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.sequence import SeqStatus, Sequence
 
@@ -33,6 +34,20 @@ class Chunk:
     start: int
     length: int
     sample: bool
+
+
+@dataclass(slots=True)
+class KvPlan:
+    """KV cache work to do before a step runs, in this order: copy the stream of slot
+    `src` into slot `dst`, then drop each slot's cells from position `start` on."""
+
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst)
+    drops: list[tuple[int, int]] = field(default_factory=list)  # (slot, start)
+
+
+# Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
+# ~94 MB for the default model at 4096 cells): worth it only for a longer prefix.
+COPY_MIN_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +154,11 @@ class Scheduler:
         self.num_preemptions += 1
         return slot
 
-    def schedule(self) -> tuple[list[Chunk], list[tuple[int, int]]]:
-        """Plan the next step. Returns the chunks, and `(slot, start)` pairs whose KV
-        cells from position `start` on must be dropped before the step runs (preempted
-        sequences, and the unshared tails of reused slots)."""
-        drops = [(slot, 0) for slot in self._make_room()]
-        self._admit(drops)
+    def schedule(self) -> tuple[list[Chunk], KvPlan]:
+        """Plan the next step: the chunks to decode, and the KV work (prefix copies,
+        dropped tails of reused slots, preempted sequences) to do before it."""
+        kv = KvPlan(drops=[(slot, 0) for slot in self._make_room()])
+        self._admit(kv)
         chunks: list[Chunk] = []
         budget = self.config.step_tokens
         free_cells = self.config.n_ctx - self.kv_cells_used
@@ -166,7 +180,7 @@ class Scheduler:
         # with consecutive ids, scanning rows in order: rows sorted by slot make one
         # ubatch of a step where any other order could make several.
         chunks.sort(key=_slot_of)
-        return chunks, drops
+        return chunks, kv
 
     def _make_room(self) -> list[int]:
         freed = []
@@ -174,18 +188,22 @@ class Scheduler:
             freed.append(self.preempt_newest())
         return freed
 
-    def _admit(self, drops: list[tuple[int, int]]) -> None:
+    def _admit(self, kv: KvPlan) -> None:
         committed = self.kv_cells_committed
         while self.waiting and self.free_slots:
             seq = self.waiting[0]
             if self.running and committed + len(seq.tokens) > self.config.n_ctx:
                 break  # FIFO: later arrivals do not overtake a large one
             self.waiting.popleft()
-            slot, reused = self._pick_slot(seq.tokens)
+            slot, reused, source = self._pick_slot(seq.tokens)
             # At least the last token is computed again: its logits are needed to sample.
             keep = min(reused, len(seq.tokens) - 1)
-            if self.resident.pop(slot, None):
-                drops.append((slot, keep))
+            if source is not None:
+                kv.copies.append((source, slot))
+                kv.drops.append((slot, keep))
+                self.resident.pop(slot, None)
+            elif self.resident.pop(slot, None):
+                kv.drops.append((slot, keep))
             seq.slot = slot
             seq.num_computed = keep
             if seq.num_output_tokens == 0:
@@ -194,10 +212,11 @@ class Scheduler:
             self.running.append(seq)
             committed += len(seq.tokens)
 
-    def _pick_slot(self, tokens: list[int]) -> tuple[int, int]:
-        """The free slot holding the longest prefix of `tokens`, else the lowest free
-        slot (busy slots then stay contiguous, see `schedule`). Returns (slot, tokens
-        reusable)."""
+    def _pick_slot(self, tokens: list[int]) -> tuple[int, int, int | None]:
+        """Choose a free slot for `tokens`: the one holding the longest prefix of them,
+        else the lowest (busy slots then stay contiguous, see `schedule`). If another
+        slot holds a prefix longer by COPY_MIN_TOKENS, that slot is named as the source
+        to copy from. Returns (slot, tokens reusable, source slot or None)."""
         best, best_len = min(self.free_slots), 0
         for slot in self.free_slots:
             resident = self.resident.get(slot)
@@ -205,8 +224,17 @@ class Scheduler:
                 length = common_prefix(resident, tokens)
                 if length > best_len:
                     best, best_len = slot, length
+        source, source_len = None, best_len + COPY_MIN_TOKENS - 1
+        if self.config.keeps_prefixes:
+            for seq in self.running:
+                length = common_prefix(seq.tokens[: seq.num_computed], tokens)
+                if length > source_len:
+                    source, source_len = seq.slot, length
+        if source is not None:
+            best = min(self.free_slots)
+            best_len = source_len
         self.free_slots.remove(best)
-        return best, best_len
+        return best, best_len, source
 
     def check_integrity(self) -> None:
         """Invariants; cheap enough for tests and idle moments."""

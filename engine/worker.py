@@ -133,8 +133,10 @@ class Worker:
     # -- one step ----------------------------------------------------------------------
 
     def step(self) -> None:
-        chunks, drops = self.scheduler.schedule()
-        for slot, start in drops:
+        chunks, kv = self.scheduler.schedule()
+        for src, dst in kv.copies:
+            self.ctx.copy_seq(src, dst)
+        for slot, start in kv.drops:
             self.ctx.remove_seq(slot, start)
         if not chunks:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)

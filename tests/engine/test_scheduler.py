@@ -102,8 +102,8 @@ def test_newest_is_preempted_when_decoding_outgrows_the_cache() -> None:
     assert s.kv_cells_committed == 20
     apply(s)  # both decode: 11 + 11 committed > 20
     slot_b = b.slot
-    chunks, drops = s.schedule()
-    assert drops == [(slot_b, 0)]
+    chunks, kv = s.schedule()
+    assert kv.drops == [(slot_b, 0)] and kv.copies == []
     assert b.status is SeqStatus.WAITING and b.num_computed == 0 and len(b.tokens) == 11
     assert [c.seq.request_id for c in chunks] == ["a"]
     assert s.num_preemptions == 1
@@ -155,9 +155,9 @@ def test_finished_prefix_is_reused_by_the_next_matching_prompt() -> None:
     assert s.resident[first_slot] == list(range(1, 41))  # type: ignore[index]
     second = seq_of("second", list(range(1, 31)) + [999] * 5)
     s.add(second)
-    chunks, drops = s.schedule()
+    chunks, kv = s.schedule()
     assert second.slot == first_slot
-    assert drops == [(first_slot, 30)]  # the unshared tail goes
+    assert kv.drops == [(first_slot, 30)] and kv.copies == []  # the unshared tail goes
     assert second.num_computed == second.num_cached == 30
     assert [(c.start, c.length) for c in chunks] == [(30, 5)]
     s.check_integrity()
@@ -171,7 +171,7 @@ def test_identical_prompt_recomputes_only_its_last_token() -> None:
     s.remove(a)
     b = seq_of("b", [5, 6, 7, 8])
     s.add(b)
-    chunks, drops = s.schedule()
+    chunks, _ = s.schedule()
     assert b.num_cached == 3 and [(c.start, c.length, c.sample) for c in chunks] == [(3, 1, True)]
 
 
@@ -186,8 +186,8 @@ def test_no_match_takes_the_lowest_free_slot_and_clears_it() -> None:
     s.remove(b)
     c = seq_of("c", [7, 8, 9])
     s.add(c)
-    _, drops = s.schedule()
-    assert c.slot == slot_a and drops == [(slot_a, 0)] and c.num_cached == 0
+    _, kv = s.schedule()
+    assert c.slot == slot_a and kv.drops == [(slot_a, 0)] and c.num_cached == 0
     assert slot_b in s.resident
 
 
@@ -212,3 +212,30 @@ def test_batch_rows_are_ordered_by_slot() -> None:
     chunks, _ = s.schedule()
     assert [c.seq.slot for c in chunks] == [0, 1, 2, 3]
     assert [c.length for c in chunks] == [1, 3, 1, 1]
+
+
+def test_longer_prefix_in_a_busy_slot_is_copied_into_the_new_slot() -> None:
+    s = per_slot(slots=3)
+    shared = list(range(100, 140))  # 40 tokens
+    a = seq_of("a", shared + [1, 2])
+    s.add(a)
+    apply(s)
+    apply(s)  # a: 42 prompt tokens computed, now decoding in slot 0
+    b = seq_of("b", shared + [7, 8, 9])
+    s.add(b)
+    chunks, kv = s.schedule()
+    assert (a.slot, b.slot) == (0, 1)
+    assert kv.copies == [(0, 1)] and kv.drops == [(1, 40)]
+    assert b.num_cached == 40
+    assert [(c.seq.request_id, c.start, c.length) for c in chunks] == [("a", 42, 1), ("b", 40, 3)]
+
+
+def test_short_prefix_elsewhere_is_not_worth_a_copy() -> None:
+    s = per_slot(slots=3)
+    a = seq_of("a", [1, 2, 3, 4, 5])
+    s.add(a)
+    apply(s)
+    b = seq_of("b", [1, 2, 3, 9])
+    s.add(b)
+    _, kv = s.schedule()
+    assert kv.copies == [] and b.num_cached == 0

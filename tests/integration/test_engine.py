@@ -288,3 +288,22 @@ async def test_a_bug_in_a_step_fails_its_requests_not_the_engine(engine: Engine)
     assert "boom" in (outputs[-1].error or "")
     text, reason, _, _ = await run(engine, request(prompt, max_tokens=8))
     assert text and reason in (FinishReason.STOP, FinishReason.LENGTH)
+
+
+async def test_prefix_copied_from_a_busy_slot_gives_the_cold_output(engine: Engine) -> None:
+    a = system_prompt(engine, QUESTIONS[0])
+    b = system_prompt(engine, QUESTIONS[4])
+    fresh = await start()
+    try:
+        cold_b, _ = await run_cached(fresh, b)
+    finally:
+        fresh.close()
+    long_a = request(a, max_tokens=200, sampling=dataclasses.replace(GREEDY, ignore_eos=True))
+    generation_a = await engine.generate([long_a])
+    async for _, out in generation_a:
+        if out.token_ids:
+            break  # A holds slot 0 and its prompt is in the KV
+    warm_b, cached_b = await run_cached(engine, b)  # B takes slot 1, copying A's stream
+    generation_a.abort()
+    assert cached_b >= 16
+    assert warm_b == cold_b
