@@ -298,12 +298,13 @@ class Engine:
             raise InvalidRequestError(
                 f"prompt contains a token id outside [0, {info.n_vocab})", param="prompt"
             )
-        wanted = num_prompt + (request.max_tokens or 1)
+        completion = 1 if request.max_tokens is None else request.max_tokens
+        wanted = num_prompt + completion
         if wanted > info.n_ctx:
             raise InvalidRequestError(
                 f"This model's maximum context length is {info.n_ctx} tokens. However, you "
                 f"requested {wanted} tokens ({num_prompt} in the prompt, "
-                f"{request.max_tokens or 1} for the completion).",
+                f"{completion} for the completion).",
                 param="messages" if request.max_tokens is None else "max_tokens",
                 code="context_length_exceeded",
             )

@@ -30,6 +30,12 @@ class Sampled:
     logprob: TokenLogprob | None
 
 
+@dataclass(slots=True)
+class StepResult:
+    sampled: list[Sampled]
+    scored: list[tuple[Sequence, list[TokenLogprob]]]  # prompt log-probabilities
+
+
 def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
     """Log-probability of `token` and the `top` most likely tokens under the raw
     distribution of the model (before temperature, penalties or grammar)."""
@@ -50,10 +56,11 @@ class Runner:
         self.ctx = ctx
         self.batch = Batch(capacity)
 
-    def run(self, chunks: list[Chunk]) -> list[Sampled]:
+    def run(self, chunks: list[Chunk]) -> StepResult:
         batch = self.batch
         batch.clear()
         to_sample: list[tuple[Sequence, int]] = []
+        to_score: list[tuple[Sequence, int, int, int]] = []  # seq, first row, position, count
         for chunk in chunks:
             seq = chunk.seq
             assert seq.slot is not None
@@ -61,14 +68,36 @@ class Runner:
             row = batch.add(seq.slot, seq.tokens[chunk.start : end], chunk.start, chunk.sample)
             if chunk.sample:
                 to_sample.append((seq, row))
+            # Rows at positions p < n_prompt - 1 predict prompt token p + 1; each
+            # position is scored once (a preempted sequence is prefilled again).
+            first = max(chunk.start, seq.num_scored)
+            count = min(end, seq.num_prompt_tokens - 1) - first
+            if seq.request.prompt_logprobs is not None and count > 0:
+                first_row = row - (end - 1 - first)
+                batch.logits[first_row : first_row + count] = 1
+                to_score.append((seq, first_row, first, count))
         code = self.ctx.decode(batch)
         if code != 0:
             raise DecodeError(code)
-        results = []
+        scored = []
+        for seq, first_row, first, count in to_score:
+            k = seq.request.prompt_logprobs or 0
+            rows = range(first_row, first_row + count)
+            targets = seq.tokens[first + 1 : first + 1 + count]
+            scored.append(
+                (
+                    seq,
+                    [
+                        token_logprob(self.ctx.logits_row(r), t, k)
+                        for r, t in zip(rows, targets, strict=True)
+                    ],
+                )
+            )
+        sampled = []
         for seq, row in to_sample:
             assert seq.sampler is not None
             token = seq.sampler.sample(self.ctx, row)
             top = seq.request.logprobs
             logprob = None if top is None else token_logprob(self.ctx.logits_row(row), token, top)
-            results.append(Sampled(seq, token, logprob))
-        return results
+            sampled.append(Sampled(seq, token, logprob))
+        return StepResult(sampled, scored)

@@ -173,7 +173,9 @@ class Scheduler:
             if seq.is_decoding or seq.num_pending == 0:
                 continue
             length = min(seq.num_pending, self.config.prefill_chunk, budget, free_cells)
-            chunks.append(Chunk(seq, seq.num_computed, length, length == seq.num_pending))
+            # A request with max_tokens 0 only scores its prompt: nothing to sample.
+            sample = length == seq.num_pending and seq.request.max_tokens != 0
+            chunks.append(Chunk(seq, seq.num_computed, length, sample))
             budget -= length
             free_cells -= length
         # With a KV stream per slot, llama.cpp splits a batch into ubatches of sequences
@@ -195,7 +197,9 @@ class Scheduler:
             if self.running and committed + len(seq.tokens) > self.config.n_ctx:
                 break  # FIFO: later arrivals do not overtake a large one
             self.waiting.popleft()
-            slot, reused, source = self._pick_slot(seq.tokens)
+            # Prompt log-probabilities need the logits of every prompt token: no reuse.
+            reuse = seq.request.prompt_logprobs is None
+            slot, reused, source = self._pick_slot(seq.tokens, reuse=reuse)
             # At least the last token is computed again: its logits are needed to sample.
             keep = min(reused, len(seq.tokens) - 1)
             if source is not None:
@@ -212,12 +216,15 @@ class Scheduler:
             self.running.append(seq)
             committed += len(seq.tokens)
 
-    def _pick_slot(self, tokens: list[int]) -> tuple[int, int, int | None]:
+    def _pick_slot(self, tokens: list[int], *, reuse: bool) -> tuple[int, int, int | None]:
         """Choose a free slot for `tokens`: the one holding the longest prefix of them,
         else the lowest (busy slots then stay contiguous, see `schedule`). If another
         slot holds a prefix longer by COPY_MIN_TOKENS, that slot is named as the source
         to copy from. Returns (slot, tokens reusable, source slot or None)."""
         best, best_len = min(self.free_slots), 0
+        if not reuse:
+            self.free_slots.remove(best)
+            return best, 0, None
         for slot in self.free_slots:
             resident = self.resident.get(slot)
             if resident:

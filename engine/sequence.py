@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.types import GenerateRequest
+from engine.types import GenerateRequest, TokenLogprob
 
 if TYPE_CHECKING:
     from engine.llama import Sampler
@@ -41,6 +41,8 @@ class Sequence:
         "status",
         "arrival",
         "first_token_time",
+        "prompt_logprobs",
+        "num_scored",
     )
 
     def __init__(
@@ -62,6 +64,8 @@ class Sequence:
         self.status = SeqStatus.WAITING
         self.arrival = time.monotonic()
         self.first_token_time: float | None = None
+        self.prompt_logprobs: list[TokenLogprob] = []  # scored, not yet sent
+        self.num_scored = 0  # prompt positions scored so far (they predict tokens 1..)
 
     @property
     def request_id(self) -> str:

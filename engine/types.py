@@ -61,9 +61,10 @@ class GenerateRequest:
     request_id: str
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int | None = None  # None: until EOG or the context is full
+    max_tokens: int | None = None  # None: until EOG or the context is full; 0: score only
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: off; k >= 0: sampled token plus top k
+    prompt_logprobs: int | None = None  # None: off; k >= 0: each prompt token's, plus top k
     include_stop_str: bool = False
 
 
@@ -92,6 +93,9 @@ class SeqOutput:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
+    # Log-probabilities of prompt tokens 1..n-1 (the first has no context), sent once:
+    # with the first output after the prompt is in.
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0

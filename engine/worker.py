@@ -12,6 +12,7 @@ step rather than once per token.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 
 from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, Model
-from engine.runner import DecodeError, Runner, Sampled
+from engine.runner import DecodeError, Runner, Sampled, StepResult
 from engine.scheduler import Chunk, Scheduler
-from engine.sequence import Sequence
+from engine.sequence import SeqStatus, Sequence
 from engine.types import EngineStats, FinishReason, SeqOutput
 
 log = logging.getLogger("kvserve.engine")
@@ -142,13 +143,13 @@ class Worker:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)
             return
         try:
-            sampled = self.runner.run(chunks)
+            result = self.runner.run(chunks)
         except DecodeError as exc:
             self._decode_failed(chunks, exc)
             return
-        self._postprocess(chunks, sampled)
+        self._postprocess(chunks, result)
 
-    def _postprocess(self, chunks: list[Chunk], sampled: list[Sampled]) -> None:
+    def _postprocess(self, chunks: list[Chunk], result: StepResult) -> None:
         num_tokens = num_decode_rows = 0
         for chunk in chunks:
             num_tokens += chunk.length
@@ -157,8 +158,15 @@ class Worker:
         self.num_steps += 1
         self.last_batch_size = num_tokens
         self.num_prefill_tokens += num_tokens - num_decode_rows
-        for item in sampled:
+        for seq, logprobs in result.scored:
+            seq.prompt_logprobs.extend(logprobs)
+            seq.num_scored += len(logprobs)
+        for item in result.sampled:
             self._append(item)
+        for chunk in chunks:
+            seq = chunk.seq
+            if seq.num_pending == 0 and seq.status is SeqStatus.RUNNING:
+                self._finish(seq, FinishReason.LENGTH, "")  # max_tokens 0: prompt scored
 
     def _append(self, item: Sampled) -> None:
         seq, token = item.seq, item.token
@@ -192,6 +200,9 @@ class Worker:
         ) >= self._n_ctx_seq
 
     def _emit(self, seq: Sequence, output: SeqOutput) -> None:
+        if seq.prompt_logprobs:  # sent once, with the first output after the prompt
+            output = dataclasses.replace(output, prompt_logprobs=tuple(seq.prompt_logprobs))
+            seq.prompt_logprobs.clear()
         self._outbox.append((seq.sink, output))
 
     def _finish(

@@ -37,6 +37,7 @@ class Choice:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
@@ -48,6 +49,7 @@ class Choice:
             self.text.append(out.text)
         self.token_ids.extend(out.token_ids)
         self.logprobs.extend(out.logprobs)
+        self.prompt_logprobs.extend(out.prompt_logprobs)
         if out.finish_reason is not None:
             self.finish_reason = out.finish_reason
             self.num_prompt_tokens = out.num_prompt_tokens

@@ -186,8 +186,8 @@ class CompletionRequest(SamplingExtras):
         best_of = extra.get("best_of")
         if best_of is not None and best_of != self.n:
             raise Unsupported("best_of", "only best_of equal to n is available")
-        if self.echo and self.logprobs is not None:
-            raise Unsupported("echo", "echo together with logprobs is not implemented yet")
+        if self.echo and self.logprobs is not None and self.stream:
+            raise Unsupported("echo", "echo with logprobs is not implemented for streams yet")
         if self.max_tokens == 0 and not self.echo:
             raise BadRequest(
                 "'max_tokens' must be at least 1 unless echo is true", param="max_tokens"

@@ -84,6 +84,7 @@ def generate_requests(
     *,
     max_tokens: int | None,
     logprobs: int | None,
+    prompt_logprobs: int | None = None,
 ) -> list[GenerateRequest]:
     """The `n` engine requests of one API request. Choice i samples with seed + i, so
     seeded choices differ from each other yet reproduce run after run."""
@@ -101,6 +102,7 @@ def generate_requests(
                 max_tokens=max_tokens,
                 stop=body.stop_list,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
             )
         )
     return requests

@@ -143,7 +143,23 @@ class FakeEngine:
         detok = IncrementalDetokenizer(PIECES, request.stop, request.include_stop_str)
         produced = 0
         prompt = len(request.prompt_tokens)
+        scored: tuple[TokenLogprob, ...] = ()
+        if request.prompt_logprobs is not None:
+            scored = tuple(TokenLogprob(t, -0.5) for t in request.prompt_tokens[1:])
         try:
+            if request.max_tokens == 0:
+                await asyncio.sleep(self.delay)
+                gen.put(
+                    index,
+                    SeqOutput(
+                        "",
+                        (),
+                        finish_reason=FinishReason.LENGTH,
+                        num_prompt_tokens=prompt,
+                        prompt_logprobs=scored,
+                    ),
+                )
+                return
             for token in [*self.reply, EOS]:
                 await asyncio.sleep(self.delay)
                 if request.request_id not in self.running:
@@ -188,7 +204,10 @@ class FakeEngine:
                         SeqOutput(text, (token,), lp, finish_reason=FinishReason.LENGTH, **done),
                     )
                     return
-                gen.put(index, SeqOutput(text, (token,), lp))
+                gen.put(
+                    index,
+                    SeqOutput(text, (token,), lp, prompt_logprobs=scored if produced == 1 else ()),
+                )
         finally:
             self.outstanding -= 1
             self.running.discard(request.request_id)

@@ -120,7 +120,9 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
         body.user,
     )
 
-    if body.max_tokens == 0:  # echo only: nothing to generate
+    # Echo with logprobs scores the prompt too (and max_tokens 0 scores it only).
+    scores_prompt = body.echo and body.logprobs is not None
+    if body.max_tokens == 0 and not scores_prompt:  # echo only: nothing to compute
         choices = [
             _choice(
                 engine, p * body.n + i, echoes[p], Choice(finish_reason=FinishReason.LENGTH), None
@@ -140,6 +142,7 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
                 info,
                 max_tokens=body.max_tokens,
                 logprobs=body.logprobs,
+                prompt_logprobs=body.logprobs if scores_prompt else None,
             )
             generations.append(await engine.generate(requests))
     except Exception as exc:
@@ -180,7 +183,7 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
             generation.abort()
     flat = [c for per_prompt in results for c in per_prompt]
     choices = [
-        _choice(engine, p * body.n + i, echoes[p], c, body.logprobs)
+        _choice(engine, p * body.n + i, echoes[p], c, body.logprobs, prompts[p])
         for p, per_prompt in enumerate(results)
         for i, c in enumerate(per_prompt)
     ]
@@ -206,16 +209,41 @@ def _response(
 
 
 def _choice(
-    engine: EngineLike, index: int, echo: str, choice: Choice, logprobs: int | None
+    engine: EngineLike,
+    index: int,
+    echo: str,
+    choice: Choice,
+    logprobs: int | None,
+    prompt: list[int] | None = None,
 ) -> dict[str, Any]:
+    out: dict[str, Any] | None = None
+    if logprobs is not None:
+        offset = 0
+        if echo and prompt:
+            out, offset = _prompt_logprobs(engine, prompt, choice.prompt_logprobs)
+        part, _ = completion_logprobs(engine, choice.logprobs, offset)
+        out = part if out is None else {k: out[k] + part[k] for k in out}
     return {
         "index": index,
         "text": echo + "".join(choice.text),
-        "logprobs": completion_logprobs(engine, choice.logprobs, len(echo))[0]
-        if logprobs is not None
-        else None,
+        "logprobs": out,
         "finish_reason": finish_reason_text(choice.finish_reason),
     }
+
+
+def _prompt_logprobs(
+    engine: EngineLike, prompt: list[int], scored: list[TokenLogprob]
+) -> tuple[dict[str, Any], int]:
+    """The echoed prompt's share of the legacy logprobs object. Its first token has no
+    context to be predicted from: null, as OpenAI reports it."""
+    first = engine.token_bytes(prompt[0]).decode("utf-8", "replace")
+    rest, offset = completion_logprobs(engine, scored, len(first))
+    return {
+        "tokens": [first, *rest["tokens"]],
+        "token_logprobs": [None, *rest["token_logprobs"]],
+        "top_logprobs": [None, *rest["top_logprobs"]],
+        "text_offset": [0, *rest["text_offset"]],
+    }, offset
 
 
 async def _stream(

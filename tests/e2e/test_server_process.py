@@ -218,3 +218,20 @@ def test_dropped_stream_frees_its_slot(server: str) -> None:
         assert slots_in_use(server) == 0
         after = http.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 4})
         assert after.status_code == 200
+
+
+def test_loglikelihood_scoring_as_evaluation_harnesses_do_it(client: openai.OpenAI) -> None:
+    scored = client.completions.create(
+        model=MODEL, prompt="The capital of France is Paris", max_tokens=0, echo=True, logprobs=1
+    )
+    choice = scored.choices[0]
+    assert choice.text == "The capital of France is Paris"
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    lps = choice.logprobs.token_logprobs
+    assert lps[0] is None and all(v is not None and v <= 0 for v in lps[1:])
+    assert "".join(choice.logprobs.tokens or []) == choice.text
+    # A likely continuation scores higher than an unlikely one.
+    unlikely = client.completions.create(
+        model=MODEL, prompt="The capital of France is Banana", max_tokens=0, echo=True, logprobs=1
+    )
+    assert lps[-1] > unlikely.choices[0].logprobs.token_logprobs[-1]  # type: ignore[union-attr,index,operator]

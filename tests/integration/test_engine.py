@@ -307,3 +307,33 @@ async def test_prefix_copied_from_a_busy_slot_gives_the_cold_output(engine: Engi
     generation_a.abort()
     assert cached_b >= 16
     assert warm_b == cold_b
+
+
+async def test_prompt_logprobs_score_the_prompt(engine: Engine) -> None:
+    prompt = chat_prompt(engine, QUESTIONS[0])
+    # max_tokens 0: score only. The log-probability of each prompt token given the ones
+    # before it must equal what a generation step reports for the same context.
+    generation = await engine.generate(
+        [request(prompt, max_tokens=0, prompt_logprobs=2, logprobs=2)]
+    )
+    outputs = [out async for _, out in generation]
+    assert outputs[-1].finish_reason is FinishReason.LENGTH
+    assert outputs[-1].num_output_tokens == 0 and outputs[-1].text == ""
+    scored = [lp for out in outputs for lp in out.prompt_logprobs]
+    assert [lp.token_id for lp in scored] == list(prompt[1:])
+    assert all(lp.logprob <= 0 and len(lp.top) == 2 for lp in scored)
+    # The greedy continuation of prompt[:-1] predicts prompt[-1] with the same logprob.
+    head = prompt[:-1]
+    gen = await engine.generate(
+        [
+            request(
+                head,
+                max_tokens=1,
+                logprobs=0,
+                sampling=dataclasses.replace(GREEDY, logit_bias=((prompt[-1], 100.0),)),
+            )
+        ]
+    )
+    step = [lp async for _, out in gen for lp in out.logprobs]
+    assert step[0].token_id == prompt[-1]
+    assert step[0].logprob == pytest.approx(scored[-1].logprob, abs=1e-3)

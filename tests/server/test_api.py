@@ -467,7 +467,11 @@ async def test_unknown_fields_are_accepted(client: httpx.AsyncClient) -> None:
         ("/v1/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, "suffix"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 3}, "best_of"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 99}, "logprobs"),
-        ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1, "stream": True},
+            "echo",
+        ),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ("/v1/embeddings", {"model": MODEL}, "input"),
         ("/v1/embeddings", {"model": MODEL, "input": ""}, "input"),
@@ -522,3 +526,32 @@ async def test_oversized_stop_and_grammar_are_refused(client: httpx.AsyncClient)
         400,
         "grammar",
     )
+
+
+async def test_completion_echo_with_logprobs_scores_the_prompt(client: httpx.AsyncClient) -> None:
+    r = await client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "Hi!", "echo": True, "logprobs": 1, "max_tokens": 2},
+    )
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "Hi!" + REPLY[:2]
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["H", "i", "!", "H", "e"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1:3] == [-0.5, -0.5]
+    assert lp["text_offset"] == [0, 1, 2, 3, 4]
+
+
+async def test_completion_echo_logprobs_max_tokens_0_only_scores(
+    client: httpx.AsyncClient, fake: FakeEngine
+) -> None:
+    r = await client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "Hey", "echo": True, "logprobs": 0, "max_tokens": 0},
+    )
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "Hey" and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["tokens"] == ["H", "e", "y"]
+    assert choice["logprobs"]["token_logprobs"] == [None, -0.5, -0.5]
+    assert fake.submitted[0].max_tokens == 0 and fake.submitted[0].prompt_logprobs == 0
+    assert r.json()["usage"]["completion_tokens"] == 0
