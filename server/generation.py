@@ -12,16 +12,19 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 
 from engine.engine import Generation
 from engine.types import FinishReason, SeqOutput, TokenLogprob
 from server.deps import EngineLike
-from server.errors import ServerError
+from server.errors import BadRequest, ServerError
 
 T = TypeVar("T")
 
@@ -125,6 +128,27 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     raise ClientDisconnected()
 
 
+def engine_failure(error: str | None) -> ServerError:
+    """The 500 for a sequence the engine failed (a decode error, say), naming the cause."""
+    return ServerError(f"generation failed: {error}", code="engine_error")
+
+
+def check_n(n: int, n_seq_max: int) -> None:
+    if n > n_seq_max:
+        raise BadRequest(f"'n' must be at most {n_seq_max} on this server", param="n")
+
+
+def client_gone() -> JSONResponse:
+    """What a handler returns when its client disconnected: nobody reads it."""
+    return JSONResponse({}, status_code=499)
+
+
+def event_stream(events: AsyncIterator[str], on_close: Callable[[], None]) -> EventSourceResponse:
+    """SSE in OpenAI's framing ("data: ...\n\n"). `on_close` runs after the stream in
+    every case, also when the client left before the first event."""
+    return EventSourceResponse(events, sep="\n", ping=15, background=BackgroundTask(on_close))
+
+
 async def collect(generation: Generation, n: int) -> list[Choice]:
     """Run every sequence to its end. Raises ServerError if the engine failed one."""
     choices = [Choice() for _ in range(n)]
@@ -133,7 +157,7 @@ async def collect(generation: Generation, n: int) -> list[Choice]:
             choices[index].add(out)
     for choice in choices:
         if choice.finish_reason is FinishReason.ERROR:
-            raise ServerError(f"generation failed: {choice.error}", code="engine_error")
+            raise engine_failure(choice.error)
     return choices
 
 

@@ -8,19 +8,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse
-from starlette.background import BackgroundTask
 
 from chat.template import TemplateError
 from engine.types import FinishReason, TokenLogprob
 from server.deps import EngineDep, EngineLike, TemplateDep, check_model
-from server.errors import BadRequest, ServerError, from_engine_error
+from server.errors import BadRequest, from_engine_error
 from server.generation import (
     Choice,
     ClientDisconnected,
+    check_n,
     chunk_framing,
+    client_gone,
     collect,
+    engine_failure,
+    event_stream,
     finish_reason_text,
     increments,
     new_id,
@@ -70,8 +71,7 @@ async def create_chat_completion(
     body.refuse_unsupported()
     check_model(engine, body.model)
     info = engine.info
-    if body.n > info.n_seq_max:
-        raise BadRequest(f"'n' must be at most {info.n_seq_max} on this server", param="n")
+    check_n(body.n, info.n_seq_max)
     try:
         rendered = template.render(_messages(body), extra=body.chat_template_kwargs)
     except TemplateError as exc:
@@ -100,15 +100,12 @@ async def create_chat_completion(
         events = _stream(
             engine, generation, body.n, len(prompt), response_id, created, include_usage
         )
-        # The background abort covers a client gone before the stream even started.
-        return EventSourceResponse(
-            events, sep="\n", ping=15, background=BackgroundTask(generation.abort)
-        )
+        return event_stream(events, on_close=generation.abort)
 
     try:
         choices = await until_disconnect(request, collect(generation, body.n))
     except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
+        return client_gone()
     return {
         "id": response_id,
         "object": "chat.completion",
@@ -164,8 +161,7 @@ async def _stream(
         parts = []
         for index, inc in increment:
             if inc.finish_reason is FinishReason.ERROR:
-                error = ServerError(f"generation failed: {inc.error}", code="engine_error")
-                yield json.dumps(error.body())
+                yield json.dumps(engine_failure(inc.error).body())
                 return
             totals[index].num_output_tokens = (
                 inc.num_output_tokens or totals[index].num_output_tokens

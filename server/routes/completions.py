@@ -9,19 +9,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse
-from starlette.background import BackgroundTask
 
 from engine.engine import Generation
 from engine.types import FinishReason, TokenLogprob
 from server.deps import EngineDep, EngineLike, check_model
-from server.errors import BadRequest, ServerError, from_engine_error
+from server.errors import BadRequest, from_engine_error
 from server.generation import (
     Choice,
     ClientDisconnected,
+    check_n,
     chunk_framing,
+    client_gone,
     collect,
+    engine_failure,
+    event_stream,
     finish_reason_text,
     increments,
     new_id,
@@ -105,8 +106,7 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
     body.refuse_unsupported()
     check_model(engine, body.model)
     info = engine.info
-    if body.n > info.n_seq_max:
-        raise BadRequest(f"'n' must be at most {info.n_seq_max} on this server", param="n")
+    check_n(body.n, info.n_seq_max)
     prompts = await prompt_token_lists(engine, body.prompt)
     echoes = [engine.detokenize(p) if body.echo else "" for p in prompts]
     response_id = new_id("cmpl")
@@ -168,8 +168,7 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
             for generation in generations:
                 generation.abort()
 
-        # The background abort covers a client gone before the stream even started.
-        return EventSourceResponse(events, sep="\n", ping=15, background=BackgroundTask(abort_all))
+        return event_stream(events, on_close=abort_all)
 
     async def run_all() -> list[list[Choice]]:
         return list(await asyncio.gather(*(collect(g, body.n) for g in generations)))
@@ -177,7 +176,7 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
     try:
         results = await until_disconnect(request, run_all())
     except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
+        return client_gone()
     finally:
         for generation in generations:
             generation.abort()
@@ -294,9 +293,7 @@ async def _stream(
             for i, inc in increment:
                 index = p * body.n + i
                 if inc.finish_reason is FinishReason.ERROR:
-                    yield json.dumps(
-                        ServerError(f"generation failed: {inc.error}", code="engine_error").body()
-                    )
+                    yield json.dumps(engine_failure(inc.error).body())
                     return
                 if inc.finish_reason is not None:
                     totals[index].num_output_tokens = inc.num_output_tokens

@@ -7,11 +7,10 @@ from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from server.deps import EngineDep, check_model
 from server.errors import BadRequest, from_engine_error
-from server.generation import ClientDisconnected, until_disconnect
+from server.generation import ClientDisconnected, client_gone, until_disconnect
 from server.protocol import EmbeddingRequest
 from server.routes.completions import prompt_token_lists
 
@@ -32,7 +31,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, engine: En
     try:
         vectors = await until_disconnect(request, engine.embed(inputs))
     except ClientDisconnected:
-        return JSONResponse({}, status_code=499)
+        return client_gone()
     except Exception as exc:
         raise from_engine_error(exc) from exc
     data = []
