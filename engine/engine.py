@@ -127,7 +127,6 @@ class Engine:
         self._info: ModelInfo | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready = threading.Event()
         self._outstanding = 0  # sequences submitted and not yet finished (loop thread only)
         self._pending_embeds = 0
 
@@ -139,9 +138,6 @@ class Engine:
         self._thread = threading.Thread(target=self._main, name="kvserve-engine", daemon=True)
         self._thread.start()
 
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        return self._ready.wait(timeout)
-
     def _main(self) -> None:
         try:
             worker = self._load()
@@ -149,11 +145,9 @@ class Engine:
             log.exception("model load failed")
             self.load_error = str(exc)
             self.state = EngineState.FAILED
-            self._ready.set()
             return
         self._worker = worker
         self.state = EngineState.READY
-        self._ready.set()
         log.info("engine ready: %s", self.info.model_id)
         try:
             worker.run()
@@ -240,9 +234,6 @@ class Engine:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._require_model().detokenize(tokens)
 
-    def token_text(self, token: int) -> str:
-        return self._require_model().token_text(token)
-
     def token_bytes(self, token: int) -> bytes:
         """The bytes a generated token contributes to the text (b"" for control tokens)."""
         return self._require_model().pieces[token]
@@ -279,7 +270,7 @@ class Engine:
             Seq(
                 request,
                 sampler,
-                IncrementalDetokenizer(model.pieces, request.stop, request.include_stop_str),
+                IncrementalDetokenizer(model.pieces, request.stop),
                 (generation, index),
             )
             for index, (request, sampler) in enumerate(zip(requests, samplers, strict=True))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import time
 from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
@@ -39,8 +38,6 @@ class Sequence:
         "num_cached",
         "slot",
         "status",
-        "arrival",
-        "first_token_time",
         "prompt_logprobs",
         "num_scored",
     )
@@ -62,8 +59,6 @@ class Sequence:
         self.num_cached = 0  # prompt tokens restored instead of prefilled
         self.slot: int | None = None
         self.status = SeqStatus.WAITING
-        self.arrival = time.monotonic()
-        self.first_token_time: float | None = None
         self.prompt_logprobs: list[TokenLogprob] = []  # scored, not yet sent
         self.num_scored = 0  # prompt positions scored so far (they predict tokens 1..)
 

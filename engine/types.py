@@ -65,7 +65,6 @@ class GenerateRequest:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: off; k >= 0: sampled token plus top k
     prompt_logprobs: int | None = None  # None: off; k >= 0: each prompt token's, plus top k
-    include_stop_str: bool = False
 
 
 @dataclass(frozen=True, slots=True)

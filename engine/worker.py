@@ -172,8 +172,6 @@ class Worker:
         seq, token = item.seq, item.token
         seq.tokens.append(token)
         self.num_generated_tokens += 1
-        if seq.first_token_time is None:
-            seq.first_token_time = time.monotonic()
         request = seq.request
         if token in self._eog and not request.sampling.ignore_eos:
             self._finish(seq, FinishReason.STOP, seq.detokenizer.flush())

@@ -11,7 +11,6 @@ from fastapi import Depends, Request
 from chat.template import ChatTemplate, TemplateError
 from engine.engine import EngineState, Generation
 from engine.types import EngineStats, GenerateRequest, ModelInfo
-from server.config import Settings
 from server.errors import NotFound, ServerError, ServiceUnavailable, Unauthorized
 
 
@@ -36,10 +35,6 @@ class EngineLike(Protocol):
     def stats(self) -> EngineStats | None: ...
     async def generate(self, requests: list[GenerateRequest]) -> Generation: ...
     async def embed(self, inputs: list[list[int]]) -> list[np.ndarray]: ...
-
-
-def get_settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
 
 
 def get_engine(request: Request) -> EngineLike:
@@ -103,4 +98,3 @@ def check_model(engine: EngineLike, model: str) -> None:
 
 EngineDep = Annotated[EngineLike, Depends(get_engine)]
 TemplateDep = Annotated[ChatTemplate, Depends(get_template)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]

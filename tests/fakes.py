@@ -49,6 +49,7 @@ class FakeEngine:
         self.load_progress = 1.0 if ready else 0.25
         self.load_error: str | None = None
         self.fail_next = False
+        self.cached = 0  # reported as num_cached_tokens with every finish
         self.capacity = n_seq_max + max_queue
         self.outstanding = 0
         self.submitted: list[GenerateRequest] = []
@@ -140,7 +141,7 @@ class FakeEngine:
                 self.running.discard(request_id)
 
     async def _run(self, gen: Generation, index: int, request: GenerateRequest, fail: bool) -> None:
-        detok = IncrementalDetokenizer(PIECES, request.stop, request.include_stop_str)
+        detok = IncrementalDetokenizer(PIECES, request.stop)
         produced = 0
         prompt = len(request.prompt_tokens)
         scored: tuple[TokenLogprob, ...] = ()
@@ -177,7 +178,11 @@ class FakeEngine:
                     )
                     return
                 produced += 1
-                done = dict(num_prompt_tokens=prompt, num_output_tokens=produced)
+                done = dict(
+                    num_prompt_tokens=prompt,
+                    num_output_tokens=produced,
+                    num_cached_tokens=self.cached,
+                )
                 if token == EOS:
                     gen.put(
                         index, SeqOutput(detok.flush(), (), finish_reason=FinishReason.STOP, **done)

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from chat.template import TemplateError
+from engine.engine import Generation
 from engine.types import FinishReason, TokenLogprob
 from server.deps import EngineDep, EngineLike, TemplateDep, check_model
 from server.errors import BadRequest, from_engine_error
@@ -132,7 +133,7 @@ def _choice(engine: EngineLike, index: int, choice: Choice, logprobs: bool) -> d
 
 async def _stream(
     engine: EngineLike,
-    generation: Any,
+    generation: Generation,
     n: int,
     num_prompt_tokens: int,
     response_id: str,
@@ -163,10 +164,8 @@ async def _stream(
             if inc.finish_reason is FinishReason.ERROR:
                 yield json.dumps(engine_failure(inc.error).body())
                 return
-            totals[index].num_output_tokens = (
-                inc.num_output_tokens or totals[index].num_output_tokens
-            )
-            totals[index].num_cached_tokens = inc.num_cached_tokens
+            if inc.finish_reason is not None:  # the counts come with the finish
+                totals[index] = inc
             text = "".join(inc.text)
             finish = finish_reason_text(inc.finish_reason)
             if not text and not inc.logprobs and finish is None:

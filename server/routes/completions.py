@@ -130,8 +130,12 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
             for p in range(len(prompts))
             for i in range(body.n)
         ]
-        total = sum(len(p) for p in prompts)
-        return _response(response_id, created, info.model_id, choices, usage([], total))
+        totals = usage([], sum(len(p) for p in prompts))
+        whole = _response(response_id, created, info.model_id, choices, totals)
+        if not body.stream:
+            return whole
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return event_stream(_echo_stream(whole, include_usage), on_close=lambda: None)
 
     generations: list[Generation] = []
     try:
@@ -187,6 +191,18 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
         for i, c in enumerate(per_prompt)
     ]
     return _response(response_id, created, info.model_id, choices, usage(flat, num_prompt_tokens))
+
+
+async def _echo_stream(whole: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
+    """The stream of an echo-only request: the echoed choices, then usage if asked."""
+    yield json.dumps({**whole, "usage": None} if include_usage else _without_usage(whole))
+    if include_usage:
+        yield json.dumps({**whole, "choices": []})
+    yield "[DONE]"
+
+
+def _without_usage(whole: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in whole.items() if k != "usage"}
 
 
 def _response(

@@ -555,3 +555,35 @@ async def test_completion_echo_logprobs_max_tokens_0_only_scores(
     assert choice["logprobs"]["token_logprobs"] == [None, -0.5, -0.5]
     assert fake.submitted[0].max_tokens == 0 and fake.submitted[0].prompt_logprobs == 0
     assert r.json()["usage"]["completion_tokens"] == 0
+
+
+async def test_streamed_echo_only_completion_is_sse(client: httpx.AsyncClient) -> None:
+    r = await client.post(
+        "/v1/completions",
+        json={
+            "model": MODEL,
+            "prompt": "Hey",
+            "echo": True,
+            "max_tokens": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    first, last = json.loads(events[0]), json.loads(events[1])
+    assert first["choices"][0]["text"] == "Hey" and first["choices"][0]["finish_reason"] == "length"
+    assert first["usage"] is None
+    assert last["choices"] == [] and last["usage"]["prompt_tokens"] == 3
+
+
+async def test_stream_usage_reports_cached_tokens_from_the_finish(
+    client: httpx.AsyncClient, fake: FakeEngine
+) -> None:
+    fake.cached = 5
+    r = await client.post(
+        "/v1/chat/completions", json=chat(stream=True, stream_options={"include_usage": True})
+    )
+    usage_chunk = json.loads(sse_events(r.text)[-2])
+    assert usage_chunk["usage"]["completion_tokens"] == len(REPLY) + 1
+    assert usage_chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 5}
