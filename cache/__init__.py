@@ -1,6 +1,19 @@
-"""The tiered KV cache (RAM, then disk): not built yet.
+"""The tiered KV prefix cache: RAM, then disk, keyed by chained hashes of token blocks.
 
-Today a finished sequence's KV prefix stays in its engine slot and is reused by the next
-prompt that shares it (engine/scheduler.py); the tiered store that outlives slots and
-restarts comes with the cache issue.
+A leaf package (standard library only). It stores opaque KV state blobs with the exact
+token ids they cover; the engine decides what to save and how to restore it.
 """
+
+from cache.keys import model_fingerprint, namespace
+from cache.store import PrefixCache
+from cache.types import CacheConfig, CacheHit, CacheStats, TierStats
+
+__all__ = [
+    "CacheConfig",
+    "CacheHit",
+    "CacheStats",
+    "PrefixCache",
+    "TierStats",
+    "model_fingerprint",
+    "namespace",
+]

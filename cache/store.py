@@ -1,0 +1,304 @@
+"""PrefixCache: the tiered store the engine talks to, and its writer thread.
+
+Threads: lookup() runs on the engine thread or a worker of the asyncio loop, save() on
+the engine thread, the writer thread stores saves. One lock covers the index, the RAM
+tier and the counters, and is never held across file I/O: a disk load or write happens
+between two short critical sections, so a lookup never waits for a 46 MB write.
+
+Invariant: every indexed entry is in RAM, on disk, or both. A saved entry goes into RAM
+first (visible at once), then to disk (write-through, so a crashed server restarts
+warm); while its write is in flight it is protected from RAM eviction, so it is never
+dropped before it is on disk. Later RAM eviction drops only the RAM copy; an entry left
+on no tier leaves the index. purge() bumps a generation, so saves queued or in flight
+before it are discarded rather than landing afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from cache.disk import DiskTier
+from cache.index import BlockIndex, IndexedEntry
+from cache.keys import block_hashes, entry_key, seed
+from cache.ram import RamTier
+from cache.types import CacheConfig, CacheHit, CacheStats, Entry, TierStats
+
+log = logging.getLogger(__name__)
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class _Save:
+    entry: Entry
+    hashes: tuple[bytes, ...]
+    generation: int
+
+
+@dataclass
+class _Counters:
+    ram_hits: int = 0
+    ram_misses: int = 0
+    disk_hits: int = 0
+    disk_misses: int = 0
+    saves: int = 0
+    saves_dropped: int = 0
+    save_errors: int = 0
+    saves_skipped: int = 0
+
+
+class PrefixCache:
+    """Longest-prefix KV state cache over a RAM tier and an optional disk tier."""
+
+    def __init__(self, config: CacheConfig, namespace: str) -> None:
+        if not _NAMESPACE_RE.fullmatch(namespace) or namespace in (".", ".."):
+            raise ValueError(f"cache namespace must be a plain file name: {namespace!r}")
+        self.config = config
+        self.namespace = namespace
+        self._block = config.block_tokens
+        self._min_tokens = max(config.min_tokens, config.block_tokens)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when _pending drops to 0
+        self._index = BlockIndex(config.block_tokens)
+        self._ram = RamTier(config.ram_bytes)
+        self._disk = (
+            DiskTier(config.disk_dir, namespace, config.disk_bytes)
+            if config.enabled and config.disk_dir
+            else None
+        )
+        self._counts = _Counters()
+        self._generation = 0
+        self._pending = 0  # saves accepted and not yet finished by the writer
+        self._writing: str | None = None  # the key whose disk write is in flight
+        self._closed = not config.enabled
+        self._queue: queue.Queue[_Save | None] = queue.Queue(config.writer_queue)
+        self._load_disk_index()
+        self._writer = threading.Thread(target=self._write_loop, name="kv-cache-writer")
+        self._writer.daemon = True  # a writer stuck on a dead disk must not block exit
+        if config.enabled:
+            self._writer.start()
+
+    def _load_disk_index(self) -> None:
+        if self._disk is None:
+            return
+        for info in self._disk.infos():
+            hashes = block_hashes(info.tokens, self._block, seed(self.namespace, info.salt))
+            if hashes:
+                self._index.add(IndexedEntry(info, tuple(hashes), on_disk=True))
+            else:  # shorter than a block (block_tokens grew): can never be found
+                self._disk.delete(info.key)
+
+    # -- lookup ---------------------------------------------------------------------------
+
+    def lookup(self, tokens: Sequence[int], salt: str = "") -> CacheHit | None:
+        """The stored entry sharing the longest prefix with `tokens`, or None."""
+        if not self.config.enabled:
+            return None
+        if len(tokens) < self._block:
+            with self._lock:
+                self._count_miss(ram=True)
+            return None
+        prompt = tuple(tokens)
+        hashes = block_hashes(prompt, self._block, seed(self.namespace, salt))
+        with self._lock:
+            match = self._index.best_match(prompt, hashes)
+            if match is None:
+                self._count_miss(ram=True)
+                return None
+            indexed, num_matched = match
+            key = indexed.info.key
+            entry = self._ram.get(key)
+            if entry is not None:
+                self._counts.ram_hits += 1
+                if self._disk is not None:
+                    self._disk.touch(key)  # keeps hot entries' files from disk eviction
+                return CacheHit(entry.tokens, entry.state, num_matched, "ram")
+            self._counts.ram_misses += 1
+            if self._disk is None or not indexed.on_disk:
+                self._count_miss(ram=False)
+                return None
+            disk = self._disk
+        entry = disk.get(key)  # the read happens outside the lock
+        with self._lock:
+            if entry is None:  # deleted meanwhile, or found corrupt (and removed)
+                self._count_miss(ram=False)
+                if not disk.contains(key):
+                    self._forget_disk_copy(key)
+                return None
+            self._counts.disk_hits += 1
+            promote = self._index.get(key) is indexed and not self._ram.contains(key)
+            if promote and self._ram.fits(entry):
+                self._drop_ram_copies(self._ram.put(entry, self._protected()))
+            return CacheHit(entry.tokens, entry.state, num_matched, "disk")
+
+    def _count_miss(self, ram: bool) -> None:
+        """A lookup no tier served (`ram`: RAM was not counted for it yet)."""
+        if ram:
+            self._counts.ram_misses += 1
+        if self._disk is not None:
+            self._counts.disk_misses += 1
+
+    # -- save -----------------------------------------------------------------------------
+
+    def save(self, tokens: Sequence[int], state: bytes, salt: str = "") -> bool:
+        """Queue `state` (the KV state for exactly `tokens`) for storing; never blocks.
+        False when not taken: the cache is closed or disabled, the prefix is shorter than
+        max(min_tokens, block_tokens), or the writer queue is full (counted as dropped)."""
+        if self._closed or len(tokens) < self._min_tokens:
+            return False
+        prompt = tuple(tokens)
+        chain_seed = seed(self.namespace, salt)
+        entry = Entry(entry_key(chain_seed, prompt), salt, prompt, state)
+        hashes = tuple(block_hashes(prompt, self._block, chain_seed))
+        with self._lock:
+            if not (self._ram.fits(entry) or (self._disk is not None and self._disk.fits(entry))):
+                self._counts.saves_dropped += 1
+                return False
+            if self._index.covering(prompt, hashes) is not None:
+                self._counts.saves_skipped += 1
+                return True
+            try:
+                self._queue.put_nowait(_Save(entry, hashes, self._generation))
+            except queue.Full:
+                self._counts.saves_dropped += 1
+                return False
+            self._pending += 1
+        return True
+
+    def _write_loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                self._store(job)
+            except Exception:  # a bug here must not kill the writer and hang flush()
+                log.exception("cache: storing an entry failed")
+                with self._lock:
+                    self._counts.save_errors += 1
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._idle.notify_all()
+
+    def _store(self, job: _Save) -> None:
+        entry, hashes = job.entry, job.hashes
+        indexed = IndexedEntry(entry.info, hashes)
+        with self._lock:
+            if job.generation != self._generation:
+                return  # purged after it was queued
+            if self._index.covering(entry.tokens, hashes) is not None:
+                self._counts.saves_skipped += 1
+                return
+            # A growing conversation keeps one entry: the new one replaces its prefixes.
+            for old in self._index.extended_by(entry.tokens, hashes):
+                self._remove(old.info.key)
+            if self._ram.fits(entry):
+                self._index.add(indexed)
+                self._writing = entry.key
+                self._drop_ram_copies(self._ram.put(entry))
+        written, evicted = self._write_to_disk(entry)
+        with self._lock:
+            self._writing = None
+            if job.generation != self._generation:  # purged while the file was written
+                if written and self._disk is not None:
+                    self._disk.delete(entry.key)
+                return
+            if written:
+                indexed.on_disk = True
+                if self._index.get(entry.key) is None:
+                    self._index.add(indexed)
+            for key in evicted:
+                self._forget_disk_copy(key)
+            self._drop_ram_copies(self._ram.trim())  # the protected write may have overrun
+            if self._index.get(entry.key) is not None:
+                self._counts.saves += 1
+
+    def _write_to_disk(self, entry: Entry) -> tuple[bool, list[str]]:
+        """(written, keys evicted from disk). A failed write costs only this entry's
+        disk copy: counted in save_errors, temporary file already removed."""
+        if self._disk is None or not self._disk.fits(entry):
+            return False, []
+        try:
+            return True, self._disk.put(entry)
+        except OSError as e:
+            log.warning("cache: writing an entry to %s failed: %s", self._disk.dir, e)
+            with self._lock:
+                self._counts.save_errors += 1
+            return False, []
+
+    # -- tier bookkeeping (lock held) -----------------------------------------------------
+
+    def _protected(self) -> tuple[str, ...]:
+        return (self._writing,) if self._writing is not None else ()
+
+    def _drop_ram_copies(self, evicted: list[str]) -> None:
+        """RAM evicted these: entries with no disk copy are gone."""
+        for key in evicted:
+            indexed = self._index.get(key)
+            if indexed is not None and not indexed.on_disk:
+                self._index.remove(key)
+
+    def _forget_disk_copy(self, key: str) -> None:
+        indexed = self._index.get(key)
+        if indexed is not None:
+            indexed.on_disk = False
+            if not self._ram.contains(key):
+                self._index.remove(key)
+
+    def _remove(self, key: str) -> None:
+        self._index.remove(key)
+        self._ram.delete(key)
+        if self._disk is not None:
+            self._disk.delete(key)
+
+    # -- admin ----------------------------------------------------------------------------
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            c = self._counts
+            disk = self._disk.stats() if self._disk is not None else None
+            return CacheStats(
+                ram=replace(self._ram.stats(), hits=c.ram_hits, misses=c.ram_misses),
+                disk=TierStats()
+                if disk is None
+                else replace(disk, hits=c.disk_hits, misses=c.disk_misses),
+                saves=c.saves,
+                saves_dropped=c.saves_dropped,
+                save_errors=c.save_errors,
+                saves_skipped=c.saves_skipped,
+                corrupt_removed=self._disk.corrupt_removed if self._disk is not None else 0,
+            )
+
+    def purge(self) -> int:
+        """Drop every entry of this namespace in both tiers; the number of entries."""
+        with self._lock:
+            self._generation += 1
+            keys = self._index.keys()
+            for key in keys:
+                self._index.remove(key)
+            self._ram.clear()
+            if self._disk is not None:
+                self._disk.clear()
+            return len(keys)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every accepted save is stored (or failed); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new saves, flush the queued ones, and stop the writer thread."""
+        with self._lock:
+            if self._closed and not self._writer.is_alive():
+                return
+            self._closed = True
+        self.flush(timeout)
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            log.warning("cache: writer still busy at close; leaving it behind")
+            return
+        self._writer.join(timeout)

@@ -1,0 +1,115 @@
+"""The plain values the cache hands across threads: config, hits, stats and entries."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How the prefix cache is sized. Entries need at least one full block to be found,
+    so prefixes shorter than max(min_tokens, block_tokens) are never stored."""
+
+    enabled: bool = True
+    block_tokens: int = 64  # key granularity
+    ram_bytes: int = 1 << 30  # RAM tier budget
+    disk_dir: str = ""  # "" = no disk tier
+    disk_bytes: int = 8 << 30  # disk tier budget
+    writer_queue: int = 4  # pending saves; a full queue drops the save (counted)
+    min_tokens: int = 64  # don't store shorter prefixes (== one block by default)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "block_tokens": self.block_tokens >= 1,
+            "ram_bytes": self.ram_bytes >= 0,
+            "disk_bytes": self.disk_bytes >= 0,
+            "writer_queue": self.writer_queue >= 1,
+            "min_tokens": self.min_tokens >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"cache {name} out of range: {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    tokens: tuple[int, ...]  # the stored entry's full token ids
+    state: bytes  # the stored KV state blob
+    num_matched: int  # common prefix length between the looked-up prompt and `tokens`
+    tier: str  # "ram" or "disk"
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """One tier's contents and counters. A lookup not served from RAM is a RAM miss; one
+    that then is not served from disk either is also a disk miss (a disk tier exists)."""
+
+    entries: int = 0
+    bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """`saves`: entries stored; `saves_dropped`: refused because the writer queue was full
+    or the entry fits in no tier; `save_errors`: disk writes that failed (the entry stays
+    in RAM only); `saves_skipped`: already covered by a stored entry that starts with the
+    same tokens; `corrupt_removed`: disk files found truncated, corrupt, foreign or
+    left over from an interrupted write, and deleted."""
+
+    ram: TierStats
+    disk: TierStats
+    saves: int = 0
+    saves_dropped: int = 0
+    save_errors: int = 0
+    saves_skipped: int = 0
+    corrupt_removed: int = 0
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """What the index needs of an entry: everything but the state."""
+
+    key: str
+    salt: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored prefix: the tier-level value (tiers take and give whole entries)."""
+
+    key: str  # keys.entry_key(): unique per namespace, salt and tokens
+    salt: str
+    tokens: tuple[int, ...]
+    state: bytes
+
+    @property
+    def info(self) -> EntryInfo:
+        return EntryInfo(self.key, self.salt, self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        """RAM footprint used for the budget: the state plus the packed token ids."""
+        return len(self.state) + 4 * len(self.tokens) + len(self.salt)
+
+
+class Tier(Protocol):
+    """The narrow interface every tier offers, so another (a shared store) can slot in.
+    `put` stores the entry and returns the keys it evicted to stay in budget; it never
+    evicts the entry itself or a protected key."""
+
+    name: str
+
+    def get(self, key: str) -> Entry | None: ...
+    def put(self, entry: Entry, protect: Collection[str] = ()) -> list[str]: ...
+    def contains(self, key: str) -> bool: ...
+    def delete(self, key: str) -> bool: ...
+    def touch(self, key: str) -> None: ...
+    def infos(self) -> Iterator[EntryInfo]: ...
+    def fits(self, entry: Entry) -> bool: ...
+    def stats(self) -> TierStats: ...
