@@ -21,21 +21,25 @@ from typing import cast
 
 import numpy as np
 
+from cache import CacheConfig, CacheHit, CacheStats, PrefixCache, model_fingerprint, namespace
 from engine.detokenizer import IncrementalDetokenizer
 from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, ContextParams, Model, Sampler
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence as Seq
+from engine.sessions import Session, SessionLimits, SessionRegistry
 from engine.types import (
     EngineNotReadyError,
     EngineStats,
     GenerateRequest,
     InvalidRequestError,
     ModelInfo,
+    NoSlotError,
     QueueFullError,
     SeqOutput,
+    SessionBusyError,
 )
-from engine.worker import Abort, Embed, Stop, Submit, Worker
+from engine.worker import Abort, Embed, Fork, ReleaseSession, Stop, Submit, Worker
 
 log = logging.getLogger("kvserve.engine")
 
@@ -54,6 +58,8 @@ class EngineConfig:
     embeddings: bool = True
     embed_n_ctx: int = 4096  # longest embedding input, in tokens
     embed_chunk: int = 256  # embedding tokens computed per engine step
+    cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
+    sessions: SessionLimits = SessionLimits()
 
     @property
     def threads(self) -> int:
@@ -74,8 +80,14 @@ class Generation:
     early (`async with` exit, or `abort()`) aborts the sequences still running.
     """
 
-    def __init__(self, request_ids: Sequence[str], abort: Callable[[list[str]], None]):
+    def __init__(
+        self,
+        request_ids: Sequence[str],
+        abort: Callable[[list[str]], None],
+        session_id: str | None = None,
+    ):
         self.request_ids = list(request_ids)
+        self.session_id = session_id
         self._abort = abort
         self._queue: asyncio.Queue[tuple[int, SeqOutput]] = asyncio.Queue()
         self._open = set(range(len(request_ids)))
@@ -129,6 +141,8 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._outstanding = 0  # sequences submitted and not yet finished (loop thread only)
         self._pending_embeds = 0
+        self._cache: PrefixCache | None = None
+        self.sessions = SessionRegistry(config.sessions)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -157,6 +171,8 @@ class Engine:
             if worker.embedder is not None:
                 worker.embedder.ctx.close()
             worker.model.close()
+            if worker.cache is not None:
+                worker.cache.close()  # queued saves reach the disk before we exit
 
     def _load(self) -> Worker:
         cfg = self.config
@@ -199,7 +215,13 @@ class Engine:
             size_bytes=model.size_bytes(),
             n_params=model.n_params(),
         )
-        return Worker(model, ctx, scheduler, embedder, self._deliver)
+        if cfg.cache is not None and cfg.cache.enabled:
+            # Everything that changes the layout of a sequence's KV state.
+            self._cache = PrefixCache(
+                cfg.cache,
+                namespace(model_fingerprint(cfg.model_path), ctx.n_ctx_seq, "f16", "flash"),
+            )
+        return Worker(model, ctx, scheduler, embedder, self._deliver, self._cache)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread: running sequences are aborted, handles freed."""
@@ -255,17 +277,29 @@ class Engine:
         model = self._require_model()
         for request in requests:
             self._validate(request)
+        session_id = requests[0].session_id if requests else None
+        if session_id is not None and len(requests) > 1:
+            raise InvalidRequestError("a session continues one sequence: n must be 1", param="n")
         if self._outstanding + len(requests) > self.capacity:
             raise QueueFullError()
-        if any(r.sampling.grammar is not None for r in requests):
-            samplers = await asyncio.to_thread(self._build_samplers, model, requests)
-        else:
-            samplers = self._build_samplers(model, requests)
-        if self._outstanding + len(requests) > self.capacity:  # re-check after the await
-            for sampler in samplers:
-                sampler.close()
-            raise QueueFullError()
-        generation = Generation([r.request_id for r in requests], self._abort)
+        self._expire_sessions()
+        if session_id is not None:
+            self.sessions.begin(requests[0].tenant, session_id)
+        try:
+            if any(r.sampling.grammar is not None for r in requests):
+                samplers = await asyncio.to_thread(self._build_samplers, model, requests)
+            else:
+                samplers = self._build_samplers(model, requests)
+            hit = await self._lookup(requests[0]) if requests else None
+            if self._outstanding + len(requests) > self.capacity:  # re-check after awaits
+                for sampler in samplers:
+                    sampler.close()
+                raise QueueFullError()
+        except BaseException:
+            if session_id is not None:
+                self.sessions.end(session_id, 0)
+            raise
+        generation = Generation([r.request_id for r in requests], self._abort, session_id)
         seqs = tuple(
             Seq(
                 request,
@@ -275,10 +309,27 @@ class Engine:
             )
             for index, (request, sampler) in enumerate(zip(requests, samplers, strict=True))
         )
+        if seqs:
+            seqs[0].cache_hit = hit
+            for sibling in seqs[1:]:  # n > 1: one prompt, prefilled once (see scheduler)
+                sibling.leader = seqs[0]
         self._outstanding += len(seqs)
         assert self._worker is not None
         self._worker.commands.put(Submit(seqs))
         return generation
+
+    async def _lookup(self, request: GenerateRequest) -> CacheHit | None:
+        """The longest cached prefix of the prompt, read off the event loop (a disk hit
+        reads a file). Skipped when the session's own slot already holds its KV."""
+        cache = self._cache
+        if (
+            cache is None
+            or request.prompt_logprobs is not None
+            or len(request.prompt_tokens) < cache.config.block_tokens
+            or self.session_slot(request.session_id) is not None
+        ):
+            return None
+        return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.cache_salt)
 
     def _validate(self, request: GenerateRequest) -> None:
         info = self.info
@@ -338,7 +389,88 @@ class Engine:
             generation, index = cast(tuple[Generation, int], sink)
             if output.finish_reason is not None:
                 self._outstanding -= 1
+                if generation.session_id is not None:
+                    self.sessions.end(generation.session_id, output.num_kv_tokens)
             generation.put(index, output)
+
+    # -- sessions --------------------------------------------------------------------
+
+    def _expire_sessions(self) -> None:
+        for session_id in self.sessions.expired():
+            self._command(ReleaseSession(session_id))
+
+    def _command(self, command: ReleaseSession | Fork) -> None:
+        if self._worker is not None:
+            self._worker.commands.put(command)
+
+    def create_session(
+        self, tenant: str, session_id: str | None = None, ttl_s: float | None = None
+    ) -> Session:
+        self._expire_sessions()
+        return self.sessions.create(tenant, session_id, ttl_s)
+
+    def get_session(self, tenant: str, session_id: str) -> Session:
+        self._expire_sessions()
+        return self.sessions.get(tenant, session_id)
+
+    def list_sessions(self, tenant: str) -> list[Session]:
+        self._expire_sessions()
+        return self.sessions.owned_by(tenant)
+
+    def delete_session(self, tenant: str, session_id: str) -> Session:
+        """End a session: its slot goes back to everyone (its KV stays reusable by
+        requests with the same salt, and in the cache)."""
+        session = self.get_session(tenant, session_id)
+        self.sessions.remove(session_id)
+        self._command(ReleaseSession(session_id))
+        return session
+
+    def session_slot(self, session_id: str | None) -> int | None:
+        """The slot the session pins right now, if any (a racy read, for reporting)."""
+        if session_id is None or self._worker is None:
+            return None
+        return self._worker.scheduler.slots.pins.get(session_id)
+
+    async def fork_session(
+        self, tenant: str, session_id: str, new_id: str | None = None, ttl_s: float | None = None
+    ) -> Session:
+        """A new session whose KV is a copy of `session_id`'s (which must be idle).
+
+        Raises SessionNotFoundError (404), SessionBusyError (409), NoSlotError (429)."""
+        source = self.get_session(tenant, session_id)
+        if source.in_flight:
+            raise SessionBusyError(f"session '{session_id}' has a request in flight")
+        target = self.sessions.create(tenant, new_id, source.ttl_s if ttl_s is None else ttl_s)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[int, str | None]] = loop.create_future()
+
+        def on_done(num_tokens: int, error: str | None) -> None:  # engine thread
+            loop.call_soon_threadsafe(_settle, num_tokens, error)
+
+        def _settle(num_tokens: int, error: str | None) -> None:
+            if not done.done():
+                done.set_result((num_tokens, error))
+
+        target.in_flight = True  # nobody may use it before its KV is in place
+        self._command(Fork(session_id, target.id, on_done))
+        try:
+            num_tokens, error = await asyncio.shield(done)
+        finally:
+            target.in_flight = False
+        if error is not None:
+            self.sessions.remove(target.id)
+            raise NoSlotError(f"cannot fork: {error}")
+        target.num_tokens = num_tokens
+        return target
+
+    # -- cache -----------------------------------------------------------------------
+
+    def cache_stats(self) -> CacheStats | None:
+        return self._cache.stats() if self._cache is not None else None
+
+    def purge_cache(self) -> int:
+        """Drop every stored prefix (slots keep theirs). Returns the entries removed."""
+        return self._cache.purge() if self._cache is not None else 0
 
     # -- embeddings ------------------------------------------------------------------
 

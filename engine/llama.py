@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import threading
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -303,6 +304,29 @@ class Context:
 
     def clear(self) -> None:
         C.llama_memory_clear(self.memory, True)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The largest position `seq_id` holds a cell for; -1 when it holds none."""
+        return int(C.llama_memory_seq_pos_max(self.memory, seq_id))
+
+    def get_seq_state(self, seq_id: int) -> bytes:
+        """A copy of `seq_id`'s KV cells (llama_state_seq_get_data), for the prefix cache."""
+        size = C.llama_state_seq_get_size(self.handle, seq_id)
+        data = bytearray(size)
+        written = C.llama_state_seq_get_data(
+            self.handle, (ctypes.c_uint8 * size).from_buffer(data), size, seq_id
+        )
+        if written != size:
+            raise RuntimeError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
+        # Handed over as bytes without a second copy of megabytes: nobody writes to it.
+        return typing.cast(bytes, data)
+
+    def set_seq_state(self, seq_id: int, state: bytes) -> bool:
+        """Load a state from `get_seq_state` into the empty `seq_id`; False if refused."""
+        src = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
+        with _CaptureErrors():
+            read = C.llama_state_seq_set_data(self.handle, src, len(state), seq_id)
+        return int(read) > 0
 
     def close(self) -> None:
         if self.handle:

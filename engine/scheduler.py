@@ -11,11 +11,16 @@ is admitted when its tokens fit beside everything already admitted, and when dec
 grows the running set past the pool, the newest sequence is preempted (its cells freed,
 its tokens re-prefilled later) so the older ones can finish: the vLLM policy.
 
-With one stream per slot, a finished sequence leaves its KV in its slot. A new sequence
-takes the free slot whose resident tokens share the longest prefix with its own, and
-prefills only the rest (what llama-server calls cache_prompt): a repeated system prompt
-or the earlier turns of a conversation are not computed again. When another slot, busy
-or free, holds a clearly longer prefix, its KV stream is copied into the new slot first.
+With one stream per slot, a finished sequence leaves its KV in its slot, and a new
+sequence starts from the longest prefix of its prompt it can find, in this order of
+cost: its own slot's resident tokens (a free slot, or its session's pinned slot), a copy
+of another slot's KV stream (busy or free), or a state restored from the prefix cache.
+Prefixes are only shared between requests with the same cache salt.
+
+A sticky session pins its slot between requests, so its next turn prefills only what
+was added. When a request needs a slot and none is free and unpinned, the least
+recently used idle session gives its slot up (its KV is saved to the cache first, so it
+resumes warm). A session with a request in flight is never reclaimed.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.sequence import SeqStatus, Sequence
+from engine.slots import Copy, Drop, KvOp, Resident, Restore, SlotTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +44,14 @@ class Chunk:
 
 @dataclass(slots=True)
 class KvPlan:
-    """KV cache work to do before a step runs, in this order: copy the stream of slot
-    `src` into slot `dst`, then drop each slot's cells from position `start` on."""
+    """KV cache work to do, in order, before a step runs (see engine/slots.py)."""
 
-    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst)
-    drops: list[tuple[int, int]] = field(default_factory=list)  # (slot, start)
+    ops: list[KvOp] = field(default_factory=list)
 
 
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
-# ~94 MB for the default model at 4096 cells): worth it only for a longer prefix.
+# ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
+# a token: worth it only for a clearly longer prefix.
 COPY_MIN_TOKENS = 16
 
 
@@ -80,6 +85,16 @@ def _slot_of(chunk: Chunk) -> int:
     return chunk.seq.slot if chunk.seq.slot is not None else -1
 
 
+@dataclass(slots=True)
+class _Prefix:
+    """Where a new sequence's reusable prefix comes from."""
+
+    slot: int
+    length: int = 0
+    copy_from: int | None = None
+    restore: bool = False
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig):
         if config.step_tokens < config.num_slots:
@@ -87,8 +102,7 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
-        self.free_slots: list[int] = list(range(config.num_slots))
-        self.resident: dict[int, list[int]] = {}  # free slot -> tokens whose KV it holds
+        self.slots = SlotTable(config.num_slots, config.keeps_prefixes)
         self.num_preemptions = 0
 
     # -- queries ---------------------------------------------------------------------
@@ -121,19 +135,23 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence, *, keep_kv: bool = True) -> int | None:
+    def remove(self, seq: Sequence, *, keep_kv: bool = True, saved: bool = False) -> int | None:
         """Take `seq` out (finished or aborted); return the slot it held, now free.
 
         Returns None when the caller has nothing to drop: the sequence held no slot, or
-        its KV stays resident for reuse. Otherwise the caller must drop the slot's KV."""
+        its KV stays resident for reuse (`saved`: the cache already has it). Otherwise
+        the caller must drop the slot's KV."""
         slot = seq.slot
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             assert slot is not None
-            self.free_slots.append(slot)
+            self.slots.free.append(slot)
             if keep_kv and self.config.keeps_prefixes:
-                self.resident[slot] = seq.tokens[: seq.num_computed]
+                tokens = seq.tokens[: seq.num_computed]
+                self.slots.resident[slot] = Resident(tokens, seq.salt, saved)
                 slot = None
+            elif seq.session_id is not None and self.slots.pins.get(seq.session_id) == slot:
+                self.slots.unpin(seq.session_id)
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
@@ -146,7 +164,7 @@ class Scheduler:
         seq = self.running.pop()
         slot = seq.slot
         assert slot is not None
-        self.free_slots.append(slot)
+        self.slots.free.append(slot)
         seq.slot = None
         seq.num_computed = 0
         seq.status = SeqStatus.WAITING
@@ -155,9 +173,9 @@ class Scheduler:
         return slot
 
     def schedule(self) -> tuple[list[Chunk], KvPlan]:
-        """Plan the next step: the chunks to decode, and the KV work (prefix copies,
-        dropped tails of reused slots, preempted sequences) to do before it."""
-        kv = KvPlan(drops=[(slot, 0) for slot in self._make_room()])
+        """Plan the next step: the chunks to decode, and the KV work (saves, restores,
+        prefix copies, dropped tails, preempted sequences) to do before it."""
+        kv = KvPlan([Drop(slot) for slot in self._make_room()])
         self._admit(kv)
         chunks: list[Chunk] = []
         budget = self.config.step_tokens
@@ -192,63 +210,122 @@ class Scheduler:
 
     def _admit(self, kv: KvPlan) -> None:
         committed = self.kv_cells_committed
-        while self.waiting and self.free_slots:
+        deferred: list[Sequence] = []
+        while self.waiting:
             seq = self.waiting[0]
+            if self._waits_for_leader(seq):
+                deferred.append(self.waiting.popleft())
+                continue
             if self.running and committed + len(seq.tokens) > self.config.n_ctx:
                 break  # FIFO: later arrivals do not overtake a large one
+            if not self._place(seq, kv.ops):
+                break
             self.waiting.popleft()
-            # Prompt log-probabilities need the logits of every prompt token: no reuse.
-            reuse = seq.request.prompt_logprobs is None
-            slot, reused, source = self._pick_slot(seq.tokens, reuse=reuse)
-            # At least the last token is computed again: its logits are needed to sample.
-            keep = min(reused, len(seq.tokens) - 1)
-            if source is not None:
-                kv.copies.append((source, slot))
-                kv.drops.append((slot, keep))
-                self.resident.pop(slot, None)
-            elif self.resident.pop(slot, None):
-                kv.drops.append((slot, keep))
-            seq.slot = slot
-            seq.num_computed = keep
-            if seq.num_output_tokens == 0:
-                seq.num_cached = keep
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             committed += len(seq.tokens)
+        self.waiting.extendleft(reversed(deferred))
 
-    def _pick_slot(self, tokens: list[int], *, reuse: bool) -> tuple[int, int, int | None]:
-        """Choose a free slot for `tokens`: the one holding the longest prefix of them,
-        else the lowest (busy slots then stay contiguous, see `schedule`). If another
-        slot holds a prefix longer by COPY_MIN_TOKENS, that slot is named as the source
-        to copy from. Returns (slot, tokens reusable, source slot or None)."""
-        best, best_len = min(self.free_slots), 0
-        if not reuse:
-            self.free_slots.remove(best)
-            return best, 0, None
-        for slot in self.free_slots:
-            resident = self.resident.get(slot)
-            if resident:
-                length = common_prefix(resident, tokens)
-                if length > best_len:
-                    best, best_len = slot, length
-        source, source_len = None, best_len + COPY_MIN_TOKENS - 1
+    def _waits_for_leader(self, seq: Sequence) -> bool:
+        """n > 1: the later choices wait until the first has its prompt in the KV, then
+        copy it (see `_best_prefix`) rather than prefill it again."""
+        leader = seq.leader
+        return (
+            leader is not None
+            and self.config.keeps_prefixes
+            and leader.status is not SeqStatus.FINISHED
+            and not leader.prompt_done
+        )
+
+    def _place(self, seq: Sequence, ops: list[KvOp]) -> bool:
+        """Give `seq` a slot and the longest reusable prefix; False if no slot is free."""
+        slots = self.slots
+        session = seq.session_id if self.config.keeps_prefixes else None
+        own = session is not None and session in slots.pins
+        if own:
+            assert session is not None
+            slot = slots.pins[session]
+            if slot not in slots.free:
+                return False  # cannot happen: the server allows one request per session
+            slots.pins.move_to_end(session)
+            candidates = [slot]
+        else:
+            candidates = slots.unpinned_free()
+            if not candidates:
+                reclaimed = slots.reclaim(ops)
+                if reclaimed is None:
+                    return False
+                candidates = [reclaimed]
+        # Prompt log-probabilities need the logits of every prompt token: no reuse.
+        reuse = seq.request.prompt_logprobs is None
+        prefix = self._best_prefix(seq, candidates) if reuse else _Prefix(min(candidates))
+        slot = prefix.slot
+        # At least the last token is computed again: its logits are needed to sample.
+        keep = min(prefix.length, len(seq.tokens) - 1)
+        had_resident = slots.resident.pop(slot, None) is not None
+        if prefix.restore:
+            assert seq.cache_hit is not None
+            ops.extend((Drop(slot), Restore(seq, slot, seq.cache_hit, keep)))
+        elif prefix.copy_from is not None:
+            ops.extend((Copy(prefix.copy_from, slot), Drop(slot, keep)))
+        elif had_resident or own:
+            ops.append(Drop(slot, keep))
+        if seq.num_output_tokens == 0:  # first admission (not a preempted sequence's)
+            seq.num_cached = seq.num_saved = keep
+            seq.hit_kind = _hit_kind(keep, seq.num_prompt_tokens, own)
+            tier = seq.cache_hit.tier if prefix.restore and seq.cache_hit else "slot"
+            seq.hit_source = "none" if keep == 0 else tier
+        seq.cache_hit = None  # the state bytes are no longer needed past this point
+        slots.free.remove(slot)
+        if session is not None:
+            slots.pin(session, slot)
+        seq.slot = slot
+        seq.num_computed = keep
+        return True
+
+    def _best_prefix(self, seq: Sequence, candidates: list[int]) -> _Prefix:
+        """The candidate slot holding the longest prefix of `seq` (else the lowest: busy
+        slots then stay contiguous, see `schedule`), unless a clearly longer prefix can
+        be copied from another slot or restored from the cache."""
+        slots, salt, tokens = self.slots, seq.salt, seq.tokens
+        best = _Prefix(min(candidates))
+        for slot in candidates:
+            resident = slots.resident.get(slot)
+            if resident is not None and resident.salt == salt:
+                length = common_prefix(resident.tokens, tokens)
+                if length > best.length:
+                    best = _Prefix(slot, length)
         if self.config.keeps_prefixes:
-            for seq in self.running:
-                length = common_prefix(seq.tokens[: seq.num_computed], tokens)
-                if length > source_len:
-                    source, source_len = seq.slot, length
-        if source is not None:
-            best = min(self.free_slots)
-            best_len = source_len
-        self.free_slots.remove(best)
-        return best, best_len, source
+            threshold = best.length + COPY_MIN_TOKENS - 1
+            sources = [
+                (s.slot, s.tokens[: s.num_computed]) for s in self.running if s.salt == salt
+            ]
+            sources += [
+                (slot, r.tokens)
+                for slot, r in slots.resident.items()
+                if slot not in candidates and r.salt == salt
+            ]
+            for source, held in sources:
+                length = common_prefix(held, tokens)
+                if length > threshold:
+                    best, threshold = _Prefix(best.slot, length, source), length
+        hit = seq.cache_hit
+        if hit is not None and hit.num_matched >= best.length + COPY_MIN_TOKENS:
+            best = _Prefix(best.slot, hit.num_matched, restore=True)
+        return best
 
     def check_integrity(self) -> None:
         """Invariants; cheap enough for tests and idle moments."""
-        slots = [s.slot for s in self.running]
-        assert len(set(slots)) == len(slots), "two running sequences share a slot"
-        assert not set(slots) & set(self.free_slots), "a running slot is also free"
-        assert len(slots) + len(self.free_slots) == self.config.num_slots, "a slot leaked"
+        busy = [s.slot for s in self.running if s.slot is not None]
+        assert len(busy) == len(self.running), "a running sequence has no slot"
+        self.slots.check(self.config.num_slots, busy)
         assert all(s.status is SeqStatus.WAITING and s.slot is None for s in self.waiting)
         assert all(s.status is SeqStatus.RUNNING for s in self.running)
-        assert set(self.resident) <= set(self.free_slots), "a busy slot has resident tokens"
+
+
+def _hit_kind(reused: int, num_prompt: int, own_session: bool) -> str:
+    if reused == 0:
+        return "cold"
+    if own_session:
+        return "session"
+    return "exact" if reused >= num_prompt - 1 else "partial"

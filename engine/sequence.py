@@ -9,6 +9,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.types import GenerateRequest, TokenLogprob
 
 if TYPE_CHECKING:
+    from cache import CacheHit
     from engine.llama import Sampler
 
 
@@ -40,6 +41,11 @@ class Sequence:
         "status",
         "prompt_logprobs",
         "num_scored",
+        "leader",
+        "cache_hit",
+        "hit_kind",
+        "hit_source",
+        "num_saved",
     )
 
     def __init__(
@@ -61,6 +67,13 @@ class Sequence:
         self.status = SeqStatus.WAITING
         self.prompt_logprobs: list[TokenLogprob] = []  # scored, not yet sent
         self.num_scored = 0  # prompt positions scored so far (they predict tokens 1..)
+        # n > 1: the other choices wait for the first to prefill the shared prompt, then
+        # copy its KV instead of computing it again.
+        self.leader: Sequence | None = None
+        self.cache_hit: CacheHit | None = None  # looked up before submission, if any
+        self.hit_kind = "cold"  # how the prompt was found: cold, partial, exact, session
+        self.hit_source = "none"  # where reused tokens came from: none, slot, ram, disk
+        self.num_saved = 0  # prompt tokens already handed to the prefix cache
 
     @property
     def request_id(self) -> str:
@@ -73,6 +86,18 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.tokens) - self.num_prompt_tokens
+
+    @property
+    def session_id(self) -> str | None:
+        return self.request.session_id
+
+    @property
+    def salt(self) -> str:
+        return self.request.cache_salt
+
+    @property
+    def prompt_done(self) -> bool:
+        return self.num_computed >= self.num_prompt_tokens
 
     @property
     def is_decoding(self) -> bool:

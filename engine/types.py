@@ -9,6 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from cache import CacheStats  # re-exported: server/ reports it and may not import cache/
+
 
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOG token or a stop string
@@ -65,6 +67,12 @@ class GenerateRequest:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: off; k >= 0: sampled token plus top k
     prompt_logprobs: int | None = None  # None: off; k >= 0: each prompt token's, plus top k
+    # Sticky session: the slot stays pinned to this id after the request (see sessions.py).
+    session_id: str | None = None
+    # Who sent it (an opaque digest of the API key, "" without auth): sessions belong to it.
+    tenant: str = ""
+    # Prefixes are shared only between requests with the same salt (slots and the cache).
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +107,9 @@ class SeqOutput:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    # Set on the final output only:
+    hit_kind: str = ""  # how the prompt was found: cold, partial, exact or session
+    num_kv_tokens: int = 0  # tokens whose KV the slot keeps after the request
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +146,13 @@ class EngineStats:
     num_preemptions: int
     num_decode_failures: int
     last_batch_size: int
+    num_sessions_pinned: int = 0
+    num_reclaims: int = 0  # idle sessions' slots taken for other requests
+    num_restore_failures: int = 0
+    num_reused_tokens: int = 0  # prompt tokens not prefilled thanks to a slot or the cache
+    hits: tuple[tuple[str, int], ...] = ()  # requests by kind: cold/partial/exact/session
+    hit_sources: tuple[tuple[str, int], ...] = ()  # requests by source: none/slot/ram/disk
+    cache: CacheStats | None = None
 
 
 class EngineError(Exception):
@@ -161,6 +179,22 @@ class QueueFullError(EngineError):
 
 class EngineNotReadyError(EngineError):
     """The model is still loading (or failed to load)."""
+
+
+class SessionNotFoundError(EngineError):
+    """No such session for this tenant (another tenant's sessions are not found either)."""
+
+    def __init__(self, session_id: str):
+        super().__init__(f"no session '{session_id}'")
+        self.session_id = session_id
+
+
+class SessionBusyError(EngineError):
+    """The session already has a request in flight (or already exists, on create)."""
+
+
+class NoSlotError(EngineError):
+    """Every slot is busy with a request in flight: nothing can be forked into."""
 
 
 class GenerationError(EngineError):

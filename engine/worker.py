@@ -19,11 +19,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cache import PrefixCache
 from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, Model
 from engine.runner import DecodeError, Runner, Sampled, StepResult
 from engine.scheduler import Chunk, Scheduler
 from engine.sequence import SeqStatus, Sequence
+from engine.slots import Copy, Drop, KvOp, Restore, Save
 from engine.types import EngineStats, FinishReason, SeqOutput
 
 log = logging.getLogger("kvserve.engine")
@@ -47,11 +49,33 @@ class Embed:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseSession:
+    """The session ended (deleted or expired): its slot goes back to everyone."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """Copy idle session `source`'s KV into a free slot pinned to new session `target`.
+    `on_done(num_tokens, error)` is called on the engine thread."""
+
+    source: str
+    target: str
+    on_done: Callable[[int, str | None], None]
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     pass
 
 
-Command = Submit | Abort | Embed | Stop
+Command = Submit | Abort | Embed | ReleaseSession | Fork | Stop
+
+# A long cold prefill is saved to the cache along the way, so that another prompt
+# sharing its head (or this one, after an abort or a restart) finds it warm.
+SAVE_EVERY_TOKENS = 1024
+SAVE_PROMPT_MIN_TOKENS = 256
 
 
 class Worker:
@@ -62,6 +86,7 @@ class Worker:
         scheduler: Scheduler,
         embedder: Embedder | None,
         deliver: Deliver,
+        cache: PrefixCache | None = None,
     ):
         self.model = model
         self.ctx = ctx
@@ -69,6 +94,7 @@ class Worker:
         self.runner = Runner(ctx, scheduler.config.step_tokens)
         self.embedder = embedder
         self.deliver = deliver
+        self.cache = cache
         self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._outbox: list[tuple[object, SeqOutput]] = []
         self._stopping = False
@@ -80,6 +106,10 @@ class Worker:
         self.num_generated_tokens = 0
         self.num_decode_failures = 0
         self.last_batch_size = 0
+        self.num_restore_failures = 0
+        self.num_reused_tokens = 0
+        self.hits: dict[str, int] = {}  # (kind) cold / partial / exact / session
+        self.hit_sources: dict[str, int] = {}  # none / slot / ram / disk
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -101,6 +131,7 @@ class Worker:
                 out, self._outbox = self._outbox, []
                 self.deliver(out)
         self._abort_all()
+        self._save_residents()
 
     def _take_commands(self, *, block: bool) -> None:
         try:
@@ -128,6 +159,10 @@ class Worker:
                 command.job.on_done(None, "embeddings are disabled")
             else:
                 self.embedder.jobs.append(command.job)
+        elif isinstance(command, ReleaseSession):
+            self.scheduler.slots.unpin(command.session_id)
+        elif isinstance(command, Fork):
+            self._fork(command)
         elif isinstance(command, Stop):
             self._stopping = True
 
@@ -135,10 +170,7 @@ class Worker:
 
     def step(self) -> None:
         chunks, kv = self.scheduler.schedule()
-        for src, dst in kv.copies:
-            self.ctx.copy_seq(src, dst)
-        for slot, start in kv.drops:
-            self.ctx.remove_seq(slot, start)
+        self._run_ops(kv.ops)
         if not chunks:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)
             return
@@ -148,6 +180,72 @@ class Worker:
             self._decode_failed(chunks, exc)
             return
         self._postprocess(chunks, result)
+
+    def _run_ops(self, ops: list[KvOp]) -> None:
+        for op in ops:
+            if isinstance(op, Save):
+                self._save(op.slot, list(op.tokens), op.salt)
+            elif isinstance(op, Restore):
+                self._restore(op)
+            elif isinstance(op, Copy):
+                self.ctx.copy_seq(op.src, op.dst)
+            elif isinstance(op, Drop):
+                self.ctx.remove_seq(op.slot, op.start)
+
+    def _save(self, slot: int, tokens: list[int], salt: str) -> bool:
+        """Hand the slot's KV for `tokens` to the cache; True if it was taken.
+
+        The state is copied out here, on the engine thread (a few ms for thousands of
+        tokens); the cache's writer thread does the rest."""
+        cache = self.cache
+        if cache is None or len(tokens) < cache.config.min_tokens:
+            return False
+        return cache.save(tokens, self.ctx.get_seq_state(slot), salt)
+
+    def _restore(self, op: Restore) -> None:
+        seq, slot = op.seq, op.slot
+        ok = self.ctx.set_seq_state(slot, op.hit.state)
+        # The state must hold at least the positions we keep (a foreign or damaged
+        # blob that llama.cpp accepted would show here).
+        if ok and self.ctx.seq_pos_max(slot) >= op.keep - 1:
+            self.ctx.remove_seq(slot, op.keep)
+            return
+        log.warning("restoring a cached prefix failed; prefilling %s cold", seq.request_id)
+        self.num_restore_failures += 1
+        self.ctx.remove_seq(slot)
+        seq.num_computed = seq.num_cached = seq.num_saved = 0
+        seq.hit_kind, seq.hit_source = "cold", "none"
+
+    def _save_long_prefill(self, seq: Sequence) -> None:
+        if self.cache is None or seq.status is not SeqStatus.RUNNING or seq.slot is None:
+            return
+        done = min(seq.num_computed, seq.num_prompt_tokens)
+        fresh = done - seq.num_saved
+        prompt_done = done == seq.num_prompt_tokens
+        if fresh >= SAVE_EVERY_TOKENS or (prompt_done and fresh >= SAVE_PROMPT_MIN_TOKENS):
+            self._save(seq.slot, seq.tokens[:done], seq.salt)
+            seq.num_saved = done
+
+    def _fork(self, command: Fork) -> None:
+        ops: list[KvOp] = []
+        try:
+            num_tokens = self.scheduler.slots.fork(command.source, command.target, ops)
+        except LookupError:
+            num_tokens = 0  # the source holds no slot: the copy starts from the cache
+        except RuntimeError:
+            command.on_done(0, "every slot is busy")
+            return
+        self._run_ops(ops)
+        command.on_done(num_tokens, None)
+
+    def _save_residents(self) -> None:
+        """Shutdown: what the slots hold goes to the cache (finished requests already
+        did; this catches saves that were dropped), then the writer drains."""
+        if self.cache is None:
+            return
+        for slot, resident in self.scheduler.slots.resident.items():
+            if not resident.saved:
+                resident.saved = self._save(slot, resident.tokens, resident.salt)
 
     def _postprocess(self, chunks: list[Chunk], result: StepResult) -> None:
         num_tokens = num_decode_rows = 0
@@ -167,6 +265,8 @@ class Worker:
             seq = chunk.seq
             if seq.num_pending == 0 and seq.status is SeqStatus.RUNNING:
                 self._finish(seq, FinishReason.LENGTH, "")  # max_tokens 0: prompt scored
+            elif not chunk.sample or seq.num_output_tokens == 1:
+                self._save_long_prefill(seq)
 
     def _append(self, item: Sampled) -> None:
         seq, token = item.seq, item.token
@@ -213,7 +313,15 @@ class Worker:
         error: str | None = None,
     ) -> None:
         # A failed sequence's cells may be half-written: never offer them for reuse.
-        slot = self.scheduler.remove(seq, keep_kv=reason is not FinishReason.ERROR)
+        keep = reason is not FinishReason.ERROR
+        saved = False
+        if keep and seq.slot is not None and seq.status is SeqStatus.RUNNING:
+            saved = self._save(seq.slot, seq.tokens[: seq.num_computed], seq.salt)
+        num_kv = seq.num_computed if keep and seq.slot is not None else 0
+        self.hits[seq.hit_kind] = self.hits.get(seq.hit_kind, 0) + 1
+        self.hit_sources[seq.hit_source] = self.hit_sources.get(seq.hit_source, 0) + 1
+        self.num_reused_tokens += seq.num_cached
+        slot = self.scheduler.remove(seq, keep_kv=keep, saved=saved)
         if slot is not None:
             self.ctx.remove_seq(slot)
         if seq.sampler is not None:
@@ -229,6 +337,8 @@ class Worker:
                 num_cached_tokens=seq.num_cached,
                 num_output_tokens=seq.num_output_tokens,
                 error=error,
+                hit_kind=seq.hit_kind,
+                num_kv_tokens=num_kv,
             ),
         )
 
@@ -256,7 +366,7 @@ class Worker:
                 job.on_done(None, error)
             self.embedder.ctx.clear()
         self.ctx.clear()
-        self.scheduler.resident.clear()
+        self.scheduler.slots.resident.clear()
 
     def _abort_all(self) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
@@ -282,4 +392,11 @@ class Worker:
             num_preemptions=self.scheduler.num_preemptions,
             num_decode_failures=self.num_decode_failures,
             last_batch_size=self.last_batch_size,
+            num_sessions_pinned=len(self.scheduler.slots.pins),
+            num_reclaims=self.scheduler.slots.num_reclaims,
+            num_restore_failures=self.num_restore_failures,
+            num_reused_tokens=self.num_reused_tokens,
+            hits=tuple(sorted(self.hits.items())),
+            hit_sources=tuple(sorted(self.hit_sources.items())),
+            cache=self.cache.stats() if self.cache is not None else None,
         )

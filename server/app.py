@@ -17,7 +17,7 @@ from server.deps import EngineLike, require_api_key
 from server.metrics import make_registry
 from server.metrics import router as metrics_router
 from server.middleware import BodyLimit
-from server.routes import chat, completions, embeddings, health, models, tokenize
+from server.routes import cache, chat, completions, embeddings, health, models, sessions, tokenize
 
 log = logging.getLogger("kvserve.server")
 
@@ -75,6 +75,8 @@ def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
         embeddings.router,
         models.router,
         tokenize.router,
+        sessions.router,
+        cache.router,
     ):
         app.include_router(router, dependencies=authed)
 

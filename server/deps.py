@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+from dataclasses import dataclass
 from typing import Annotated, Protocol
 
 import numpy as np
@@ -10,7 +12,8 @@ from fastapi import Depends, Request
 
 from chat.template import ChatTemplate, TemplateError
 from engine.engine import EngineState, Generation
-from engine.types import EngineStats, GenerateRequest, ModelInfo
+from engine.sessions import Session
+from engine.types import CacheStats, EngineStats, GenerateRequest, ModelInfo
 from server.errors import NotFound, ServerError, ServiceUnavailable, Unauthorized
 
 
@@ -35,6 +38,18 @@ class EngineLike(Protocol):
     def stats(self) -> EngineStats | None: ...
     async def generate(self, requests: list[GenerateRequest]) -> Generation: ...
     async def embed(self, inputs: list[list[int]]) -> list[np.ndarray]: ...
+    def create_session(
+        self, tenant: str, session_id: str | None = ..., ttl_s: float | None = ...
+    ) -> Session: ...
+    def get_session(self, tenant: str, session_id: str) -> Session: ...
+    def list_sessions(self, tenant: str) -> list[Session]: ...
+    def delete_session(self, tenant: str, session_id: str) -> Session: ...
+    def session_slot(self, session_id: str | None) -> int | None: ...
+    async def fork_session(
+        self, tenant: str, session_id: str, new_id: str | None = ..., ttl_s: float | None = ...
+    ) -> Session: ...
+    def cache_stats(self) -> CacheStats | None: ...
+    def purge_cache(self) -> int: ...
 
 
 def get_engine(request: Request) -> EngineLike:
@@ -87,6 +102,26 @@ def require_api_key(request: Request) -> None:
         raise Unauthorized()
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is asking: `tenant` is a digest of their API key ("" without auth). Sessions
+    belong to a tenant, and prefixes are only shared within one (see `salt`)."""
+
+    tenant: str
+    session_header: str | None  # X-Session-Id
+
+    def salt(self, cache_salt: str | None) -> str:
+        return self.tenant if not cache_salt else f"{self.tenant}/{cache_salt}"
+
+
+def get_caller(request: Request) -> Caller:
+    tenant = ""
+    if request.app.state.settings.server.api_keys:
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        tenant = hashlib.sha256(token.encode()).hexdigest()[:16]
+    return Caller(tenant, request.headers.get("x-session-id"))
+
+
 def check_model(engine: EngineLike, model: str) -> None:
     if model != engine.info.model_id:
         raise NotFound(
@@ -98,3 +133,4 @@ def check_model(engine: EngineLike, model: str) -> None:
 
 EngineDep = Annotated[EngineLike, Depends(get_engine)]
 TemplateDep = Annotated[ChatTemplate, Depends(get_template)]
+CallerDep = Annotated[Caller, Depends(get_caller)]

@@ -10,7 +10,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.types import EngineNotReadyError, InvalidRequestError, QueueFullError
+from engine.types import (
+    EngineNotReadyError,
+    InvalidRequestError,
+    NoSlotError,
+    QueueFullError,
+    SessionBusyError,
+    SessionNotFoundError,
+)
 
 log = logging.getLogger("kvserve.server")
 
@@ -71,6 +78,10 @@ class NotFound(APIError):
     status = 404
 
 
+class Conflict(APIError):
+    status = 409
+
+
 class PayloadTooLarge(APIError):
     status = 413
 
@@ -102,6 +113,12 @@ def from_engine_error(exc: Exception) -> APIError:
         return TooManyRequests(
             str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after_s)}
         )
+    if isinstance(exc, SessionNotFoundError):
+        return NotFound(str(exc), param="session_id", code="session_not_found")
+    if isinstance(exc, SessionBusyError):
+        return Conflict(str(exc), param="session_id", code="session_busy")
+    if isinstance(exc, NoSlotError):
+        return TooManyRequests(str(exc), code="no_free_slot", headers={"Retry-After": "1"})
     if isinstance(exc, EngineNotReadyError):
         return ServiceUnavailable(str(exc), code="model_loading", headers={"Retry-After": "1"})
     return ServerError(f"{type(exc).__name__}: {exc}")

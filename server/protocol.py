@@ -51,6 +51,9 @@ class SamplingExtras(_Open):
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     seed: int | None = None
     user: str | None = None
+    # kvserve: a sticky session (or the X-Session-Id header) and a prefix-cache salt
+    session_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    cache_salt: Annotated[str, Field(max_length=256)] | None = None
     # llama.cpp extras
     top_k: Annotated[int, Field(ge=0)] | None = None
     min_p: Probability | None = None

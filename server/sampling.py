@@ -6,6 +6,7 @@ import uuid
 from dataclasses import replace
 
 from engine.types import GenerateRequest, ModelInfo, SamplingParams
+from server.deps import Caller
 from server.errors import BadRequest
 from server.protocol import SamplingExtras
 
@@ -85,10 +86,20 @@ def generate_requests(
     max_tokens: int | None,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    caller: Caller | None = None,
 ) -> list[GenerateRequest]:
     """The `n` engine requests of one API request. Choice i samples with seed + i, so
     seeded choices differ from each other yet reproduce run after run."""
     base = sampling_params(body, info)
+    caller = caller or Caller("", None)
+    session_id = body.session_id
+    if caller.session_header is not None:
+        if session_id is not None and session_id != caller.session_header:
+            raise BadRequest(
+                "session_id and the X-Session-Id header name different sessions",
+                param="session_id",
+            )
+        session_id = caller.session_header
     requests = []
     for i in range(body.n):
         sampling = base
@@ -103,6 +114,9 @@ def generate_requests(
                 stop=body.stop_list,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
+                session_id=session_id,
+                tenant=caller.tenant,
+                cache_salt=caller.salt(body.cache_salt),
             )
         )
     return requests

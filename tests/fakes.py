@@ -16,14 +16,18 @@ import numpy as np
 from chat.template import CHATML
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine import EngineState, Generation
+from engine.sessions import Session, SessionLimits, SessionRegistry
 from engine.types import (
+    CacheStats,
     EngineStats,
     FinishReason,
     GenerateRequest,
     InvalidRequestError,
     ModelInfo,
+    NoSlotError,
     QueueFullError,
     SeqOutput,
+    SessionBusyError,
     TokenLogprob,
     TopLogprob,
 )
@@ -69,6 +73,9 @@ class FakeEngine:
             add_bos=False,
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self.sessions = SessionRegistry(SessionLimits())
+        self.pinned: set[str] = set()  # sessions whose "slot" is resident
+        self.fork_error: str | None = None  # set to make the next fork find no slot
 
     @property
     def ready(self) -> bool:
@@ -122,8 +129,13 @@ class FakeEngine:
                 raise InvalidRequestError("invalid grammar: no root rule", param="grammar")
         if self.outstanding + len(requests) > self.capacity:
             raise QueueFullError()
+        session_id = requests[0].session_id if requests else None
+        if session_id is not None:
+            if len(requests) > 1:
+                raise InvalidRequestError("a session continues one sequence", param="n")
+            self.sessions.begin(requests[0].tenant, session_id)
         self.submitted.extend(requests)
-        generation = Generation([r.request_id for r in requests], self._abort)
+        generation = Generation([r.request_id for r in requests], self._abort, session_id)
         fail = self.fail_next
         self.fail_next = False
         for index, request in enumerate(requests):
@@ -216,6 +228,51 @@ class FakeEngine:
         finally:
             self.outstanding -= 1
             self.running.discard(request.request_id)
+            if request.session_id is not None:
+                self.pinned.add(request.session_id)
+                self.sessions.end(request.session_id, prompt + produced)
+
+    # -- sessions and cache, as the real engine's facade has them ----------------------
+
+    def create_session(
+        self, tenant: str, session_id: str | None = None, ttl_s: float | None = None
+    ) -> Session:
+        return self.sessions.create(tenant, session_id, ttl_s)
+
+    def get_session(self, tenant: str, session_id: str) -> Session:
+        return self.sessions.get(tenant, session_id)
+
+    def list_sessions(self, tenant: str) -> list[Session]:
+        return self.sessions.owned_by(tenant)
+
+    def delete_session(self, tenant: str, session_id: str) -> Session:
+        session = self.sessions.get(tenant, session_id)
+        self.sessions.remove(session_id)
+        self.pinned.discard(session_id)
+        return session
+
+    def session_slot(self, session_id: str | None) -> int | None:
+        return 0 if session_id in self.pinned else None
+
+    async def fork_session(
+        self, tenant: str, session_id: str, new_id: str | None = None, ttl_s: float | None = None
+    ) -> Session:
+        source = self.sessions.get(tenant, session_id)
+        if source.in_flight:
+            raise SessionBusyError(f"session '{session_id}' has a request in flight")
+        if self.fork_error is not None:
+            raise NoSlotError(self.fork_error)
+        target = self.sessions.create(tenant, new_id, ttl_s or source.ttl_s)
+        target.num_tokens = source.num_tokens
+        if session_id in self.pinned:
+            self.pinned.add(target.id)
+        return target
+
+    def cache_stats(self) -> CacheStats | None:
+        return None
+
+    def purge_cache(self) -> int:
+        return 0
 
     async def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
         out = []

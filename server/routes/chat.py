@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from chat.template import TemplateError
 from engine.engine import Generation
 from engine.types import FinishReason, TokenLogprob
-from server.deps import EngineDep, EngineLike, TemplateDep, check_model
+from server.deps import CallerDep, EngineDep, EngineLike, TemplateDep, check_model
 from server.errors import BadRequest, from_engine_error
 from server.generation import (
     Choice,
@@ -65,7 +65,11 @@ def logprob_entry(engine: EngineLike, lp: TokenLogprob) -> dict[str, Any]:
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(
-    body: ChatCompletionRequest, request: Request, engine: EngineDep, template: TemplateDep
+    body: ChatCompletionRequest,
+    request: Request,
+    engine: EngineDep,
+    template: TemplateDep,
+    caller: CallerDep,
 ) -> Any:
     """Create a model response for the given chat conversation."""
     body.log_unknown("chat.completions")
@@ -80,7 +84,9 @@ async def create_chat_completion(
     prompt = await tokenize(engine, rendered.text, add_special=rendered.add_bos, parse_special=True)
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    requests = generate_requests(prompt, body, info, max_tokens=max_tokens, logprobs=logprobs)
+    requests = generate_requests(
+        prompt, body, info, max_tokens=max_tokens, logprobs=logprobs, caller=caller
+    )
     try:
         generation = await engine.generate(requests)
     except Exception as exc:

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 
 from engine.engine import Generation
 from engine.types import FinishReason, TokenLogprob
-from server.deps import EngineDep, EngineLike, check_model
+from server.deps import CallerDep, EngineDep, EngineLike, check_model
 from server.errors import BadRequest, from_engine_error
 from server.generation import (
     Choice,
@@ -100,7 +100,9 @@ def completion_logprobs(
 
 
 @router.post("/v1/completions")
-async def create_completion(body: CompletionRequest, request: Request, engine: EngineDep) -> Any:
+async def create_completion(
+    body: CompletionRequest, request: Request, engine: EngineDep, caller: CallerDep
+) -> Any:
     """Create a completion for the given prompt(s)."""
     body.log_unknown("completions")
     body.refuse_unsupported()
@@ -108,6 +110,8 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
     info = engine.info
     check_n(body.n, info.n_seq_max)
     prompts = await prompt_token_lists(engine, body.prompt)
+    if len(prompts) > 1 and (body.session_id or caller.session_header):
+        raise BadRequest("a session continues one prompt; send one per request", param="prompt")
     echoes = [engine.detokenize(p) if body.echo else "" for p in prompts]
     response_id = new_id("cmpl")
     created = now()
@@ -147,6 +151,7 @@ async def create_completion(body: CompletionRequest, request: Request, engine: E
                 max_tokens=body.max_tokens,
                 logprobs=body.logprobs,
                 prompt_logprobs=body.logprobs if scores_prompt else None,
+                caller=caller,
             )
             generations.append(await engine.generate(requests))
     except Exception as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from engine.detokenizer import IncrementalDetokenizer
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import SeqStatus, Sequence
+from engine.slots import Copy, Drop
 from engine.types import GenerateRequest
 
 
@@ -103,7 +104,7 @@ def test_newest_is_preempted_when_decoding_outgrows_the_cache() -> None:
     apply(s)  # both decode: 11 + 11 committed > 20
     slot_b = b.slot
     chunks, kv = s.schedule()
-    assert kv.drops == [(slot_b, 0)] and kv.copies == []
+    assert kv.ops == [Drop(slot_b, 0)]
     assert b.status is SeqStatus.WAITING and b.num_computed == 0 and len(b.tokens) == 11
     assert [c.seq.request_id for c in chunks] == ["a"]
     assert s.num_preemptions == 1
@@ -152,12 +153,12 @@ def test_finished_prefix_is_reused_by_the_next_matching_prompt() -> None:
     apply(s)  # 40 prompt tokens in two chunks, then it samples
     first_slot = first.slot
     assert s.remove(first) is None  # KV kept: nothing for the worker to drop
-    assert s.resident[first_slot] == list(range(1, 41))  # type: ignore[index]
+    assert s.slots.resident[first_slot].tokens == list(range(1, 41))  # type: ignore[index]
     second = seq_of("second", list(range(1, 31)) + [999] * 5)
     s.add(second)
     chunks, kv = s.schedule()
     assert second.slot == first_slot
-    assert kv.drops == [(first_slot, 30)] and kv.copies == []  # the unshared tail goes
+    assert kv.ops == [Drop(first_slot, 30)]  # the unshared tail goes
     assert second.num_computed == second.num_cached == 30
     assert [(c.start, c.length) for c in chunks] == [(30, 5)]
     s.check_integrity()
@@ -187,8 +188,8 @@ def test_no_match_takes_the_lowest_free_slot_and_clears_it() -> None:
     c = seq_of("c", [7, 8, 9])
     s.add(c)
     _, kv = s.schedule()
-    assert c.slot == slot_a and kv.drops == [(slot_a, 0)] and c.num_cached == 0
-    assert slot_b in s.resident
+    assert c.slot == slot_a and kv.ops == [Drop(slot_a, 0)] and c.num_cached == 0
+    assert slot_b in s.slots.resident
 
 
 def test_failed_sequence_leaves_nothing_resident() -> None:
@@ -198,7 +199,7 @@ def test_failed_sequence_leaves_nothing_resident() -> None:
     apply(s)
     slot = a.slot
     assert s.remove(a, keep_kv=False) == slot
-    assert slot not in s.resident
+    assert slot not in s.slots.resident
 
 
 def test_batch_rows_are_ordered_by_slot() -> None:
@@ -225,7 +226,7 @@ def test_longer_prefix_in_a_busy_slot_is_copied_into_the_new_slot() -> None:
     s.add(b)
     chunks, kv = s.schedule()
     assert (a.slot, b.slot) == (0, 1)
-    assert kv.copies == [(0, 1)] and kv.drops == [(1, 40)]
+    assert kv.ops == [Copy(0, 1), Drop(1, 40)]
     assert b.num_cached == 40
     assert [(c.seq.request_id, c.start, c.length) for c in chunks] == [("a", 42, 1), ("b", 40, 3)]
 
@@ -238,4 +239,4 @@ def test_short_prefix_elsewhere_is_not_worth_a_copy() -> None:
     b = seq_of("b", [1, 2, 3, 9])
     s.add(b)
     _, kv = s.schedule()
-    assert kv.copies == [] and b.num_cached == 0
+    assert not any(isinstance(op, Copy) for op in kv.ops) and b.num_cached == 0

@@ -1,0 +1,149 @@
+"""Slot bookkeeping: which slots are free, what KV a free slot still holds, which
+session pins which slot, and the KV operations the worker must run before a step.
+
+Pure Python, no llama.cpp: the scheduler decides with it, the worker executes the ops.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cache import CacheHit
+    from engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class Resident:
+    """Tokens whose KV a free slot still holds (the first len(tokens) positions)."""
+
+    tokens: list[int]
+    salt: str
+    saved: bool = False  # already handed to the prefix cache
+
+
+# KV operations, run by the worker in plan order before the step's decode.
+
+
+@dataclass(frozen=True, slots=True)
+class Save:
+    """Copy the slot's KV state out to the prefix cache (it is about to be reused)."""
+
+    slot: int
+    tokens: tuple[int, ...]
+    salt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Load a cached state into the (empty) slot, then keep its first `keep` positions.
+    On failure the worker sends `seq` back to a cold prefill."""
+
+    seq: Sequence
+    slot: int
+    hit: CacheHit
+    keep: int
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """Make `dst`'s KV stream a copy of `src`'s."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Drop the slot's cells at positions >= start."""
+
+    slot: int
+    start: int = 0
+
+
+KvOp = Save | Restore | Copy | Drop
+
+
+class SlotTable:
+    """Free slots, their resident prefixes, and session pins. Engine thread only.
+
+    A pinned slot belongs to its session: nobody else is placed in it while the session
+    is idle, until `reclaim` takes it from the least recently used idle session.
+    """
+
+    def __init__(self, num_slots: int, keeps_prefixes: bool):
+        self.keeps_prefixes = keeps_prefixes
+        self.free: list[int] = list(range(num_slots))
+        self.resident: dict[int, Resident] = {}  # free slot -> what it still holds
+        self.pins: OrderedDict[str, int] = OrderedDict()  # session -> slot, LRU first
+        self.pinned: dict[int, str] = {}  # slot -> session
+        self.num_reclaims = 0
+
+    def pin(self, session_id: str, slot: int) -> None:
+        self.unpin(session_id)
+        self.pins[session_id] = slot
+        self.pinned[slot] = session_id
+
+    def unpin(self, session_id: str) -> int | None:
+        slot = self.pins.pop(session_id, None)
+        if slot is not None:
+            self.pinned.pop(slot, None)
+        return slot
+
+    def unpinned_free(self) -> list[int]:
+        return [slot for slot in self.free if slot not in self.pinned]
+
+    def idle_session_slots(self) -> list[tuple[str, int]]:
+        """(session, slot) of sessions with no request in flight, least recent first."""
+        return [(sid, slot) for sid, slot in self.pins.items() if slot in self.free]
+
+    def reclaim(self, ops: list[KvOp], *, exclude: int | None = None) -> int | None:
+        """Unpin the least recently used idle session's slot, saving its KV first
+        (unless the cache already has it). Returns the slot, or None if every pinned
+        slot has a request in flight."""
+        for session_id, slot in self.idle_session_slots():
+            if slot == exclude:
+                continue
+            resident = self.resident.get(slot)
+            if resident is not None and not resident.saved:
+                ops.append(Save(slot, tuple(resident.tokens), resident.salt))
+                resident.saved = True
+            self.unpin(session_id)
+            self.num_reclaims += 1
+            return slot
+        return None
+
+    def fork(self, source: str, target: str, ops: list[KvOp]) -> int:
+        """Pin a copy of idle session `source`'s slot to the new session `target`.
+
+        Returns the number of tokens the copy holds. Raises LookupError when the source
+        holds no slot, and RuntimeError when no slot can be had for the copy."""
+        src = self.pins.get(source)
+        if src is None or src not in self.free:
+            raise LookupError(source)
+        candidates = self.unpinned_free()
+        # Prefer a slot holding nothing: a resident prefix may still serve someone.
+        slot = (
+            min(candidates, key=lambda s: (s in self.resident, s))
+            if candidates
+            else self.reclaim(ops, exclude=src)
+        )
+        if slot is None:
+            raise RuntimeError("no free slot")
+        self.resident.pop(slot, None)
+        ops.extend((Drop(slot), Copy(src, slot)))
+        original = self.resident.get(src)
+        if original is not None:
+            self.resident[slot] = Resident(list(original.tokens), original.salt, original.saved)
+        self.pin(target, slot)
+        return len(original.tokens) if original is not None else 0
+
+    def check(self, num_slots: int, busy: list[int]) -> None:
+        assert len(set(busy)) == len(busy), "two running sequences share a slot"
+        assert not set(busy) & set(self.free), "a running slot is also free"
+        assert len(busy) + len(self.free) == num_slots, "a slot leaked"
+        assert set(self.resident) <= set(self.free), "a busy slot has resident tokens"
+        assert {v: k for k, v in self.pins.items()} == self.pinned, "pins out of sync"
+        assert len(set(self.pins.values())) == len(self.pins), "two sessions pin a slot"

@@ -1,0 +1,109 @@
+"""The prefix cache: GET/DELETE /v1/cache, POST /v1/cache/warm."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter
+from pydantic import Field, model_validator
+
+from chat.template import TemplateError
+from engine.types import GenerateRequest
+from server.deps import CallerDep, EngineDep, TemplateDep, check_model
+from server.errors import BadRequest, from_engine_error
+from server.generation import tokenize
+from server.protocol import _Open
+
+router = APIRouter()
+
+
+class WarmMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[str, Field(max_length=1 << 20)]
+
+
+class CacheWarmRequest(_Open):
+    model: str
+    prompt: Annotated[str, Field(min_length=1)] | list[Annotated[int, Field(ge=0)]] | None = None
+    messages: Annotated[list[WarmMessage], Field(min_length=1)] | None = None
+    cache_salt: Annotated[str, Field(max_length=256)] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CacheWarmRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' and 'messages'")
+        return self
+
+
+@router.get("/v1/cache")
+async def cache_status(engine: EngineDep) -> dict[str, Any]:
+    """Entries, bytes, hits and misses per tier; requests by how their prompt was found."""
+    stats = engine.cache_stats()
+    engine_stats = engine.stats()
+    body: dict[str, Any] = {
+        "object": "cache",
+        "model": engine.info.model_id,
+        "enabled": stats is not None,
+    }
+    if stats is not None:
+        body |= dataclasses.asdict(stats)
+    if engine_stats is not None:
+        body["requests"] = dict(engine_stats.hits)
+        body["reused_tokens"] = engine_stats.num_reused_tokens
+        body["restore_failures"] = engine_stats.num_restore_failures
+    return body
+
+
+@router.delete("/v1/cache")
+async def purge_cache(engine: EngineDep) -> dict[str, Any]:
+    """Drop every stored prefix, in RAM and on disk."""
+    return {"object": "cache.purged", "entries_removed": engine.purge_cache()}
+
+
+@router.post("/v1/cache/warm")
+async def warm_cache(
+    body: CacheWarmRequest, engine: EngineDep, template: TemplateDep, caller: CallerDep
+) -> dict[str, Any]:
+    """Prefill a prompt (or a chat prefix, such as a shared system prompt or tool list)
+    and store its KV, without generating."""
+    body.log_unknown("cache.warm")
+    check_model(engine, body.model)
+    if body.messages is not None:
+        messages = [{"role": m.role, "content": m.content} for m in body.messages]
+        try:
+            rendered = template.render(messages, add_generation_prompt=False)
+        except TemplateError as exc:
+            raise BadRequest(str(exc), param="messages") from exc
+        tokens = await tokenize(
+            engine, rendered.text, add_special=rendered.add_bos, parse_special=True
+        )
+    elif isinstance(body.prompt, str):
+        tokens = await tokenize(engine, body.prompt, add_special=True, parse_special=True)
+    else:
+        tokens = list(body.prompt or [])
+    request = GenerateRequest(
+        request_id=uuid.uuid4().hex,
+        prompt_tokens=tuple(tokens),
+        max_tokens=0,
+        tenant=caller.tenant,
+        cache_salt=caller.salt(body.cache_salt),
+    )
+    last = None
+    try:
+        generation = await engine.generate([request])
+        async with generation:
+            async for _, output in generation:
+                if output.error is not None:
+                    raise RuntimeError(output.error)
+                last = output
+    except Exception as exc:
+        raise from_engine_error(exc) from exc
+    return {
+        "object": "cache.warm",
+        "model": engine.info.model_id,
+        "tokens": len(tokens),
+        "cached_tokens": last.num_cached_tokens if last is not None else 0,
+        "cache_enabled": engine.cache_stats() is not None,
+    }
