@@ -323,7 +323,12 @@ class Context:
 
     def set_seq_state(self, seq_id: int, state: bytes) -> bool:
         """Load a state from `get_seq_state` into the empty `seq_id`; False if refused."""
-        src = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
+        # No copy either way: a pointer into the bytes object, or a view of a bytearray
+        # (the cache hands back what get_seq_state made).
+        if isinstance(state, bytes):
+            src = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
+        else:
+            src = (ctypes.c_uint8 * len(state)).from_buffer(state)
         with _CaptureErrors():
             read = C.llama_state_seq_set_data(self.handle, src, len(state), seq_id)
         return int(read) > 0

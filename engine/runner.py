@@ -52,11 +52,33 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
 class Runner:
     """The model runner: computes what the scheduler decided, decides nothing."""
 
-    def __init__(self, ctx: Context, capacity: int):
+    def __init__(self, ctx: Context, capacity: int, *, chunk_per_decode: bool = False):
         self.ctx = ctx
         self.batch = Batch(capacity)
+        self.chunk_per_decode = chunk_per_decode
 
     def run(self, chunks: list[Chunk]) -> StepResult:
+        """Compute the step: one llama_decode, or (chunk_per_decode) one for all the
+        single-row chunks and one for each longer chunk.
+
+        Why split: with a KV stream per sequence, llama.cpp cuts a batch into ubatches
+        holding the same number of rows of each sequence, so a prompt chunk sharing a
+        batch with decode rows is computed partly in tiny ubatches, with other kernels
+        than the same chunk alone (see EXACT_MIN_ROWS in scheduler.py). Alone in its
+        decode, a chunk is one ubatch, exactly as a cold prefill computes it."""
+        if not self.chunk_per_decode:
+            return self._run(chunks)
+        result = self._run([c for c in chunks if c.length == 1])
+        for chunk in chunks:
+            if chunk.length > 1:
+                more = self._run([chunk])
+                result.sampled += more.sampled
+                result.scored += more.scored
+        return result
+
+    def _run(self, chunks: list[Chunk]) -> StepResult:
+        if not chunks:
+            return StepResult([], [])
         batch = self.batch
         batch.clear()
         to_sample: list[tuple[Sequence, int]] = []

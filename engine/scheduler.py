@@ -49,6 +49,14 @@ class KvPlan:
     ops: list[KvOp] = field(default_factory=list)
 
 
+# Exact reuse. llama.cpp computes a sequence's rows with different kernels when a step
+# holds fewer than 64 of them than when it holds 64 or more (measured on this build: the
+# logits differ by up to ~0.7), so a position's KV depends on the size of the chunk it
+# was computed in. To make a warm start give exactly the cold output, prefill chunks of
+# a prompt of 64+ tokens are never smaller than 64 rows, only prompt positions (never
+# decoded ones) are reused, and at least the last 64 prompt tokens are computed again.
+EXACT_MIN_ROWS = 64
+
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
 # ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
 # a token: worth it only for a clearly longer prefix.
@@ -62,6 +70,7 @@ class SchedulerConfig:
     n_ctx_seq: int  # KV cells one sequence may use (n_ctx when the cache is unified)
     step_tokens: int  # token budget of one llama_decode
     prefill_chunk: int  # most prompt tokens of one sequence in one step
+    exact: bool = True  # reuse only what reproduces the cold output exactly (see above)
 
     @property
     def keeps_prefixes(self) -> bool:
@@ -135,28 +144,41 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence, *, keep_kv: bool = True, saved: bool = False) -> int | None:
-        """Take `seq` out (finished or aborted); return the slot it held, now free.
+    def reusable(self, seq: Sequence) -> list[int]:
+        """The tokens of `seq` whose KV another sequence may start from: in exact mode
+        only prompt positions of a prompt computed in full-size chunks."""
+        if not self.config.exact:
+            return seq.tokens[: seq.num_computed]
+        if seq.num_prompt_tokens < EXACT_MIN_ROWS:
+            return []
+        return seq.tokens[: min(seq.num_computed, seq.num_prompt_tokens)]
 
-        Returns None when the caller has nothing to drop: the sequence held no slot, or
-        its KV stays resident for reuse (`saved`: the cache already has it). Otherwise
-        the caller must drop the slot's KV."""
+    def remove(self, seq: Sequence, *, keep_kv: bool = True, saved: bool = False) -> Drop | None:
+        """Take `seq` out (finished or aborted), freeing its slot.
+
+        Returns the KV the caller must drop: all of the slot's, or (when its prefix
+        stays resident for reuse) the positions past `reusable(seq)`. `saved`: the cache
+        already has the resident prefix."""
         slot = seq.slot
+        drop = None
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             assert slot is not None
             self.slots.free.append(slot)
             if keep_kv and self.config.keeps_prefixes:
-                tokens = seq.tokens[: seq.num_computed]
+                tokens = self.reusable(seq)
                 self.slots.resident[slot] = Resident(tokens, seq.salt, saved)
-                slot = None
-            elif seq.session_id is not None and self.slots.pins.get(seq.session_id) == slot:
-                self.slots.unpin(seq.session_id)
+                if len(tokens) < seq.num_computed:
+                    drop = Drop(slot, len(tokens))
+            else:
+                drop = Drop(slot)
+                if seq.session_id is not None and self.slots.pins.get(seq.session_id) == slot:
+                    self.slots.unpin(seq.session_id)
         elif seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
         seq.slot = None
-        return slot
+        return drop
 
     def preempt_newest(self) -> int:
         """Send the most recently admitted sequence back to the head of the queue.
@@ -190,7 +212,9 @@ class Scheduler:
                 break
             if seq.is_decoding or seq.num_pending == 0:
                 continue
-            length = min(seq.num_pending, self.config.prefill_chunk, budget, free_cells)
+            length = self._chunk_length(seq, min(self.config.prefill_chunk, budget, free_cells))
+            if length == 0:
+                continue
             # A request with max_tokens 0 only scores its prompt: nothing to sample.
             sample = length == seq.num_pending and seq.request.max_tokens != 0
             chunks.append(Chunk(seq, seq.num_computed, length, sample))
@@ -201,6 +225,16 @@ class Scheduler:
         # ubatch of a step where any other order could make several.
         chunks.sort(key=_slot_of)
         return chunks, kv
+
+    def _chunk_length(self, seq: Sequence, room: int) -> int:
+        """How many pending tokens of `seq` to prefill now, at most `room`; 0: wait."""
+        pending = seq.num_pending
+        length = min(pending, room)
+        if not self.config.exact or length == pending or pending < EXACT_MIN_ROWS:
+            return length
+        if pending - length < EXACT_MIN_ROWS:
+            length = pending - EXACT_MIN_ROWS  # leave a full-size last chunk
+        return length if length >= EXACT_MIN_ROWS else 0
 
     def _make_room(self) -> list[int]:
         freed = []
@@ -261,7 +295,13 @@ class Scheduler:
         prefix = self._best_prefix(seq, candidates) if reuse else _Prefix(min(candidates))
         slot = prefix.slot
         # At least the last token is computed again: its logits are needed to sample.
-        keep = min(prefix.length, len(seq.tokens) - 1)
+        # In exact mode, the last EXACT_MIN_ROWS prompt tokens (see above); n > 1
+        # choices copying their leader only need the last one.
+        limit = len(seq.tokens) - 1
+        sibling = seq.leader is not None and prefix.copy_from == seq.leader.slot
+        if self.config.exact and not sibling:
+            limit = len(seq.tokens) - EXACT_MIN_ROWS
+        keep = max(0, min(prefix.length, limit))
         had_resident = slots.resident.pop(slot, None) is not None
         if prefix.restore:
             assert seq.cache_hit is not None
@@ -298,7 +338,9 @@ class Scheduler:
         if self.config.keeps_prefixes:
             threshold = best.length + COPY_MIN_TOKENS - 1
             sources = [
-                (s.slot, s.tokens[: s.num_computed]) for s in self.running if s.salt == salt
+                (s.slot, s.tokens[: s.num_computed] if s is seq.leader else self.reusable(s))
+                for s in self.running
+                if s.salt == salt
             ]
             sources += [
                 (slot, r.tokens)

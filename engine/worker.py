@@ -91,7 +91,10 @@ class Worker:
         self.model = model
         self.ctx = ctx
         self.scheduler = scheduler
-        self.runner = Runner(ctx, scheduler.config.step_tokens)
+        config = scheduler.config
+        self.runner = Runner(
+            ctx, config.step_tokens, chunk_per_decode=config.exact and config.keeps_prefixes
+        )
         self.embedder = embedder
         self.deliver = deliver
         self.cache = cache
@@ -170,7 +173,9 @@ class Worker:
 
     def step(self) -> None:
         chunks, kv = self.scheduler.schedule()
-        self._run_ops(kv.ops)
+        failed = self._run_ops(kv.ops)
+        if failed:  # planned from a prefix that is not there: re-planned next step
+            chunks = [c for c in chunks if c.seq not in failed]
         if not chunks:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)
             return
@@ -181,16 +186,19 @@ class Worker:
             return
         self._postprocess(chunks, result)
 
-    def _run_ops(self, ops: list[KvOp]) -> None:
+    def _run_ops(self, ops: list[KvOp]) -> list[Sequence]:
+        """Run the plan's KV operations; return the sequences whose restore failed."""
+        failed = []
         for op in ops:
             if isinstance(op, Save):
                 self._save(op.slot, list(op.tokens), op.salt)
-            elif isinstance(op, Restore):
-                self._restore(op)
+            elif isinstance(op, Restore) and not self._restore(op):
+                failed.append(op.seq)
             elif isinstance(op, Copy):
                 self.ctx.copy_seq(op.src, op.dst)
             elif isinstance(op, Drop):
                 self.ctx.remove_seq(op.slot, op.start)
+        return failed
 
     def _save(self, slot: int, tokens: list[int], salt: str) -> bool:
         """Hand the slot's KV for `tokens` to the cache; True if it was taken.
@@ -202,19 +210,20 @@ class Worker:
             return False
         return cache.save(tokens, self.ctx.get_seq_state(slot), salt)
 
-    def _restore(self, op: Restore) -> None:
+    def _restore(self, op: Restore) -> bool:
         seq, slot = op.seq, op.slot
         ok = self.ctx.set_seq_state(slot, op.hit.state)
         # The state must hold at least the positions we keep (a foreign or damaged
         # blob that llama.cpp accepted would show here).
         if ok and self.ctx.seq_pos_max(slot) >= op.keep - 1:
             self.ctx.remove_seq(slot, op.keep)
-            return
+            return True
         log.warning("restoring a cached prefix failed; prefilling %s cold", seq.request_id)
         self.num_restore_failures += 1
         self.ctx.remove_seq(slot)
         seq.num_computed = seq.num_cached = seq.num_saved = 0
         seq.hit_kind, seq.hit_source = "cold", "none"
+        return False
 
     def _save_long_prefill(self, seq: Sequence) -> None:
         if self.cache is None or seq.status is not SeqStatus.RUNNING or seq.slot is None:
@@ -314,16 +323,18 @@ class Worker:
     ) -> None:
         # A failed sequence's cells may be half-written: never offer them for reuse.
         keep = reason is not FinishReason.ERROR
-        saved = False
+        saved, num_kv = False, 0
         if keep and seq.slot is not None and seq.status is SeqStatus.RUNNING:
-            saved = self._save(seq.slot, seq.tokens[: seq.num_computed], seq.salt)
-        num_kv = seq.num_computed if keep and seq.slot is not None else 0
+            kept = self.scheduler.reusable(seq)
+            num_kv = len(kept)
+            self.ctx.remove_seq(seq.slot, num_kv)  # what may not be reused goes first
+            saved = self._save(seq.slot, kept, seq.salt)
         self.hits[seq.hit_kind] = self.hits.get(seq.hit_kind, 0) + 1
         self.hit_sources[seq.hit_source] = self.hit_sources.get(seq.hit_source, 0) + 1
         self.num_reused_tokens += seq.num_cached
-        slot = self.scheduler.remove(seq, keep_kv=keep, saved=saved)
-        if slot is not None:
-            self.ctx.remove_seq(slot)
+        drop = self.scheduler.remove(seq, keep_kv=keep, saved=saved)
+        if drop is not None:
+            self.ctx.remove_seq(drop.slot, drop.start)
         if seq.sampler is not None:
             seq.sampler.close()
         self._emit(

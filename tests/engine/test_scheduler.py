@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from cache import CacheHit
 from engine.detokenizer import IncrementalDetokenizer
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import SeqStatus, Sequence
-from engine.slots import Copy, Drop
+from engine.slots import Copy, Drop, Restore, Save
 from engine.types import GenerateRequest
 
 
@@ -15,7 +16,7 @@ def seq(name: str, num_prompt: int) -> Sequence:
 
 
 def sched(slots: int = 4, n_ctx: int = 1000, step: int = 64, chunk: int = 32) -> Scheduler:
-    return Scheduler(SchedulerConfig(slots, n_ctx, n_ctx, step, chunk))
+    return Scheduler(SchedulerConfig(slots, n_ctx, n_ctx, step, chunk, exact=False))
 
 
 def apply(s: Scheduler) -> list[tuple[str, int, int, bool]]:
@@ -67,8 +68,9 @@ def test_fifo_admission_and_slot_reuse() -> None:
     apply(s)
     assert [x.request_id for x in s.running] == ["a", "b"]
     assert c.status is SeqStatus.WAITING
-    slot = s.remove(a)
-    assert slot is not None and a.status is SeqStatus.FINISHED
+    drop = s.remove(a)
+    assert drop is not None and drop.start == 0 and a.status is SeqStatus.FINISHED
+    slot = drop.slot
     apply(s)
     assert [x.request_id for x in s.running] == ["b", "c"]
     assert c.slot == slot
@@ -127,7 +129,7 @@ def test_preempted_sequence_is_reprefilled_whole_and_resumes() -> None:
 
 def per_slot(slots: int = 2, n_ctx_seq: int = 100) -> Scheduler:
     """A stream per slot: finished sequences leave their prefix for reuse."""
-    return Scheduler(SchedulerConfig(slots, n_ctx_seq * slots, n_ctx_seq, 64, 32))
+    return Scheduler(SchedulerConfig(slots, n_ctx_seq * slots, n_ctx_seq, 64, 32, exact=False))
 
 
 def seq_of(name: str, tokens: list[int]) -> Sequence:
@@ -198,7 +200,7 @@ def test_failed_sequence_leaves_nothing_resident() -> None:
     s.add(a)
     apply(s)
     slot = a.slot
-    assert s.remove(a, keep_kv=False) == slot
+    assert s.remove(a, keep_kv=False) == Drop(slot)  # type: ignore[arg-type]
     assert slot not in s.slots.resident
 
 
@@ -240,3 +242,167 @@ def test_short_prefix_elsewhere_is_not_worth_a_copy() -> None:
     s.add(b)
     _, kv = s.schedule()
     assert not any(isinstance(op, Copy) for op in kv.ops) and b.num_cached == 0
+
+
+# -- sessions, salts, siblings, the cache -------------------------------------------
+
+
+def seq_in(name: str, tokens: list[int], **kw: object) -> Sequence:
+    request = GenerateRequest(name, tuple(tokens), **kw)  # type: ignore[arg-type]
+    return Sequence(request, None, IncrementalDetokenizer([b""]), None)
+
+
+def run_to_finish(s: Scheduler, x: Sequence) -> None:
+    while not x.is_decoding:
+        apply(s)
+    s.remove(x)
+
+
+def test_a_session_keeps_its_slot_and_prefills_only_the_new_turn() -> None:
+    s = per_slot(slots=2)
+    turn1 = seq_in("t1", list(range(1, 41)), session_id="chat")
+    s.add(turn1)
+    run_to_finish(s, turn1)
+    slot = s.slots.pins["chat"]
+    other = seq_of("other", list(range(1, 41)))  # same tokens, but may not take the pin
+    s.add(other)
+    apply(s)
+    assert other.slot != slot and other.num_cached == 39  # copied, not placed in the pin
+    turn2 = seq_in("t2", list(range(1, 41)) + [7, 8, 9], session_id="chat")
+    s.add(turn2)
+    apply(s)
+    assert turn2.slot == slot and turn2.num_cached == 40 and turn2.hit_kind == "session"
+    s.check_integrity()
+
+
+def test_idle_session_is_reclaimed_lru_and_saved_first() -> None:
+    s = per_slot(slots=2)
+    a = seq_in("a", list(range(1, 21)), session_id="A")
+    b = seq_in("b", list(range(30, 50)), session_id="B")
+    s.add(a)
+    s.add(b)
+    run_to_finish(s, a)
+    s.remove(b)
+    s.slots.pins.move_to_end("A")  # A used more recently: B is the LRU
+    c = seq_of("c", [5, 5, 5])
+    s.add(c)
+    _, kv = s.schedule()
+    slot_b = 1
+    assert c.slot == slot_b and "B" not in s.slots.pins and "A" in s.slots.pins
+    assert isinstance(kv.ops[0], Save) and kv.ops[0].slot == slot_b
+    assert s.slots.num_reclaims == 1
+    s.check_integrity()
+
+
+def test_a_session_in_flight_is_never_reclaimed() -> None:
+    s = per_slot(slots=1)
+    a = seq_in("a", [1, 2, 3], session_id="A")
+    s.add(a)
+    apply(s)  # A is running in the only slot
+    b = seq_of("b", [4, 5])
+    s.add(b)
+    apply(s)
+    assert b.status is SeqStatus.WAITING and a.slot == 0
+
+
+def test_prefixes_are_not_shared_across_salts() -> None:
+    s = per_slot(slots=3)
+    a = seq_in("a", list(range(1, 41)), cache_salt="tenant-a")
+    s.add(a)
+    run_to_finish(s, a)
+    b = seq_in("b", list(range(1, 41)), cache_salt="tenant-b")
+    s.add(b)
+    apply(s)
+    assert b.num_cached == 0 and b.hit_kind == "cold"
+    running_a = seq_in("a2", list(range(1, 41)) + [5], cache_salt="tenant-a")
+    s.add(running_a)
+    apply(s)
+    apply(s)  # a2 and b hold the prefix in busy slots: another salt may not copy it
+    d = seq_in("d", list(range(1, 41)), cache_salt="tenant-c")
+    s.add(d)
+    _, kv = s.schedule()
+    assert d.slot == 2 and d.num_cached == 0
+    assert not any(isinstance(op, Copy) for op in kv.ops)
+
+
+def test_siblings_wait_for_the_leader_then_copy_its_prompt() -> None:
+    s = per_slot(slots=3)
+    prompt = list(range(1, 41))
+    leader = seq_of("n0", prompt)
+    siblings = [seq_of(f"n{i}", prompt) for i in (1, 2)]
+    for x in siblings:
+        x.leader = leader
+    for x in (leader, *siblings):
+        s.add(x)
+    apply(s)  # leader prefills its first chunk; siblings wait
+    assert all(x.status is SeqStatus.WAITING for x in siblings)
+    apply(s)  # leader finishes the prompt and samples
+    _, kv = s.schedule()
+    assert [x.num_cached for x in siblings] == [39, 39]
+    assert [op for op in kv.ops if isinstance(op, Copy)] == [Copy(0, 1), Copy(0, 2)]
+
+
+def test_a_longer_cached_prefix_is_restored() -> None:
+    s = per_slot(slots=1)
+    tokens = list(range(1, 81))
+    x = seq_of("x", tokens)
+    x.cache_hit = CacheHit(tuple(tokens), b"state", 80, "disk")
+    s.add(x)
+    _, kv = s.schedule()
+    assert kv.ops == [Drop(0), Restore(x, 0, kv.ops[1].hit, 79)]  # type: ignore[union-attr]
+    assert x.num_cached == 79 and x.hit_kind == "exact" and x.hit_source == "disk"
+    assert x.cache_hit is None  # the bytes are not held past admission
+
+
+def test_fork_copies_an_idle_session_into_a_free_slot() -> None:
+    s = per_slot(slots=3)
+    a = seq_in("a", list(range(1, 21)), session_id="A")
+    s.add(a)
+    run_to_finish(s, a)
+    ops: list = []
+    assert s.slots.fork("A", "B", ops) == 20
+    src, dst = s.slots.pins["A"], s.slots.pins["B"]
+    assert src != dst and ops == [Drop(dst), Copy(src, dst)]
+    assert s.slots.resident[dst].tokens == s.slots.resident[src].tokens
+    s.check_integrity()
+
+
+# -- exact mode: every reused position is computed as a cold run computes it ----------
+
+
+def exact(slots: int = 2, chunk: int = 256, step: int = 512) -> Scheduler:
+    return Scheduler(SchedulerConfig(slots, 1000 * slots, 1000, step, chunk))
+
+
+def test_exact_prefill_chunks_are_never_under_64_rows() -> None:
+    s = exact(chunk=256)
+    s.add(seq_of("a", list(range(1, 301))))
+    assert apply(s) == [("a", 0, 236, False)]  # not 256: that would leave a 44-row chunk
+    assert apply(s) == [("a", 236, 64, True)]
+    t = exact(chunk=256, step=100)
+    t.add(seq_of("b", list(range(1, 61))))  # 60 rows: all of it, in one chunk
+    t.add(seq_of("c", list(range(1, 201))))
+    assert apply(t) == [("b", 0, 60, True)]  # 40 rows left for c: it waits a step
+    assert [p[:3] for p in apply(t)] == [("b", 60, 1), ("c", 0, 99)]
+
+
+def test_exact_reuse_keeps_prompt_positions_only_and_recomputes_64() -> None:
+    s = exact()
+    prompt = list(range(1, 101))
+    a = seq_of("a", prompt)
+    s.add(a)
+    apply(s)
+    for _ in range(5):
+        apply(s)  # five tokens decoded
+    drop = s.remove(a)
+    assert drop == Drop(0, 100)  # decoded positions go, the prompt stays
+    assert s.slots.resident[0].tokens == prompt
+    b = seq_of("b", prompt + [7] * 10)
+    s.add(b)
+    apply(s)
+    assert b.num_cached == 110 - 64
+    short = seq_of("short", [9] * 63)
+    s.add(short)
+    apply(s)
+    drop = s.remove(short)
+    assert drop == Drop(short_slot := 1, 0) and s.slots.resident[short_slot].tokens == []
