@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.types import GenerateRequest, TokenLogprob
+from engine.types import GenerateRequest, Timings, TokenLogprob
 
 if TYPE_CHECKING:
     from engine.llama import Sampler
@@ -40,6 +41,10 @@ class Sequence:
         "status",
         "prompt_logprobs",
         "num_scored",
+        "arrival",
+        "t_scheduled",
+        "t_prompt_done",
+        "t_first_token",
     )
 
     def __init__(
@@ -61,6 +66,11 @@ class Sequence:
         self.status = SeqStatus.WAITING
         self.prompt_logprobs: list[TokenLogprob] = []  # scored, not yet sent
         self.num_scored = 0  # prompt positions scored so far (they predict tokens 1..)
+        # Stage stamps (time.monotonic()) for queue-wait and prefill metrics; set once.
+        self.arrival = time.monotonic()
+        self.t_scheduled: float | None = None
+        self.t_prompt_done: float | None = None
+        self.t_first_token: float | None = None
 
     @property
     def request_id(self) -> str:
@@ -71,6 +81,10 @@ class Sequence:
         return len(self.tokens) - self.num_computed
 
     @property
+    def num_pending_prompt(self) -> int:
+        return max(0, self.num_prompt_tokens - self.num_computed)
+
+    @property
     def num_output_tokens(self) -> int:
         return len(self.tokens) - self.num_prompt_tokens
 
@@ -78,6 +92,9 @@ class Sequence:
     def is_decoding(self) -> bool:
         """Prompt done: the only pending token is the last one sampled."""
         return self.num_output_tokens > 0 and self.num_pending == 1
+
+    def timings(self) -> Timings:
+        return Timings(self.arrival, self.t_scheduled, self.t_prompt_done, self.t_first_token)
 
     def __repr__(self) -> str:
         return (

@@ -81,6 +81,29 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True)
+class Timings:
+    """When a sequence passed each stage, in `time.monotonic()` seconds (None: not reached).
+
+    arrival: submitted to the engine; scheduled: first in a step; prompt_done: its whole
+    prompt in the KV cache; first_token: its first token sampled."""
+
+    arrival: float
+    scheduled: float | None = None
+    prompt_done: float | None = None
+    first_token: float | None = None
+
+    @property
+    def queue_wait(self) -> float | None:
+        return None if self.scheduled is None else self.scheduled - self.arrival
+
+    @property
+    def prefill(self) -> float | None:
+        if self.scheduled is None or self.prompt_done is None:
+            return None
+        return self.prompt_done - self.scheduled
+
+
+@dataclass(frozen=True, slots=True)
 class SeqOutput:
     """An increment of one sequence: new text, the tokens behind it, maybe the end.
 
@@ -99,6 +122,7 @@ class SeqOutput:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    timings: Timings | None = None  # with the finish only
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +159,11 @@ class EngineStats:
     num_preemptions: int
     num_decode_failures: int
     last_batch_size: int
+    # Tokens per step as a histogram: counts[i] steps had at most bounds[i] tokens (and
+    # more than bounds[i-1]); counts has one more entry, for steps above the last bound.
+    batch_size_bounds: tuple[int, ...] = ()
+    batch_size_counts: tuple[int, ...] = ()
+    batch_size_sum: int = 0
 
 
 class EngineError(Exception):
