@@ -215,3 +215,13 @@ async def test_drain_lets_requests_within_the_grace_finish() -> None:
         assert r.json()["choices"][0]["finish_reason"] == "stop"
         assert r.json()["choices"][0]["message"]["content"] == "word " * 10
         assert not quick.aborted
+
+
+async def test_metrics_can_be_switched_off() -> None:
+    from server.config import MetricsSection
+
+    app = create_app(Settings(metrics=MetricsSection(enabled=False)), engine=FakeEngine())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.get("/metrics")).status_code == 404
+        assert (await client.post("/v1/chat/completions", json=chat("fake-model"))).status_code == 200
