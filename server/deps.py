@@ -85,7 +85,11 @@ def resolve_template(request: Request, name: str) -> ChatTemplate:
 
 def get_engine(request: Request) -> EngineLike:
     """The default (first) model's engine, for endpoints that name no model."""
-    return ready_engine(registry(request).default.engine)
+    served = registry(request).default
+    record = current_record()
+    if record is not None:
+        record.model = served.id
+    return ready_engine(served.engine)
 
 
 def require_api_key(request: Request) -> None:
