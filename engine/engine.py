@@ -58,6 +58,7 @@ class EngineConfig:
     embeddings: bool = True
     embed_n_ctx: int = 4096  # longest embedding input, in tokens
     embed_chunk: int = 256  # embedding tokens computed per engine step
+    exact_reuse: bool = True  # reuse only KV that reproduces the cold output exactly
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
     sessions: SessionLimits = SessionLimits()
 
@@ -197,7 +198,14 @@ class Engine:
             )
             embedder = Embedder(embed_ctx, cfg.embed_chunk)
         scheduler = Scheduler(
-            SchedulerConfig(cfg.n_seq_max, ctx.n_ctx, ctx.n_ctx_seq, cfg.n_batch, cfg.prefill_chunk)
+            SchedulerConfig(
+                cfg.n_seq_max,
+                ctx.n_ctx,
+                ctx.n_ctx_seq,
+                cfg.n_batch,
+                cfg.prefill_chunk,
+                exact=cfg.exact_reuse,
+            )
         )
         self._info = ModelInfo(
             model_id=cfg.model_id,

@@ -31,8 +31,10 @@ _local = threading.local()
 @C.llama_log_callback
 def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     # Module-level so that the ctypes callback outlives every call llama.cpp makes to it.
-    message = text.decode("utf-8", "replace").rstrip("\n")
     captured = getattr(_local, "captured", None)
+    if captured is None and not log.isEnabledFor(_LEVELS.get(level, logging.DEBUG)):
+        return  # below `logging.llama_level`: skip the decoding (load logs hundreds of lines)
+    message = text.decode("utf-8", "replace").rstrip("\n")
     if captured is not None and level == _ERROR:
         captured.append(message)
     if message:

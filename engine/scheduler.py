@@ -108,6 +108,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig):
         if config.step_tokens < config.num_slots:
             raise ValueError("step_tokens must be at least the number of slots")
+        if config.exact and min(config.prefill_chunk, config.step_tokens) < EXACT_MIN_ROWS:
+            raise ValueError(f"exact reuse needs prefill chunks of {EXACT_MIN_ROWS}+ tokens")
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order

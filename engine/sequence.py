@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.types import GenerateRequest, TokenLogprob
+from engine.types import GenerateRequest, Timings, TokenLogprob
 
 if TYPE_CHECKING:
     from cache import CacheHit
@@ -46,6 +47,10 @@ class Sequence:
         "hit_kind",
         "hit_source",
         "num_saved",
+        "arrival",
+        "t_scheduled",
+        "t_prompt_done",
+        "t_first_token",
     )
 
     def __init__(
@@ -74,6 +79,11 @@ class Sequence:
         self.hit_kind = "cold"  # how the prompt was found: cold, partial, exact, session
         self.hit_source = "none"  # where reused tokens came from: none, slot, ram, disk
         self.num_saved = 0  # prompt tokens already handed to the prefix cache
+        # Stage stamps (time.monotonic()) for queue-wait and prefill metrics; set once.
+        self.arrival = time.monotonic()
+        self.t_scheduled: float | None = None
+        self.t_prompt_done: float | None = None
+        self.t_first_token: float | None = None
 
     @property
     def request_id(self) -> str:
@@ -82,6 +92,10 @@ class Sequence:
     @property
     def num_pending(self) -> int:
         return len(self.tokens) - self.num_computed
+
+    @property
+    def num_pending_prompt(self) -> int:
+        return max(0, self.num_prompt_tokens - self.num_computed)
 
     @property
     def num_output_tokens(self) -> int:
@@ -103,6 +117,9 @@ class Sequence:
     def is_decoding(self) -> bool:
         """Prompt done: the only pending token is the last one sampled."""
         return self.num_output_tokens > 0 and self.num_pending == 1
+
+    def timings(self) -> Timings:
+        return Timings(self.arrival, self.t_scheduled, self.t_prompt_done, self.t_first_token)
 
     def __repr__(self) -> str:
         return (

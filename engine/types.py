@@ -89,6 +89,29 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True)
+class Timings:
+    """When a sequence passed each stage, in `time.monotonic()` seconds (None: not reached).
+
+    arrival: submitted to the engine; scheduled: first in a step; prompt_done: its whole
+    prompt in the KV cache; first_token: its first token sampled."""
+
+    arrival: float
+    scheduled: float | None = None
+    prompt_done: float | None = None
+    first_token: float | None = None
+
+    @property
+    def queue_wait(self) -> float | None:
+        return None if self.scheduled is None else self.scheduled - self.arrival
+
+    @property
+    def prefill(self) -> float | None:
+        if self.scheduled is None or self.prompt_done is None:
+            return None
+        return self.prompt_done - self.scheduled
+
+
+@dataclass(frozen=True, slots=True)
 class SeqOutput:
     """An increment of one sequence: new text, the tokens behind it, maybe the end.
 
@@ -110,6 +133,7 @@ class SeqOutput:
     # Set on the final output only:
     hit_kind: str = ""  # how the prompt was found: cold, partial, exact or session
     num_kv_tokens: int = 0  # tokens whose KV the slot keeps after the request
+    timings: Timings | None = None  # with the finish only
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +177,11 @@ class EngineStats:
     hits: tuple[tuple[str, int], ...] = ()  # requests by kind: cold/partial/exact/session
     hit_sources: tuple[tuple[str, int], ...] = ()  # requests by source: none/slot/ram/disk
     cache: CacheStats | None = None
+    # Tokens per step as a histogram: counts[i] steps had at most bounds[i] tokens (and
+    # more than bounds[i-1]); counts has one more entry, for steps above the last bound.
+    batch_size_bounds: tuple[int, ...] = ()
+    batch_size_counts: tuple[int, ...] = ()
+    batch_size_sum: int = 0
 
 
 class EngineError(Exception):

@@ -12,6 +12,7 @@ step rather than once per token.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import queue
@@ -31,6 +32,9 @@ from engine.types import EngineStats, FinishReason, SeqOutput
 log = logging.getLogger("kvserve.engine")
 
 Deliver = Callable[[list[tuple[object, SeqOutput]]], None]
+
+# Bucket bounds of the tokens-per-step histogram in `stats()`.
+BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,8 @@ class Worker:
         self.num_reused_tokens = 0
         self.hits: dict[str, int] = {}  # (kind) cold / partial / exact / session
         self.hit_sources: dict[str, int] = {}  # none / slot / ram / disk
+        self.batch_size_counts = [0] * (len(BATCH_SIZE_BOUNDS) + 1)
+        self.batch_size_sum = 0
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -179,11 +185,15 @@ class Worker:
         if not chunks:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)
             return
+        started = time.monotonic()
         try:
             result = self.runner.run(chunks)
         except DecodeError as exc:
             self._decode_failed(chunks, exc)
             return
+        for chunk in chunks:  # stage times for the metrics
+            if chunk.seq.t_scheduled is None:
+                chunk.seq.t_scheduled = started
         self._postprocess(chunks, result)
 
     def _run_ops(self, ops: list[KvOp]) -> list[Sequence]:
@@ -262,8 +272,12 @@ class Worker:
             num_tokens += chunk.length
             num_decode_rows += chunk.seq.is_decoding
             chunk.seq.num_computed += chunk.length
+            if chunk.seq.t_prompt_done is None and not chunk.seq.num_pending_prompt:
+                chunk.seq.t_prompt_done = time.monotonic()
         self.num_steps += 1
         self.last_batch_size = num_tokens
+        self.batch_size_counts[bisect.bisect_left(BATCH_SIZE_BOUNDS, num_tokens)] += 1
+        self.batch_size_sum += num_tokens
         self.num_prefill_tokens += num_tokens - num_decode_rows
         for seq, logprobs in result.scored:
             seq.prompt_logprobs.extend(logprobs)
@@ -281,6 +295,8 @@ class Worker:
         seq, token = item.seq, item.token
         seq.tokens.append(token)
         self.num_generated_tokens += 1
+        if seq.t_first_token is None:
+            seq.t_first_token = time.monotonic()
         request = seq.request
         if token in self._eog and not request.sampling.ignore_eos:
             self._finish(seq, FinishReason.STOP, seq.detokenizer.flush())
@@ -350,6 +366,7 @@ class Worker:
                 error=error,
                 hit_kind=seq.hit_kind,
                 num_kv_tokens=num_kv,
+                timings=seq.timings(),
             ),
         )
 
@@ -410,4 +427,7 @@ class Worker:
             hits=tuple(sorted(self.hits.items())),
             hit_sources=tuple(sorted(self.hit_sources.items())),
             cache=self.cache.stats() if self.cache is not None else None,
+            batch_size_bounds=BATCH_SIZE_BOUNDS,
+            batch_size_counts=tuple(self.batch_size_counts),
+            batch_size_sum=self.batch_size_sum,
         )

@@ -1,4 +1,5 @@
-"""Request-scoped dependencies: the engine, the chat template, the API-key check."""
+"""Request-scoped dependencies: the model a request names (its engine and template), the
+API-key check."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from typing import Annotated, Protocol
 import numpy as np
 from fastapi import Depends, Request
 
-from chat.template import ChatTemplate, TemplateError
+from chat.template import ChatTemplate
 from engine.engine import EngineState, Generation
 from engine.sessions import Session
 from engine.types import CacheStats, EngineStats, GenerateRequest, ModelInfo
+from server.access import current_record
 from server.errors import NotFound, ServerError, ServiceUnavailable, Unauthorized
+from server.registry import ModelRegistry, ServedModel
 
 
 class EngineLike(Protocol):
@@ -52,8 +55,12 @@ class EngineLike(Protocol):
     def purge_cache(self) -> int: ...
 
 
-def get_engine(request: Request) -> EngineLike:
-    engine: EngineLike = request.app.state.engine
+def registry(request: Request) -> ModelRegistry:
+    return request.app.state.models  # type: ignore[no-any-return]
+
+
+def ready_engine(engine: EngineLike) -> EngineLike:
+    """`engine`, or 503 while its model loads (500 if the load failed)."""
     if not engine.ready:
         if engine.state is EngineState.FAILED:
             raise ServerError(f"the model failed to load: {engine.load_error}")
@@ -65,28 +72,43 @@ def get_engine(request: Request) -> EngineLike:
     return engine
 
 
-def get_template(
-    request: Request, engine: Annotated[EngineLike, Depends(get_engine)]
-) -> ChatTemplate:
-    template: ChatTemplate | None = getattr(request.app.state, "template", None)
-    if template is None:
-        info = engine.info
-        override = request.app.state.template_override
-        try:
-            template = ChatTemplate(
-                override or info.chat_template,
-                bos_token=info.bos_token,
-                eos_token=info.eos_token,
-                add_bos=info.add_bos,
-            )
-        except TemplateError as exc:
-            raise ServerError(str(exc)) from exc
-        request.app.state.template = template
-    return template
+def resolve_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
+    """The served model a request names (by id or alias): 404 if none, 503 while loading."""
+    served = registry(request).get(name)
+    if served is None:
+        known = ", ".join(repr(i) for i in registry(request).ids)
+        raise NotFound(
+            f"The model '{name}' does not exist; this server serves {known}.",
+            param="model",
+            code="model_not_found",
+        )
+    record = current_record()
+    if record is not None:
+        record.model = served.id
+    if require_ready:
+        ready_engine(served.engine)
+    return served
+
+
+def resolve_engine(request: Request, name: str) -> EngineLike:
+    return resolve_model(request, name).engine
+
+
+def resolve_template(request: Request, name: str) -> ChatTemplate:
+    return resolve_model(request, name).template
+
+
+def get_engine(request: Request) -> EngineLike:
+    """The default (first) model's engine, for endpoints that name no model."""
+    served = registry(request).default
+    record = current_record()
+    if record is not None:
+        record.model = served.id
+    return ready_engine(served.engine)
 
 
 def require_api_key(request: Request) -> None:
-    keys: tuple[str, ...] = request.app.state.settings.server.api_keys
+    keys: tuple[str, ...] = request.app.state.settings.auth.api_keys
     if not keys:
         return
     header = request.headers.get("authorization", "")
@@ -116,21 +138,11 @@ class Caller:
 
 def get_caller(request: Request) -> Caller:
     tenant = ""
-    if request.app.state.settings.server.api_keys:
+    if request.app.state.settings.auth.api_keys:
         token = request.headers.get("authorization", "").partition(" ")[2].strip()
         tenant = hashlib.sha256(token.encode()).hexdigest()[:16]
     return Caller(tenant, request.headers.get("x-session-id"))
 
 
-def check_model(engine: EngineLike, model: str) -> None:
-    if model != engine.info.model_id:
-        raise NotFound(
-            f"The model '{model}' does not exist; this server serves '{engine.info.model_id}'.",
-            param="model",
-            code="model_not_found",
-        )
-
-
 EngineDep = Annotated[EngineLike, Depends(get_engine)]
-TemplateDep = Annotated[ChatTemplate, Depends(get_template)]
 CallerDep = Annotated[Caller, Depends(get_caller)]

@@ -23,6 +23,7 @@ from starlette.background import BackgroundTask
 
 from engine.engine import Generation
 from engine.types import FinishReason, SeqOutput, TokenLogprob
+from server.access import current_record
 from server.deps import EngineLike
 from server.errors import BadRequest, ServerError
 
@@ -152,8 +153,13 @@ def event_stream(events: AsyncIterator[str], on_close: Callable[[], None]) -> Ev
 async def collect(generation: Generation, n: int) -> list[Choice]:
     """Run every sequence to its end. Raises ServerError if the engine failed one."""
     choices = [Choice() for _ in range(n)]
+    record = current_record()
+    if record is not None:
+        record.watch(generation)
     async with generation:
         async for index, out in generation:
+            if record is not None:
+                record.observe(generation, index, out)
             choices[index].add(out)
     for choice in choices:
         if choice.finish_reason is FinishReason.ERROR:
@@ -173,9 +179,16 @@ def merged(
 
 
 async def increments(generation: Generation) -> AsyncIterator[list[tuple[int, Choice]]]:
+    record = current_record()
+    if record is not None:
+        record.watch(generation)
     async with generation:
         async for item in generation:
-            yield merged(item, generation.ready_nowait())
+            rest = generation.ready_nowait()
+            if record is not None:
+                for index, out in [item, *rest]:
+                    record.observe(generation, index, out)
+            yield merged(item, rest)
 
 
 def chunk_framing(

@@ -1,10 +1,17 @@
-"""ASGI middleware: request body size limit."""
+"""ASGI middleware: the access record (log line, metrics, shutdown gate); body size limit."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import PayloadTooLarge
+from server.access import AccessRecord, activate, deactivate, request_id_from
+from server.errors import PayloadTooLarge, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from server.lifecycle import Lifecycle
+    from server.metrics import ServerMetrics
 
 
 class BodyLimit:
@@ -60,3 +67,63 @@ class BodyLimit:
             f"the request body exceeds the limit of {self.limit} bytes", code="body_too_large"
         )
         await error.response()(scope, receive, send)
+
+
+# Answered while the server drains for shutdown, so that probes and a last scrape work.
+_ALWAYS_OPEN = ("/health", "/livez", "/metrics")
+
+
+class AccessMiddleware:
+    """The outermost layer: request id, access record and log line, request metrics,
+    and shutdown's gate (503 for new requests while draining)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        lifecycle: Lifecycle,
+        metrics: ServerMetrics | None,
+        log_lines: bool,
+    ):
+        self.app = app
+        self.lifecycle = lifecycle
+        self.metrics = metrics
+        self.log_lines = log_lines
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        request_id = request_id_from(headers.get(b"x-request-id", b"").decode("latin-1"))
+        record = AccessRecord(request_id, scope["method"], scope["path"], self.metrics)
+        session = headers.get(b"x-session-id")
+        if session:
+            record.session = session.decode("latin-1")[:128]
+        echoed = (b"x-request-id", request_id.encode("latin-1"))
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), echoed]}
+            await send(message)
+
+        token = activate(record)
+        self.lifecycle.inflight.add(record)
+        try:
+            if self.lifecycle.draining and scope["path"] not in _ALWAYS_OPEN:
+                refusal = ServiceUnavailable(
+                    "the server is shutting down",
+                    code="shutting_down",
+                    headers={"Retry-After": "1"},
+                )
+                await refusal.response()(scope, receive, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
+        finally:
+            self.lifecycle.inflight.discard(record)
+            deactivate(token)
+            route = scope.get("route")
+            record.endpoint = getattr(route, "path", "other")
+            if record.status == 0:  # the app raised before answering
+                record.status = 500
+            record.finish(log_line=self.log_lines)

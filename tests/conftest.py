@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.config import ServerSection, Settings
+from server.config import AuthSection, ServerSection, Settings
 from tests.fakes import FakeEngine
 
 ClientFactory = Callable[..., httpx.AsyncClient]
@@ -24,8 +24,11 @@ async def make_client() -> AsyncIterator[ClientFactory]:
     """Build an httpx client on the app over a given engine, with server settings."""
     clients: list[httpx.AsyncClient] = []
 
-    def build(engine: Any, **server: Any) -> httpx.AsyncClient:
-        settings = Settings(server=dataclasses.replace(ServerSection(), **server))
+    def build(engine: Any, *, api_keys: tuple[str, ...] = (), **server: Any) -> httpx.AsyncClient:
+        settings = Settings(
+            server=dataclasses.replace(ServerSection(), **server),
+            auth=AuthSection(api_keys=api_keys),
+        )
         app = create_app(settings, engine=engine)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
         clients.append(client)

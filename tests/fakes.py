@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +30,7 @@ from engine.types import (
     QueueFullError,
     SeqOutput,
     SessionBusyError,
+    Timings,
     TokenLogprob,
     TopLogprob,
 )
@@ -46,6 +49,7 @@ class FakeEngine:
         n_seq_max: int = 4,
         max_queue: int = 4,
         ready: bool = True,
+        model_id: str = "fake-model",
     ):
         self.reply = reply.encode()
         self.delay = delay
@@ -60,7 +64,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.running: set[str] = set()
         self._info = ModelInfo(
-            model_id="fake-model",
+            model_id=model_id,
             path="/nonexistent/fake.gguf",
             n_ctx=n_ctx,
             n_ctx_train=n_ctx,
@@ -156,6 +160,8 @@ class FakeEngine:
         detok = IncrementalDetokenizer(PIECES, request.stop)
         produced = 0
         prompt = len(request.prompt_tokens)
+        arrival = time.monotonic()
+        first_token: float | None = None
         scored: tuple[TokenLogprob, ...] = ()
         if request.prompt_logprobs is not None:
             scored = tuple(TokenLogprob(t, -0.5) for t in request.prompt_tokens[1:])
@@ -190,10 +196,12 @@ class FakeEngine:
                     )
                     return
                 produced += 1
-                done = dict(
+                first_token = first_token or time.monotonic()
+                done: dict[str, Any] = dict(
                     num_prompt_tokens=prompt,
                     num_output_tokens=produced,
                     num_cached_tokens=self.cached,
+                    timings=Timings(arrival, arrival, arrival, first_token),
                 )
                 if token == EOS:
                     gen.put(

@@ -6,12 +6,12 @@ import dataclasses
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
 from chat.template import TemplateError
 from engine.types import GenerateRequest
-from server.deps import CallerDep, EngineDep, TemplateDep, check_model
+from server.deps import CallerDep, EngineLike, ready_engine, registry, resolve_model
 from server.errors import BadRequest, from_engine_error
 from server.generation import tokenize
 from server.protocol import _Open
@@ -37,9 +37,7 @@ class CacheWarmRequest(_Open):
         return self
 
 
-@router.get("/v1/cache")
-async def cache_status(engine: EngineDep) -> dict[str, Any]:
-    """Entries, bytes, hits and misses per tier; requests by how their prompt was found."""
+def _cache_object(engine: EngineLike) -> dict[str, Any]:
     stats = engine.cache_stats()
     engine_stats = engine.stats()
     body: dict[str, Any] = {
@@ -56,20 +54,28 @@ async def cache_status(engine: EngineDep) -> dict[str, Any]:
     return body
 
 
+@router.get("/v1/cache")
+async def cache_status(request: Request) -> dict[str, Any]:
+    """Per model: entries, bytes, hits and misses per tier; requests by how their prompt
+    was found."""
+    engines = [ready_engine(m.engine) for m in registry(request)]
+    return {"object": "list", "data": [_cache_object(e) for e in engines]}
+
+
 @router.delete("/v1/cache")
-async def purge_cache(engine: EngineDep) -> dict[str, Any]:
-    """Drop every stored prefix, in RAM and on disk."""
-    return {"object": "cache.purged", "entries_removed": engine.purge_cache()}
+async def purge_cache(request: Request) -> dict[str, Any]:
+    """Drop every stored prefix of every model, in RAM and on disk."""
+    removed = sum(ready_engine(m.engine).purge_cache() for m in registry(request))
+    return {"object": "cache.purged", "entries_removed": removed}
 
 
 @router.post("/v1/cache/warm")
-async def warm_cache(
-    body: CacheWarmRequest, engine: EngineDep, template: TemplateDep, caller: CallerDep
-) -> dict[str, Any]:
+async def warm_cache(body: CacheWarmRequest, request: Request, caller: CallerDep) -> dict[str, Any]:
     """Prefill a prompt (or a chat prefix, such as a shared system prompt or tool list)
     and store its KV, without generating."""
     body.log_unknown("cache.warm")
-    check_model(engine, body.model)
+    served = resolve_model(request, body.model)
+    engine, template = served.engine, served.template
     if body.messages is not None:
         messages = [{"role": m.role, "content": m.content} for m in body.messages]
         try:
@@ -83,7 +89,7 @@ async def warm_cache(
         tokens = await tokenize(engine, body.prompt, add_special=True, parse_special=True)
     else:
         tokens = list(body.prompt or [])
-    request = GenerateRequest(
+    job = GenerateRequest(
         request_id=uuid.uuid4().hex,
         prompt_tokens=tuple(tokens),
         max_tokens=0,
@@ -92,7 +98,7 @@ async def warm_cache(
     )
     last = None
     try:
-        generation = await engine.generate([request])
+        generation = await engine.generate([job])
         async with generation:
             async for _, output in generation:
                 if output.error is not None:

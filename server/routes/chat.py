@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from chat.template import TemplateError
 from engine.engine import Generation
 from engine.types import FinishReason, TokenLogprob
-from server.deps import CallerDep, EngineDep, EngineLike, TemplateDep, check_model
+from server.deps import CallerDep, EngineLike, resolve_model
 from server.errors import BadRequest, from_engine_error
 from server.generation import (
     Choice,
@@ -65,16 +65,13 @@ def logprob_entry(engine: EngineLike, lp: TokenLogprob) -> dict[str, Any]:
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(
-    body: ChatCompletionRequest,
-    request: Request,
-    engine: EngineDep,
-    template: TemplateDep,
-    caller: CallerDep,
+    body: ChatCompletionRequest, request: Request, caller: CallerDep
 ) -> Any:
     """Create a model response for the given chat conversation."""
     body.log_unknown("chat.completions")
     body.refuse_unsupported()
-    check_model(engine, body.model)
+    served = resolve_model(request, body.model)
+    engine, template = served.engine, served.template
     info = engine.info
     check_n(body.n, info.n_seq_max)
     try:

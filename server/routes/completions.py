@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 
 from engine.engine import Generation
 from engine.types import FinishReason, TokenLogprob
-from server.deps import CallerDep, EngineDep, EngineLike, check_model
+from server.deps import CallerDep, EngineLike, resolve_engine
 from server.errors import BadRequest, from_engine_error
 from server.generation import (
     Choice,
@@ -100,13 +100,11 @@ def completion_logprobs(
 
 
 @router.post("/v1/completions")
-async def create_completion(
-    body: CompletionRequest, request: Request, engine: EngineDep, caller: CallerDep
-) -> Any:
+async def create_completion(body: CompletionRequest, request: Request, caller: CallerDep) -> Any:
     """Create a completion for the given prompt(s)."""
     body.log_unknown("completions")
     body.refuse_unsupported()
-    check_model(engine, body.model)
+    engine = resolve_engine(request, body.model)
     info = engine.info
     check_n(body.n, info.n_seq_max)
     prompts = await prompt_token_lists(engine, body.prompt)

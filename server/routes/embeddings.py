@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 
-from server.deps import EngineDep, check_model
+from server.deps import resolve_engine
 from server.errors import BadRequest, from_engine_error
 from server.generation import ClientDisconnected, client_gone, until_disconnect
 from server.protocol import EmbeddingRequest
@@ -18,10 +18,10 @@ router = APIRouter()
 
 
 @router.post("/v1/embeddings")
-async def create_embeddings(body: EmbeddingRequest, request: Request, engine: EngineDep) -> Any:
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> Any:
     """Embed text or token ids: mean-pooled over tokens, unit length."""
     body.log_unknown("embeddings")
-    check_model(engine, body.model)
+    engine = resolve_engine(request, body.model)
     n_embd = engine.info.n_embd
     if body.dimensions is not None and body.dimensions > n_embd:
         raise BadRequest(

@@ -2,26 +2,47 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from engine.engine import EngineState
+from server.deps import EngineLike
 
 router = APIRouter()
 
 
+def _model_state(engine: EngineLike) -> dict[str, Any]:
+    if engine.ready:
+        return {"status": "ready"}
+    if engine.state is EngineState.FAILED:
+        return {"status": "error", "error": engine.load_error}
+    if engine.state is EngineState.STOPPED:
+        return {"status": "stopped"}
+    return {"status": "loading", "progress": round(engine.load_progress, 3)}
+
+
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    """200 when the model is loaded and the engine serves; 503 while loading or failed."""
-    engine = request.app.state.engine
-    if engine.ready:
-        return JSONResponse({"status": "ok"})
-    if engine.state is EngineState.FAILED:
-        return JSONResponse({"status": "error", "error": engine.load_error}, status_code=503)
-    if engine.state is EngineState.STOPPED:
-        return JSONResponse({"status": "stopped"}, status_code=503)
+    """200 when every model is loaded and serving; 503 while loading, failed or draining.
+
+    `models` has each model's state; a loading server also says its overall progress."""
+    served = request.app.state.models
+    models = {m.id: _model_state(m.engine) for m in served}
+    states = {m["status"] for m in models.values()}
+    if request.app.state.lifecycle.draining:
+        return JSONResponse({"status": "draining", "models": models}, status_code=503)
+    if states == {"ready"}:
+        return JSONResponse({"status": "ok", "models": models})
+    if "error" in states:
+        body: dict[str, Any] = {"status": "error", "models": models}
+        return JSONResponse(body, status_code=503)
+    if "stopped" in states:
+        return JSONResponse({"status": "stopped", "models": models}, status_code=503)
+    progress = sum(1.0 if m.engine.ready else m.engine.load_progress for m in served) / len(models)
     return JSONResponse(
-        {"status": "loading", "progress": round(engine.load_progress, 3)},
+        {"status": "loading", "progress": round(progress, 3), "models": models},
         status_code=503,
         headers={"Retry-After": "1"},
     )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import Field
 
 from engine.sessions import Session
-from server.deps import CallerDep, EngineDep, EngineLike
+from engine.types import SessionNotFoundError
+from server.deps import CallerDep, EngineLike, ready_engine, registry, resolve_engine
 from server.errors import from_engine_error
 from server.protocol import _Open
 
@@ -18,9 +19,13 @@ SessionId = Annotated[str, Field(min_length=1, max_length=128)]
 Ttl = Annotated[float, Field(gt=0)]
 
 
-class SessionCreate(_Open):
+class SessionFork(_Open):
     id: SessionId | None = None  # minted when absent
     ttl_s: Ttl | None = None  # idle seconds before it expires; the server default if absent
+
+
+class SessionCreate(SessionFork):
+    model: str | None = None  # the first served model when absent
 
 
 def session_object(engine: EngineLike, session: Session) -> dict[str, Any]:
@@ -38,12 +43,24 @@ def session_object(engine: EngineLike, session: Session) -> dict[str, Any]:
     }
 
 
+def _find(request: Request, tenant: str, session_id: str) -> tuple[EngineLike, Session]:
+    """The engine holding the caller's session, whichever model it belongs to."""
+    for served in registry(request):
+        engine = ready_engine(served.engine)
+        try:
+            return engine, engine.get_session(tenant, session_id)
+        except SessionNotFoundError:
+            continue
+    raise from_engine_error(SessionNotFoundError(session_id))
+
+
 @router.post("/v1/sessions")
 async def create_session(
-    engine: EngineDep, caller: CallerDep, body: SessionCreate | None = None
+    request: Request, caller: CallerDep, body: SessionCreate | None = None
 ) -> dict[str, Any]:
     """Open a sticky session (requests name it in `session_id` or `X-Session-Id`)."""
     body = body or SessionCreate()
+    engine = resolve_engine(request, body.model or registry(request).default.id)
     try:
         session = engine.create_session(caller.tenant, body.id, body.ttl_s)
     except Exception as exc:
@@ -52,28 +69,29 @@ async def create_session(
 
 
 @router.get("/v1/sessions")
-async def list_sessions(engine: EngineDep, caller: CallerDep) -> dict[str, Any]:
-    """The caller's sessions."""
-    sessions = engine.list_sessions(caller.tenant)
-    return {"object": "list", "data": [session_object(engine, s) for s in sessions]}
+async def list_sessions(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """The caller's sessions, on every model."""
+    engines = [ready_engine(m.engine) for m in registry(request)]
+    return {
+        "object": "list",
+        "data": [session_object(e, s) for e in engines for s in e.list_sessions(caller.tenant)],
+    }
 
 
 @router.get("/v1/sessions/{session_id}")
-async def get_session(session_id: str, engine: EngineDep, caller: CallerDep) -> dict[str, Any]:
+async def get_session(session_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """One session: tokens it holds, whether its slot is still pinned, last use."""
-    try:
-        session = engine.get_session(caller.tenant, session_id)
-    except Exception as exc:
-        raise from_engine_error(exc) from exc
+    engine, session = _find(request, caller.tenant, session_id)
     return session_object(engine, session)
 
 
 @router.post("/v1/sessions/{session_id}/fork")
 async def fork_session(
-    session_id: str, engine: EngineDep, caller: CallerDep, body: SessionCreate | None = None
+    session_id: str, request: Request, caller: CallerDep, body: SessionFork | None = None
 ) -> dict[str, Any]:
     """A new session starting from a copy of this one's KV (the source is unchanged)."""
-    body = body or SessionCreate()
+    body = body or SessionFork()
+    engine, _ = _find(request, caller.tenant, session_id)
     try:
         session = await engine.fork_session(caller.tenant, session_id, body.id, body.ttl_s)
     except Exception as exc:
@@ -82,8 +100,9 @@ async def fork_session(
 
 
 @router.delete("/v1/sessions/{session_id}")
-async def delete_session(session_id: str, engine: EngineDep, caller: CallerDep) -> dict[str, Any]:
+async def delete_session(session_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """End a session and release its slot."""
+    engine, _ = _find(request, caller.tenant, session_id)
     try:
         session = engine.delete_session(caller.tenant, session_id)
     except Exception as exc:

@@ -188,12 +188,12 @@ def test_curl(server: str) -> None:
     health = subprocess.run(
         ["curl", "-s", f"{server}/health"], capture_output=True, text=True, timeout=30
     )
-    assert json.loads(health.stdout) == {"status": "ok"}
+    assert json.loads(health.stdout) == {"status": "ok", "models": {MODEL: {"status": "ready"}}}
 
 
 def slots_in_use(server: str) -> float:
     text = httpx.get(f"{server}/metrics").text
-    line = next(x for x in text.splitlines() if x.startswith("kvserve_slots_in_use "))
+    line = next(x for x in text.splitlines() if x.startswith("kvserve_slots_in_use{"))
     return float(line.split()[1])
 
 

@@ -331,11 +331,16 @@ async def test_health_loading_then_ready(make_client: ClientFactory) -> None:
     engine = FakeEngine(ready=False)
     c = make_client(engine)
     r = await c.get("/health")
-    assert r.status_code == 503 and r.json() == {"status": "loading", "progress": 0.25}
+    assert r.status_code == 503
+    assert r.json() == {
+        "status": "loading",
+        "progress": 0.25,
+        "models": {MODEL: {"status": "loading", "progress": 0.25}},
+    }
     assert (await c.get("/livez")).status_code == 200
     assert_error(await c.post("/v1/chat/completions", json=chat()), 503)
     engine.state = engine.state.__class__.READY
-    assert (await c.get("/health")).json() == {"status": "ok"}
+    assert (await c.get("/health")).json() == {"status": "ok", "models": {MODEL: {"status": "ready"}}}
 
 
 # -- auth, limits, CORS ----------------------------------------------------------------
@@ -515,8 +520,9 @@ async def test_metrics_expose_engine_gauges(client: httpx.AsyncClient) -> None:
     assert r.status_code == 200
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
     assert families["kvserve_slots_total"].samples[0].value == 4
+    assert families["kvserve_slots_in_use"].samples[0].labels == {"model": MODEL}
     assert families["kvserve_slots_in_use"].samples[0].value == 0
-    assert "kvserve_generated_tokens" in families
+    assert "kvserve_sampled_tokens" in families
 
 
 async def test_oversized_stop_and_grammar_are_refused(client: httpx.AsyncClient) -> None:

@@ -1,32 +1,71 @@
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from server.config import ConfigError, default_model_path, load_settings
+from server.config import (
+    SECTIONS,
+    ConfigError,
+    ModelSection,
+    Settings,
+    default_model_path,
+    load_settings,
+)
+
+BUNDLED = default_model_path()
 
 
 def test_defaults_use_the_bundled_model() -> None:
     s = load_settings(env={})
-    assert s.model_path == default_model_path()
-    assert Path(s.model_path).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert [m.model_path for m in s.models] == [BUNDLED]
+    assert Path(BUNDLED).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (s.server.host, s.server.port) == ("127.0.0.1", 8080)
+    assert s.models[0].engine == s.engine
 
 
 def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
     cfg = tmp_path / "k.toml"
     cfg.write_text('[server]\nport = 9000\nhost = "0.0.0.0"\n[model]\nn_seq_max = 4\n')
     s = load_settings(str(cfg), env={"KVSERVE_SERVER_PORT": "9100"})
-    assert (s.server.port, s.server.host, s.model.n_seq_max) == (9100, "0.0.0.0", 4)
+    assert (s.server.port, s.server.host, s.models[0].engine.n_seq_max) == (9100, "0.0.0.0", 4)
     s = load_settings(
         str(cfg), env={"KVSERVE_SERVER_PORT": "9100"}, overrides={"server.port": 9200}
     )
     assert s.server.port == 9200
-    s = load_settings(env={"KVSERVE_SERVER_API_KEYS": "a, b"})
-    assert s.server.api_keys == ("a", "b")
+    # An engine key from the environment or a flag beats the model's own value.
+    s = load_settings(str(cfg), env={"KVSERVE_ENGINE_N_SEQ_MAX": "2"})
+    assert s.models[0].engine.n_seq_max == 2
+    s = load_settings(str(cfg), env={"KVSERVE_ENGINE_N_SEQ_MAX": "2"}, overrides={"engine.n_seq_max": 3})
+    assert s.models[0].engine.n_seq_max == 3
+    s = load_settings(env={"KVSERVE_AUTH_API_KEYS": "a, b", "KVSERVE_SERVER_SHUTDOWN_GRACE_S": "2.5"})
+    assert s.auth.api_keys == ("a", "b") and s.server.shutdown_grace_s == 2.5
+    s = load_settings(env={"KVSERVE_MODEL_ID": "m", "KVSERVE_MODEL_ALIASES": "x,y"})
+    assert (s.models[0].id, s.models[0].aliases) == ("m", ("x", "y"))
+
+
+def test_several_models_with_their_own_engine_settings(tmp_path: Path) -> None:
+    cfg = tmp_path / "k.toml"
+    cfg.write_text(
+        "[engine]\nn_ctx = 1024\nn_seq_max = 4\n"
+        f'[[models]]\nid = "a"\naliases = ["gpt-4o"]\npath = "{BUNDLED}"\n'
+        f'[[models]]\nid = "b"\npath = "{BUNDLED}"\nn_seq_max = 2\nchat_template = "{{{{ x }}}}"\n'
+    )
+    s = load_settings(str(cfg), env={})
+    a, b = s.models
+    assert (a.id, a.aliases, a.engine.n_ctx, a.engine.n_seq_max) == ("a", ("gpt-4o",), 1024, 4)
+    assert (b.id, b.engine.n_ctx, b.engine.n_seq_max, b.chat_template) == ("b", 1024, 2, "{{ x }}")
+    s = load_settings(str(cfg), env={}, overrides={"engine.n_ctx": 512})
+    assert [m.engine.n_ctx for m in s.models] == [512, 512]
+    with pytest.raises(ConfigError, match="--model-id: only with a single model"):
+        load_settings(
+            str(cfg), env={}, overrides={"model.id": "c"}, flag_names={"model.id": "--model-id"}
+        )
 
 
 @pytest.mark.parametrize(
@@ -36,9 +75,20 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
         ("[servr]\n", {}, "servr: unknown section"),
         ('[server]\nport = "x"\n', {}, "server.port: expected an integer"),
         ("[server]\nport = 0\n", {}, "server.port"),
+        ('[server]\nshutdown_grace_s = "soon"\n', {}, "server.shutdown_grace_s: expected a number"),
+        ("[server]\napi_keys = []\n", {}, "server.api_keys: unknown key"),
         ('[model]\npath = "/no/such.gguf"\n', {}, "model.path: file not found"),
+        ('[[models]]\npath = "/no/such.gguf"\n', {}, "models[0].path: file not found"),
+        ('[[models]]\nid = "a"\n[[models]]\nid = "b"\nbogus = 1\n', {}, "models[1].bogus: unknown key"),
+        ('[[models]]\nid = "a"\n[[models]]\naliases = ["a"]\n', {}, "models[1]: the name 'a' is used by two models"),
+        ('[model]\nid = "a"\n[[models]]\nid = "b"\n', {}, "not both"),
         ("[model]\nn_batch = 2\n", {}, "model.n_batch"),
-        ("", {"KVSERVE_MODEL_EMBEDDINGS": "maybe"}, "KVSERVE_MODEL_EMBEDDINGS"),
+        ("[engine]\nn_ctx = 0\n", {}, "engine.n_ctx: must be at least 1"),
+        ("[auth]\napi_keys = [1]\n", {}, "auth.api_keys: expected a list of strings"),
+        ('[logging]\nlevel = "loud"\n', {}, "logging.level"),
+        ("[logging]\njson = 1\n", {}, "logging.json: expected true or false"),
+        ("", {"KVSERVE_ENGINE_EMBEDDINGS": "maybe"}, "KVSERVE_ENGINE_EMBEDDINGS"),
+        ("", {"KVSERVE_SERVER_SHUTDOWN_GRACE_S": "inf"}, "KVSERVE_SERVER_SHUTDOWN_GRACE_S"),
         ("not toml [", {}, "not valid TOML"),
     ],
 )
@@ -52,38 +102,51 @@ def test_bad_configuration_names_the_key(
     assert fragment in str(err.value)
 
 
+def kvserve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "server", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
 def test_cli_reports_config_errors_in_one_line_with_exit_2(tmp_path: Path) -> None:
     cfg = tmp_path / "k.toml"
     cfg.write_text("[server]\nbogus = 1\n")
-    run = subprocess.run(
-        [sys.executable, "-m", "server", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = kvserve("--config", str(cfg))
     assert run.returncode == 2
     assert run.stderr.strip() == "kvserve: configuration error: server.bogus: unknown key"
+    run = kvserve("--model", "/no/such.gguf")
+    assert run.returncode == 2
+    assert run.stderr.strip() == "kvserve: configuration error: model.path: file not found: /no/such.gguf"
+    run = kvserve("--config", str(tmp_path / "missing.toml"))
+    assert run.returncode == 2 and "Traceback" not in run.stderr
 
 
-def test_print_config_masks_keys() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "server", "--print-config", "--api-key", "sk-secret"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert run.returncode == 0
-    assert "sk-secret" not in run.stdout and '"***"' in run.stdout
+def test_print_config_masks_keys(tmp_path: Path) -> None:
+    cfg = tmp_path / "k.toml"
+    cfg.write_text('[auth]\napi_keys = ["sk-file"]\n[[models]]\nid = "m"\n')
+    run = kvserve("--print-config", "--config", str(cfg), "--api-key", "sk-secret", "--parallel", "3")
+    assert run.returncode == 0, run.stderr
+    assert "sk-secret" not in run.stdout and "sk-file" not in run.stdout
+    shown = json.loads(run.stdout)
+    assert shown["auth"]["api_keys"] == ["***"]
+    assert shown["models"][0]["id"] == "m" and shown["models"][0]["path"] == BUNDLED
+    assert shown["models"][0]["engine"]["n_seq_max"] == 3
+    assert set(shown) == {f.name for f in dataclasses.fields(Settings)}
 
 
 def test_example_config_lists_every_key_with_its_default() -> None:
-    import dataclasses
-    import tomllib
-
-    from server.config import ModelSection, ServerSection
-
     example = tomllib.loads((Path(__file__).parents[2] / "config.example.toml").read_text())
-    for name, section in (("server", ServerSection()), ("model", ModelSection())):
-        defaults = dataclasses.asdict(section)
+    for name, cls in SECTIONS.items():
         listed = {k: tuple(v) if isinstance(v, list) else v for k, v in example[name].items()}
-        assert listed == defaults, name
+        assert listed == dataclasses.asdict(cls()), name
+    model = dataclasses.asdict(ModelSection())
+    del model["engine"]  # the [engine] section lists those
+    (entry,) = example["models"]
+    assert {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()} == model
+    assert set(example) == {*SECTIONS, "models"}
+    # ... and the example is a valid configuration as it stands.
+    assert load_settings(str(Path(__file__).parents[2] / "config.example.toml"), env={}) == Settings()

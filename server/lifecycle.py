@@ -1,0 +1,121 @@
+"""Running the app under uvicorn, and stopping it without losing work.
+
+uvicorn's own SIGTERM handling closes the listening socket and waits for open
+connections; sse-starlette, which patches uvicorn's signal handler, cancels every
+stream at once, so a stream in flight would be cut mid-sentence. kvserve handles the
+signal itself instead:
+
+1. First SIGTERM (or SIGINT): drain. New requests get 503 `shutting_down` (and
+   /health 503 `draining`, so a load balancer stops sending); in-flight requests
+   may finish within `server.shutdown_grace_s`.
+2. When the grace is over, what still runs is aborted: streams end with a final chunk
+   and `[DONE]`, other requests answer with what they have.
+3. Then uvicorn stops (socket closed, connections finished) and the lifespan closes
+   every engine (`Engine.close`), and the process exits with status 0.
+
+A second signal during the drain exits at once with status 1 (nothing is saved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import uvicorn
+
+if TYPE_CHECKING:
+    from server.access import AccessRecord
+    from server.config import Settings
+
+log = logging.getLogger("kvserve.server")
+
+# After the grace, aborted requests get this long to send their last bytes.
+ABORT_WAIT_S = 5.0
+
+
+class Lifecycle:
+    """The app's shutdown state: whether it drains, and the requests in flight."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.inflight: set[AccessRecord] = set()
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new requests, wait up to `grace_s` for in-flight ones, abort the rest."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        log.info("draining: %d request(s) in flight, grace %.1fs", len(self.inflight), grace_s)
+        if await self._wait_idle(loop.time() + grace_s):
+            return
+        log.warning("shutdown grace over: cancelling %d request(s)", len(self.inflight))
+        for record in list(self.inflight):
+            record.cancel()
+        await self._wait_idle(loop.time() + ABORT_WAIT_S)
+
+    async def _wait_idle(self, deadline: float) -> bool:
+        loop = asyncio.get_running_loop()
+        while self.inflight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return not self.inflight
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn.Server whose first signal drains the app before uvicorn stops."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, grace_s: float):
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.grace_s = grace_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signalled = False
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Deliberately not uvicorn's (nor sse-starlette's patched) handler: see the module
+        # docstring. Not recording the signal also keeps uvicorn from re-raising it at exit.
+        if self._signalled:
+            log.warning("second %s: exiting now", signal.Signals(sig).name)
+            logging.shutdown()
+            os._exit(1)
+        self._signalled = True
+        log.info("%s: shutting down", signal.Signals(sig).name)
+        if self._loop is None or not self.started:
+            self.should_exit = True
+            return
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await self.lifecycle.drain(self.grace_s)
+        finally:
+            self.should_exit = True
+
+
+def serve(settings: Settings) -> int:
+    """Run kvserve until a signal stops it; the exit status."""
+    from server.app import create_app
+
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        workers=1,  # the engine lives in this process: scale with replicas, not workers
+        log_config=None,  # our logging set-up (text or JSON) applies to uvicorn's lines too
+        log_level=settings.logging.level,
+        access_log=False,  # kvserve writes its own access lines (server.access)
+        timeout_graceful_shutdown=int(ABORT_WAIT_S),  # a backstop: the drain came first
+    )
+    GracefulServer(config, app.state.lifecycle, settings.server.shutdown_grace_s).run()
+    return 0

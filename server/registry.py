@@ -1,0 +1,73 @@
+"""The models this process serves: one engine each, found by id or alias."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from chat.template import ChatTemplate, TemplateError
+from server.errors import ServerError
+
+if TYPE_CHECKING:
+    from server.deps import EngineLike
+
+
+@dataclass(eq=False)
+class ServedModel:
+    """One `[[models]]` entry at run time: its names, its engine, its chat template."""
+
+    id: str
+    aliases: tuple[str, ...]
+    engine: EngineLike
+    template_override: str | None = None  # configured Jinja; None: the GGUF's own
+    _template: ChatTemplate | None = None
+
+    @property
+    def template(self) -> ChatTemplate:
+        """Built on first use: the GGUF's template is known once the model has loaded."""
+        if self._template is None:
+            info = self.engine.info
+            try:
+                self._template = ChatTemplate(
+                    self.template_override or info.chat_template,
+                    bos_token=info.bos_token,
+                    eos_token=info.eos_token,
+                    add_bos=info.add_bos,
+                )
+            except TemplateError as exc:
+                raise ServerError(str(exc)) from exc
+        return self._template
+
+
+class ModelRegistry:
+    """Served models by name; the first one is the default (for /tokenize and the like)."""
+
+    def __init__(self, models: list[ServedModel]):
+        if not models:
+            raise ValueError("at least one model is needed")
+        self.models = models
+        self._by_name: dict[str, ServedModel] = {}
+        for model in models:
+            for name in (model.id, *model.aliases):
+                if name in self._by_name:
+                    raise ValueError(f"the model name {name!r} is used twice")
+                self._by_name[name] = model
+
+    def get(self, name: str) -> ServedModel | None:
+        return self._by_name.get(name)
+
+    @property
+    def default(self) -> ServedModel:
+        return self.models[0]
+
+    @property
+    def engines(self) -> list[EngineLike]:
+        return [m.engine for m in self.models]
+
+    @property
+    def ids(self) -> list[str]:
+        return [m.id for m in self.models]
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self.models)
