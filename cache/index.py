@@ -53,6 +53,9 @@ class BlockIndex:
     def keys(self) -> list[str]:
         return list(self._entries)
 
+    def entries(self) -> list[IndexedEntry]:
+        return list(self._entries.values())
+
     def get(self, key: str) -> IndexedEntry | None:
         return self._entries.get(key)
 

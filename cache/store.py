@@ -16,7 +16,6 @@ before it are discarded rather than landing afterwards.
 from __future__ import annotations
 
 import logging
-import queue
 import re
 import threading
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from cache.index import BlockIndex, IndexedEntry
 from cache.keys import block_hashes, entry_key, seed
 from cache.ram import RamTier
 from cache.types import CacheConfig, CacheHit, CacheStats, Entry, TierStats
+from cache.writer import Writer
 
 log = logging.getLogger(__name__)
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -62,7 +62,6 @@ class PrefixCache:
         self._block = config.block_tokens
         self._min_tokens = max(config.min_tokens, config.block_tokens)
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # notified when _pending drops to 0
         self._index = BlockIndex(config.block_tokens)
         self._ram = RamTier(config.ram_bytes)
         self._disk = (
@@ -72,15 +71,12 @@ class PrefixCache:
         )
         self._counts = _Counters()
         self._generation = 0
-        self._pending = 0  # saves accepted and not yet finished by the writer
         self._writing: str | None = None  # the key whose disk write is in flight
         self._closed = not config.enabled
-        self._queue: queue.Queue[_Save | None] = queue.Queue(config.writer_queue)
         self._load_disk_index()
-        self._writer = threading.Thread(target=self._write_loop, name="kv-cache-writer")
-        self._writer.daemon = True  # a writer stuck on a dead disk must not block exit
-        if config.enabled:
-            self._writer.start()
+        self._writer: Writer[_Save] | None = (
+            Writer(self._store, self._count_error, config.writer_queue) if config.enabled else None
+        )
 
     def _load_disk_index(self) -> None:
         if self._disk is None:
@@ -148,7 +144,8 @@ class PrefixCache:
         """Queue `state` (the KV state for exactly `tokens`) for storing; never blocks.
         False when not taken: the cache is closed or disabled, the prefix is shorter than
         max(min_tokens, block_tokens), or the writer queue is full (counted as dropped)."""
-        if self._closed or len(tokens) < self._min_tokens:
+        writer = self._writer
+        if writer is None or self._closed or len(tokens) < self._min_tokens:
             return False
         prompt = tuple(tokens)
         chain_seed = seed(self.namespace, salt)
@@ -161,27 +158,14 @@ class PrefixCache:
             if self._index.covering(prompt, hashes) is not None:
                 self._counts.saves_skipped += 1
                 return True
-            try:
-                self._queue.put_nowait(_Save(entry, hashes, self._generation))
-            except queue.Full:
+            if not writer.submit(_Save(entry, hashes, self._generation)):
                 self._counts.saves_dropped += 1
                 return False
-            self._pending += 1
         return True
 
-    def _write_loop(self) -> None:
-        while (job := self._queue.get()) is not None:
-            try:
-                self._store(job)
-            except Exception:  # a bug here must not kill the writer and hang flush()
-                log.exception("cache: storing an entry failed")
-                with self._lock:
-                    self._counts.save_errors += 1
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                    if self._pending == 0:
-                        self._idle.notify_all()
+    def _count_error(self) -> None:
+        with self._lock:
+            self._counts.save_errors += 1
 
     def _store(self, job: _Save) -> None:
         entry, hashes = job.entry, job.hashes
@@ -272,6 +256,28 @@ class PrefixCache:
                 corrupt_removed=self._disk.corrupt_removed if self._disk is not None else 0,
             )
 
+    def check_integrity(self) -> None:
+        """Raise RuntimeError unless the index and the tiers agree. For tests and idle
+        moments: call it after flush(), with no save in flight."""
+        problems: list[str] = []
+        with self._lock:
+            in_ram = {info.key for info in self._ram.infos()}
+            on_disk = {info.key for info in self._disk.infos()} if self._disk else set()
+            if (in_ram | on_disk) - set(self._index.keys()):
+                problems.append("tier entries missing from the index")
+            for indexed in self._index.entries():
+                key = indexed.info.key
+                if indexed.on_disk != (key in on_disk):
+                    problems.append(f"{key}: the index is wrong about its disk copy")
+                elif key not in in_ram | on_disk:
+                    problems.append(f"{key}: indexed but in no tier")
+            if self._ram.stats().bytes > self.config.ram_bytes:
+                problems.append("the RAM tier is over budget")
+            if self._disk and self._disk.stats().bytes > self.config.disk_bytes:
+                problems.append("the disk tier is over budget")
+        if problems:
+            raise RuntimeError("; ".join(problems))
+
     def purge(self) -> int:
         """Drop every entry of this namespace in both tiers; the number of entries."""
         with self._lock:
@@ -286,19 +292,11 @@ class PrefixCache:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted save is stored (or failed); False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        return self._writer is None or self._writer.flush(timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Refuse new saves, flush the queued ones, and stop the writer thread."""
+        """Refuse new saves, store the queued ones, and stop the writer thread."""
         with self._lock:
-            if self._closed and not self._writer.is_alive():
-                return
             self._closed = True
-        self.flush(timeout)
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            log.warning("cache: writer still busy at close; leaving it behind")
-            return
-        self._writer.join(timeout)
+        if self._writer is not None:
+            self._writer.close(timeout)
