@@ -101,7 +101,7 @@ class PrefixCache:
         prompt = tuple(tokens)
         hashes = block_hashes(prompt, self._block, seed(self.namespace, salt))
         with self._lock:
-            match = self._index.best_match(prompt, hashes)
+            match = self._index.best_match(prompt, hashes, prefer=self._ram.contains)
             if match is None:
                 self._count_miss(ram=True)
                 return None

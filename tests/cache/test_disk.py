@@ -159,3 +159,13 @@ def test_a_write_error_fails_only_that_save(
     saved(cache, B)  # the cache goes on working
     assert cache.stats().disk.entries == 1 and cache.stats().save_errors == 1
     assert len(kv_files(tmp_path)) == 1
+
+
+def test_equal_matches_prefer_the_entry_in_ram(make_cache: MakeCache) -> None:
+    x, y = [*range(8), 50, 51, 52, 53], [*range(8), 60, 61, 62, 63]
+    cache = make_cache(ram_bytes=100 + 4 * 12)  # one entry
+    saved(cache, y, x)  # x is the newer entry, and now the one in RAM
+    assert cache.lookup(y) is not None  # promotes y, evicting x from RAM
+    hit = cache.lookup([*range(8), 70, 71, 72, 73])  # 8 tokens common with either
+    assert hit is not None and hit.num_matched == 8
+    assert hit.tier == "ram" and hit.tokens == tuple(y)
