@@ -20,13 +20,17 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from cache.disk import DiskTier
 from cache.index import BlockIndex, IndexedEntry
 from cache.keys import block_hashes, entry_key, seed
 from cache.ram import RamTier
-from cache.types import CacheConfig, CacheHit, CacheStats, Entry, TierStats
+from cache.types import CacheConfig, CacheHit, CacheStats, Entry, Tier, TierStats
 from cache.writer import Writer
+
+if TYPE_CHECKING:  # both tiers offer the narrow interface another tier would implement
+    _TIERS: tuple[type[Tier], ...] = (RamTier, DiskTier)
 
 log = logging.getLogger(__name__)
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.-]+")
