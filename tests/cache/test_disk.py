@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -124,12 +125,13 @@ def test_disk_budget_deletes_the_least_used_files(make_cache: MakeCache, tmp_pat
 
 
 def fail_once(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The writer thread's next os.<name> call fails as on a full disk."""
     real = getattr(os, name)
-    calls = {"n": 0}
+    failed = threading.Event()
 
     def failing(*args: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 1:
+        if threading.current_thread().name == "kv-cache-writer" and not failed.is_set():
+            failed.set()
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(*args)
 

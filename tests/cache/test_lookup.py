@@ -138,3 +138,15 @@ def test_namespace_must_be_a_plain_name(bad: str) -> None:
 def test_config_rejects_out_of_range_values(field: str) -> None:
     with pytest.raises(ValueError, match=field):
         CacheConfig(**{field: -1})  # type: ignore[arg-type]
+
+
+def test_ram_budget_evicts_the_least_used_entry(make_cache: MakeCache) -> None:
+    a, b, c, d = ([i] * 8 for i in range(4))
+    cache = make_cache(disk_dir="", ram_bytes=3 * (100 + 4 * 8))
+    saved(cache, a, b, c)
+    assert cache.lookup(a) is not None  # a is used again: b is now the least used
+    saved(cache, d)
+    assert cache.lookup(b) is None
+    assert all(cache.lookup(t) is not None for t in (a, c, d))
+    stats = cache.stats()
+    assert (stats.ram.entries, stats.ram.evictions, stats.ram.bytes) == (3, 1, 3 * 132)
