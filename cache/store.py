@@ -1,9 +1,9 @@
-"""PrefixCache: the tiered store the engine talks to, and its writer thread.
+"""PrefixCache: the tiered store the engine talks to.
 
 Threads: lookup() runs on the engine thread or a worker of the asyncio loop, save() on
-the engine thread, the writer thread stores saves. One lock covers the index, the RAM
-tier and the counters, and is never held across file I/O: a disk load or write happens
-between two short critical sections, so a lookup never waits for a 46 MB write.
+the engine thread, and the writer thread (cache/writer.py) stores saves. One lock covers
+the index, the RAM tier and the counters, and is never held across file I/O: a disk
+load or write happens between two short critical sections.
 
 Invariant: every indexed entry is in RAM, on disk, or both. A saved entry goes into RAM
 first (visible at once), then to disk (write-through, so a crashed server restarts
@@ -246,35 +246,30 @@ class PrefixCache:
 
     def stats(self) -> CacheStats:
         with self._lock:
-            c = self._counts
-            disk = self._disk.stats() if self._disk is not None else None
+            c, disk = self._counts, self._disk
             return CacheStats(
                 ram=replace(self._ram.stats(), hits=c.ram_hits, misses=c.ram_misses),
-                disk=TierStats()
-                if disk is None
-                else replace(disk, hits=c.disk_hits, misses=c.disk_misses),
+                disk=replace(disk.stats(), hits=c.disk_hits, misses=c.disk_misses)
+                if disk
+                else TierStats(),
                 saves=c.saves,
                 saves_dropped=c.saves_dropped,
                 save_errors=c.save_errors,
                 saves_skipped=c.saves_skipped,
-                corrupt_removed=self._disk.corrupt_removed if self._disk is not None else 0,
+                corrupt_removed=disk.corrupt_removed if disk else 0,
             )
 
     def check_integrity(self) -> None:
         """Raise RuntimeError unless the index and the tiers agree. For tests and idle
         moments: call it after flush(), with no save in flight."""
-        problems: list[str] = []
         with self._lock:
             in_ram = {info.key for info in self._ram.infos()}
             on_disk = {info.key for info in self._disk.infos()} if self._disk else set()
-            if (in_ram | on_disk) - set(self._index.keys()):
-                problems.append("tier entries missing from the index")
+            problems = [f"{k}: not indexed" for k in (in_ram | on_disk) - set(self._index.keys())]
             for indexed in self._index.entries():
                 key = indexed.info.key
-                if indexed.on_disk != (key in on_disk):
-                    problems.append(f"{key}: the index is wrong about its disk copy")
-                elif key not in in_ram | on_disk:
-                    problems.append(f"{key}: indexed but in no tier")
+                if indexed.on_disk != (key in on_disk) or key not in in_ram | on_disk:
+                    problems.append(f"{key}: the index is wrong about where it is")
             if self._ram.stats().bytes > self.config.ram_bytes:
                 problems.append("the RAM tier is over budget")
             if self._disk and self._disk.stats().bytes > self.config.disk_bytes:

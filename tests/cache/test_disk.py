@@ -171,3 +171,23 @@ def test_equal_matches_prefer_the_entry_in_ram(make_cache: MakeCache) -> None:
     hit = cache.lookup([*range(8), 70, 71, 72, 73])  # 8 tokens common with either
     assert hit is not None and hit.num_matched == 8
     assert hit.tier == "ram" and hit.tokens == tuple(y)
+
+
+def test_an_unreadable_file_is_a_miss_not_an_error(
+    make_cache: MakeCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = make_cache(ram_bytes=0)
+    saved(cache, A)
+    real_open = open
+
+    def failing_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith(".kv"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", failing_open)
+    assert cache.lookup(A) is None  # transient: the file is kept
+    monkeypatch.undo()
+    hit = cache.lookup(A)
+    assert hit is not None and hit.state == state_for(A)
+    assert cache.stats().corrupt_removed == 0

@@ -127,5 +127,5 @@ def test_check_integrity_notices_a_lost_file(make_cache: MakeCache) -> None:
     cache.check_integrity()
     assert cache._disk is not None
     cache._disk.clear()  # behind the index's back
-    with pytest.raises(RuntimeError, match="disk copy"):
+    with pytest.raises(RuntimeError, match="wrong about where"):
         cache.check_integrity()
