@@ -132,7 +132,8 @@ class PrefixCache:
             self._counts.disk_hits += 1
             promote = self._index.get(key) is indexed and not self._ram.contains(key)
             if promote and self._ram.fits(entry):
-                self._drop_ram_copies(self._ram.put(entry, self._protected()))
+                protect = [self._writing] if self._writing else []  # not yet on disk
+                self._drop_ram_copies(self._ram.put(entry, protect))
             return CacheHit(entry.tokens, entry.state, num_matched, "disk")
 
     def _count_miss(self, ram: bool) -> None:
@@ -218,9 +219,6 @@ class PrefixCache:
             return False, []
 
     # -- tier bookkeeping (lock held) -----------------------------------------------------
-
-    def _protected(self) -> tuple[str, ...]:
-        return (self._writing,) if self._writing is not None else ()
 
     def _drop_ram_copies(self, evicted: list[str]) -> None:
         """RAM evicted these: entries with no disk copy are gone."""
