@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -12,24 +13,38 @@ from cache import PrefixCache
 from tests.cache.conftest import MakeCache
 from tests.cache.util import saved, state_for
 
-
-def block_writer(cache: PrefixCache) -> tuple[threading.Event, threading.Event]:
-    """Make the writer stop inside its next save until `release` is set."""
-    entered, release = threading.Event(), threading.Event()
-    writer = cache._writer
-    assert writer is not None
-    store = writer._run
-
-    def blocked(job: Any) -> None:
-        entered.set()
-        release.wait()
-        store(job)
-
-    writer._run = blocked
-    return entered, release
+BlockWriter = Callable[[PrefixCache], tuple[threading.Event, threading.Event]]
 
 
-def test_a_saturated_writer_drops_and_counts_without_blocking(make_cache: MakeCache) -> None:
+@pytest.fixture
+def block_writer(make_cache: MakeCache) -> Iterator[BlockWriter]:
+    """Make a cache's writer stop inside its next save until `release` is set (at the
+    latest when the test ends, so a failing test does not leave the writer stuck)."""
+    releases: list[threading.Event] = []
+
+    def block(cache: PrefixCache) -> tuple[threading.Event, threading.Event]:
+        entered, release = threading.Event(), threading.Event()
+        releases.append(release)
+        writer = cache._writer
+        assert writer is not None
+        store = writer._run
+
+        def blocked(job: Any) -> None:
+            entered.set()
+            release.wait()
+            store(job)
+
+        writer._run = blocked
+        return entered, release
+
+    yield block
+    for release in releases:
+        release.set()
+
+
+def test_a_saturated_writer_drops_and_counts_without_blocking(
+    make_cache: MakeCache, block_writer: BlockWriter
+) -> None:
     cache = make_cache(writer_queue=2)
     entered, release = block_writer(cache)
     lists = [[i] * 8 for i in range(5)]
@@ -55,7 +70,9 @@ def test_a_saturated_writer_drops_and_counts_without_blocking(make_cache: MakeCa
     assert cache.lookup(lists[3]) is None and cache.lookup(lists[2]) is not None
 
 
-def test_saves_queued_before_a_purge_do_not_land_after_it(make_cache: MakeCache) -> None:
+def test_saves_queued_before_a_purge_do_not_land_after_it(
+    make_cache: MakeCache, block_writer: BlockWriter
+) -> None:
     cache = make_cache()
     entered, release = block_writer(cache)
     first, second = [1] * 8, [2] * 8
@@ -129,3 +146,32 @@ def test_check_integrity_notices_a_lost_file(make_cache: MakeCache) -> None:
     cache._disk.clear()  # behind the index's back
     with pytest.raises(RuntimeError, match="wrong about where"):
         cache.check_integrity()
+
+
+def test_an_entry_is_not_evicted_from_ram_before_it_is_on_disk(make_cache: MakeCache) -> None:
+    a, b = [1] * 8, [2] * 8
+    cache = make_cache(ram_bytes=100 + 4 * 8)  # one entry
+    saved(cache, a)
+    disk = cache._disk
+    assert disk is not None
+    entered, release = threading.Event(), threading.Event()
+    write = disk._write
+
+    def slow_write(entry: Any) -> int:
+        entered.set()
+        release.wait()
+        return write(entry)
+
+    disk._write = slow_write  # type: ignore[method-assign]
+    assert cache.save(b, state_for(b))
+    try:
+        assert entered.wait(timeout=30)  # b is in RAM only, its file not written yet
+        promoted = cache.lookup(a)  # a disk hit whose promotion needs b's room
+        assert promoted is not None and promoted.tier == "disk"
+        pending = cache.lookup(b)
+        assert pending is not None and pending.tier == "ram"
+    finally:
+        release.set()
+    assert cache.flush(timeout=30)
+    cache.check_integrity()  # back within budget, b on disk
+    assert cache.stats().disk.entries == 2 and cache.stats().ram.entries == 1
