@@ -26,8 +26,11 @@ from cache import CacheConfig, PrefixCache
 
 def percentiles(samples: list[float]) -> str:
     ms = sorted(s * 1000 for s in samples)
-    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
-    return f"median {statistics.median(ms):.3f} ms, p99 {p99:.3f} ms"
+
+    def at(q: float) -> float:
+        return ms[min(len(ms) - 1, int(len(ms) * q))]
+
+    return f"median {statistics.median(ms):.3f} ms, p95 {at(0.95):.3f} ms, p99 {at(0.99):.3f} ms"
 
 
 def timed(fn: Callable[[], object], repeat: int) -> list[float]:
