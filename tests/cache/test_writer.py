@@ -103,6 +103,7 @@ def test_concurrent_lookups_and_saves_return_only_true_states(make_cache: MakeCa
     heads = [[h] * 4 + [h + 1] * 4 for h in range(6)]
     for head in heads:
         assert cache.save(head, state_for(head, 1000))
+    assert cache.flush(timeout=60)
     errors: list[str] = []
 
     def worker(seed: int) -> None:
