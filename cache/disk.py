@@ -81,8 +81,8 @@ class DiskTier:
         _unlink_quietly(path)
 
     def get(self, key: str) -> Entry | None:
-        """The entry, checksum verified; None if absent. A corrupt or unreadable file is
-        deleted, counted and reported as absent: never an exception."""
+        """The entry, checksum verified; None if absent or unreadable. A corrupt file is
+        deleted and counted. Never raises."""
         with self._lock:
             info = self._infos.get(key)
         if info is None:
@@ -96,7 +96,10 @@ class DiskTier:
         except FileNotFoundError:  # deleted meanwhile (evicted, purged, or by hand)
             self.delete(key)
             return None
-        except (OSError, record.CorruptRecord) as e:
+        except OSError as e:  # unreadable now (EIO, EMFILE...): a miss, kept for later
+            log.warning("cache: cannot read %s: %s", self._path(key), e)
+            return None
+        except record.CorruptRecord as e:
             with self._lock:
                 if self._infos.pop(key, None) is not None:
                     self._policy.remove(key)

@@ -10,7 +10,7 @@ locks.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cache.types import EntryInfo
@@ -53,6 +53,9 @@ class BlockIndex:
     def keys(self) -> list[str]:
         return list(self._entries)
 
+    def entries(self) -> list[IndexedEntry]:
+        return list(self._entries.values())
+
     def get(self, key: str) -> IndexedEntry | None:
         return self._entries.get(key)
 
@@ -77,23 +80,27 @@ class BlockIndex:
         return entry
 
     def best_match(
-        self, tokens: tuple[int, ...], hashes: Sequence[bytes]
+        self,
+        tokens: tuple[int, ...],
+        hashes: Sequence[bytes],
+        prefer: Callable[[str], bool] = lambda key: False,
     ) -> tuple[IndexedEntry, int] | None:
-        """The entry sharing the longest prefix with `tokens`, and that length."""
+        """The entry sharing the longest prefix with `tokens`, and that length; among
+        equally long ones, one that `prefer` likes (PrefixCache: one already in RAM)."""
         depth = next((k for k in range(len(hashes), 0, -1) if hashes[k - 1] in self._through), 0)
         if depth == 0:
             return None
         start = depth * self._block
         best: IndexedEntry | None = None
-        best_len = -1
+        best_rank = (-1, False)
         for key in itertools.islice(reversed(self._through[hashes[depth - 1]]), MAX_CANDIDATES):
             candidate = self._entries[key]
-            length = _extend(candidate.tokens, tokens, start)
-            if length > best_len:
-                best, best_len = candidate, length
+            rank = (_extend(candidate.tokens, tokens, start), prefer(key))
+            if rank > best_rank:
+                best, best_rank = candidate, rank
         if best is None or best.tokens[:start] != tokens[:start]:  # a hash collision
             return None
-        return best, best_len
+        return best, best_rank[0]
 
     def covering(self, tokens: tuple[int, ...], hashes: Sequence[bytes]) -> IndexedEntry | None:
         """A stored entry whose tokens start with all of `tokens` (equal counts)."""

@@ -1,9 +1,9 @@
-"""PrefixCache: the tiered store the engine talks to, and its writer thread.
+"""PrefixCache: the tiered store the engine talks to.
 
 Threads: lookup() runs on the engine thread or a worker of the asyncio loop, save() on
-the engine thread, the writer thread stores saves. One lock covers the index, the RAM
-tier and the counters, and is never held across file I/O: a disk load or write happens
-between two short critical sections, so a lookup never waits for a 46 MB write.
+the engine thread, and the writer thread (cache/writer.py) stores saves. One lock covers
+the index, the RAM tier and the counters, and is never held across file I/O: a disk
+load or write happens between two short critical sections.
 
 Invariant: every indexed entry is in RAM, on disk, or both. A saved entry goes into RAM
 first (visible at once), then to disk (write-through, so a crashed server restarts
@@ -16,17 +16,21 @@ before it are discarded rather than landing afterwards.
 from __future__ import annotations
 
 import logging
-import queue
 import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from cache.disk import DiskTier
 from cache.index import BlockIndex, IndexedEntry
 from cache.keys import block_hashes, entry_key, seed
 from cache.ram import RamTier
-from cache.types import CacheConfig, CacheHit, CacheStats, Entry, TierStats
+from cache.types import CacheConfig, CacheHit, CacheStats, Entry, Tier, TierStats
+from cache.writer import Writer
+
+if TYPE_CHECKING:  # both tiers offer the narrow interface another tier would implement
+    _TIERS: tuple[type[Tier], ...] = (RamTier, DiskTier)
 
 log = logging.getLogger(__name__)
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -62,7 +66,6 @@ class PrefixCache:
         self._block = config.block_tokens
         self._min_tokens = max(config.min_tokens, config.block_tokens)
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)  # notified when _pending drops to 0
         self._index = BlockIndex(config.block_tokens)
         self._ram = RamTier(config.ram_bytes)
         self._disk = (
@@ -72,15 +75,12 @@ class PrefixCache:
         )
         self._counts = _Counters()
         self._generation = 0
-        self._pending = 0  # saves accepted and not yet finished by the writer
         self._writing: str | None = None  # the key whose disk write is in flight
         self._closed = not config.enabled
-        self._queue: queue.Queue[_Save | None] = queue.Queue(config.writer_queue)
         self._load_disk_index()
-        self._writer = threading.Thread(target=self._write_loop, name="kv-cache-writer")
-        self._writer.daemon = True  # a writer stuck on a dead disk must not block exit
-        if config.enabled:
-            self._writer.start()
+        self._writer: Writer[_Save] | None = (
+            Writer(self._store, self._count_error, config.writer_queue) if config.enabled else None
+        )
 
     def _load_disk_index(self) -> None:
         if self._disk is None:
@@ -105,7 +105,7 @@ class PrefixCache:
         prompt = tuple(tokens)
         hashes = block_hashes(prompt, self._block, seed(self.namespace, salt))
         with self._lock:
-            match = self._index.best_match(prompt, hashes)
+            match = self._index.best_match(prompt, hashes, prefer=self._ram.contains)
             if match is None:
                 self._count_miss(ram=True)
                 return None
@@ -132,7 +132,8 @@ class PrefixCache:
             self._counts.disk_hits += 1
             promote = self._index.get(key) is indexed and not self._ram.contains(key)
             if promote and self._ram.fits(entry):
-                self._drop_ram_copies(self._ram.put(entry, self._protected()))
+                protect = [self._writing] if self._writing else []  # not yet on disk
+                self._drop_ram_copies(self._ram.put(entry, protect))
             return CacheHit(entry.tokens, entry.state, num_matched, "disk")
 
     def _count_miss(self, ram: bool) -> None:
@@ -148,7 +149,8 @@ class PrefixCache:
         """Queue `state` (the KV state for exactly `tokens`) for storing; never blocks.
         False when not taken: the cache is closed or disabled, the prefix is shorter than
         max(min_tokens, block_tokens), or the writer queue is full (counted as dropped)."""
-        if self._closed or len(tokens) < self._min_tokens:
+        writer = self._writer
+        if writer is None or self._closed or len(tokens) < self._min_tokens:
             return False
         prompt = tuple(tokens)
         chain_seed = seed(self.namespace, salt)
@@ -161,27 +163,14 @@ class PrefixCache:
             if self._index.covering(prompt, hashes) is not None:
                 self._counts.saves_skipped += 1
                 return True
-            try:
-                self._queue.put_nowait(_Save(entry, hashes, self._generation))
-            except queue.Full:
+            if not writer.submit(_Save(entry, hashes, self._generation)):
                 self._counts.saves_dropped += 1
                 return False
-            self._pending += 1
         return True
 
-    def _write_loop(self) -> None:
-        while (job := self._queue.get()) is not None:
-            try:
-                self._store(job)
-            except Exception:  # a bug here must not kill the writer and hang flush()
-                log.exception("cache: storing an entry failed")
-                with self._lock:
-                    self._counts.save_errors += 1
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                    if self._pending == 0:
-                        self._idle.notify_all()
+    def _count_error(self) -> None:
+        with self._lock:
+            self._counts.save_errors += 1
 
     def _store(self, job: _Save) -> None:
         entry, hashes = job.entry, job.hashes
@@ -231,9 +220,6 @@ class PrefixCache:
 
     # -- tier bookkeeping (lock held) -----------------------------------------------------
 
-    def _protected(self) -> tuple[str, ...]:
-        return (self._writing,) if self._writing is not None else ()
-
     def _drop_ram_copies(self, evicted: list[str]) -> None:
         """RAM evicted these: entries with no disk copy are gone."""
         for key in evicted:
@@ -258,19 +244,36 @@ class PrefixCache:
 
     def stats(self) -> CacheStats:
         with self._lock:
-            c = self._counts
-            disk = self._disk.stats() if self._disk is not None else None
+            c, disk = self._counts, self._disk
             return CacheStats(
                 ram=replace(self._ram.stats(), hits=c.ram_hits, misses=c.ram_misses),
-                disk=TierStats()
-                if disk is None
-                else replace(disk, hits=c.disk_hits, misses=c.disk_misses),
+                disk=replace(disk.stats(), hits=c.disk_hits, misses=c.disk_misses)
+                if disk
+                else TierStats(),
                 saves=c.saves,
                 saves_dropped=c.saves_dropped,
                 save_errors=c.save_errors,
                 saves_skipped=c.saves_skipped,
-                corrupt_removed=self._disk.corrupt_removed if self._disk is not None else 0,
+                corrupt_removed=disk.corrupt_removed if disk else 0,
             )
+
+    def check_integrity(self) -> None:
+        """Raise RuntimeError unless the index and the tiers agree. For tests and idle
+        moments: call it after flush(), with no save in flight."""
+        with self._lock:
+            in_ram = {info.key for info in self._ram.infos()}
+            on_disk = {info.key for info in self._disk.infos()} if self._disk else set()
+            problems = [f"{k}: not indexed" for k in (in_ram | on_disk) - set(self._index.keys())]
+            for indexed in self._index.entries():
+                key = indexed.info.key
+                if indexed.on_disk != (key in on_disk) or key not in in_ram | on_disk:
+                    problems.append(f"{key}: the index is wrong about where it is")
+            if self._ram.stats().bytes > self.config.ram_bytes:
+                problems.append("the RAM tier is over budget")
+            if self._disk and self._disk.stats().bytes > self.config.disk_bytes:
+                problems.append("the disk tier is over budget")
+        if problems:
+            raise RuntimeError("; ".join(problems))
 
     def purge(self) -> int:
         """Drop every entry of this namespace in both tiers; the number of entries."""
@@ -286,19 +289,11 @@ class PrefixCache:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted save is stored (or failed); False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        return self._writer is None or self._writer.flush(timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Refuse new saves, flush the queued ones, and stop the writer thread."""
+        """Refuse new saves, store the queued ones, and stop the writer thread."""
         with self._lock:
-            if self._closed and not self._writer.is_alive():
-                return
             self._closed = True
-        self.flush(timeout)
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            log.warning("cache: writer still busy at close; leaving it behind")
-            return
-        self._writer.join(timeout)
+        if self._writer is not None:
+            self._writer.close(timeout)
