@@ -25,8 +25,36 @@ TokenId = Annotated[int, Field(ge=0)]
 StopText = Annotated[str, Field(max_length=1000)]
 
 
+def _has_lone_surrogate(value: Any) -> bool:
+    """JSON may escape a lone UTF-16 surrogate ("\\ud800"), and Python's json decodes it
+    (and UTF-8-encoded ones) into a str that cannot be encoded back to UTF-8: the
+    tokenizer would fail on it. Iterative, so deep nesting cannot exhaust the stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and Infinity are JSON extensions Python accepts; no field of ours means them.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        if _has_lone_surrogate(value):
+            raise ValueError("text must be valid Unicode (it contains a lone surrogate)")
+        return value
 
     def log_unknown(self, where: str) -> None:
         if self.model_extra:
