@@ -22,7 +22,7 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 TokenId = Annotated[int, Field(ge=0)]
 # Stop strings are matched against the tail of the text after every token: bounded, so
 # that a request cannot make each token cost a scan of megabytes.
-StopText = Annotated[str, Field(max_length=1000)]
+StopText = Annotated[str, Field(min_length=1, max_length=1000)]
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -73,7 +73,7 @@ class SamplingExtras(_Open):
     n: Annotated[int, Field(ge=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: StopText | list[StopText] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
@@ -101,16 +101,6 @@ class SamplingExtras(_Open):
     mirostat_eta: Annotated[float, Field(ge=0.0)] | None = None
     ignore_eos: bool | None = None
     grammar: Annotated[str, Field(max_length=256 * 1024)] | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        stops = [stop] if isinstance(stop, str) else (stop or [])
-        if len(stops) > 16:
-            raise ValueError("at most 16 stop sequences are allowed")
-        if any(not s for s in stops):
-            raise ValueError("stop sequences must not be empty")
-        return stop
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -197,7 +187,15 @@ class ChatCompletionRequest(SamplingExtras):
                 raise BadRequest(f"{where}.content is required", param=f"{where}.content")
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+# Non-empty throughout, as the schema says (token ids are range-checked per model).
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[int], Field(min_length=1)]
+Prompt = (
+    Text
+    | Annotated[list[Text], Field(min_length=1)]
+    | TokenIds
+    | Annotated[list[TokenIds], Field(min_length=1)]
+)
 
 
 class CompletionRequest(SamplingExtras):

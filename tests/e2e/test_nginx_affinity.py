@@ -62,7 +62,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, lis
     if NGINX is None:
         pytest.skip("nginx is not installed (apt-get install nginx; .ci/run does it)")
     tmp = tmp_path_factory.mktemp("nginx")
-    args = ["--parallel", "2", "--n-ctx", "1024", "--threads", "1"]
+    args = [
+        "--parallel",
+        "2",
+        "--n-ctx",
+        "1024",
+        "--threads",
+        "1",
+    ]  # one thread: see reliability/conftest.py
     with ExitStack() as stack:
         # start both replicas first, then wait: their model loads overlap
         replicas = [stack.enter_context(running(args, tmp, wait=False)) for _ in range(2)]
