@@ -33,7 +33,9 @@ async def greedy_text(engine: Engine, prompt: tuple[int, ...], **penalties: floa
 
 
 async def test_penalties_apply_and_change_greedy_output() -> None:
-    engine = Engine(EngineConfig(default_model_path(), "smol", n_seq_max=1, n_ctx=256))
+    # one thread: cheaper on a busy 2-core machine (see tests/reliability/conftest.py)
+    config = EngineConfig(default_model_path(), "smol", n_seq_max=1, n_ctx=256, n_threads=1)
+    engine = Engine(config)
     engine.start()
     try:
         while engine.state.value == "loading":
