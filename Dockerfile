@@ -1,33 +1,58 @@
-# kvserve: OpenAI-compatible server on llama.cpp, one process, one engine.
-# Build stage compiles llama-cpp-python (about 5 minutes on 2 cores); the runtime stage
-# carries only the virtualenv.
-FROM python:3.11-slim-bookworm AS build
+# kvserve: an OpenAI-compatible server on llama.cpp; one process, one in-process engine.
+#
+#   docker build -t kvserve .
+#   docker run -p 8080:8080 -v kvserve-cache:/var/cache/kvserve kvserve
+#
+# Stage 1 compiles llama-cpp-python (about 5 minutes on 2 cores) and builds wheels of
+# kvserve and every dependency; stage 2 installs those wheels offline and carries no
+# compiler. Scale by running more containers (replicas), never more workers per container.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS builder
 RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential cmake \
+ && apt-get install -y --no-install-recommends build-essential cmake git \
  && rm -rf /var/lib/apt/lists/*
+# Portable CPU code (no -march=native): the image may run on another CPU than the builder.
+ENV CMAKE_ARGS="-DGGML_NATIVE=OFF" \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY server ./server
 COPY engine ./engine
 COPY cache ./cache
 COPY chat ./chat
-RUN python -m venv /opt/kvserve \
- && /opt/kvserve/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/kvserve/bin/pip install --no-cache-dir .
+RUN pip wheel --wheel-dir /wheels .
 
-FROM python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE} AS runtime
+# libgomp1: llama.cpp's OpenMP threads. No compilers, no curl: the health check is Python.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libgomp1 curl \
+ && apt-get install -y --no-install-recommends libgomp1 \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --create-home --uid 10001 kvserve
-COPY --from=build /opt/kvserve /opt/kvserve
+ && groupadd --system --gid 10001 kvserve \
+ && useradd --system --uid 10001 --gid kvserve --home-dir /home/kvserve --create-home kvserve \
+ && mkdir -p /var/cache/kvserve /etc/kvserve \
+ && chown kvserve:kvserve /var/cache/kvserve
+COPY --from=builder /wheels /tmp/wheels
+RUN python -m venv /opt/kvserve \
+ && /opt/kvserve/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels kvserve \
+ && rm -rf /tmp/wheels
+# Configuration: mount a TOML file (-v ./kvserve.toml:/etc/kvserve/kvserve.toml:ro and
+# add `--config /etc/kvserve/kvserve.toml`) or set KVSERVE_<SECTION>_<KEY> variables.
 ENV PATH=/opt/kvserve/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
     KVSERVE_SERVER_HOST=0.0.0.0 \
-    KVSERVE_SERVER_PORT=8080
-USER kvserve
+    KVSERVE_SERVER_PORT=8080 \
+    KVSERVE_CACHE_DISK_DIR=/var/cache/kvserve
+# The KV cache's disk tier lives here, so a restarted container starts warm.
+VOLUME ["/var/cache/kvserve"]
+USER kvserve:kvserve
+WORKDIR /home/kvserve
 EXPOSE 8080
-HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
-  CMD curl -fsS http://127.0.0.1:8080/health || exit 1
-# Exactly one server process: the engine lives in it. Scale with replicas.
-# Configuration: mount a TOML file and pass --config, or set KVSERVE_* variables.
+# /health is 503 while the model loads and 200 once it serves.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4).status != 200)"]
+# `kvserve` runs exactly one uvicorn worker: the engine and its KV cache live in that
+# process, so a second worker would load a second model and split the cache.
 ENTRYPOINT ["kvserve"]

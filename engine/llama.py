@@ -381,9 +381,10 @@ class Sampler:
             self._add(C.llama_sampler_init_logit_bias(model.n_vocab, len(bias), arr))
         if p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
             last_n = n_ctx if p.repeat_last_n == -1 else p.repeat_last_n
+            # This build's llama.cpp still takes n_vocab first (five arguments).
             self._add(
                 C.llama_sampler_init_penalties(
-                    last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                    model.n_vocab, last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
                 )
             )
         if p.dry_multiplier > 0.0:

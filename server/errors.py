@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -106,7 +107,10 @@ def error_body(message: str, type_: str, param: str | None, code: str | None) ->
 
 
 def from_engine_error(exc: Exception) -> APIError:
-    """Map an engine exception to the HTTP error it means."""
+    """Map an engine exception to the HTTP error it means (an APIError raised on the way,
+    say by request translation inside the same try, is already one)."""
+    if isinstance(exc, APIError):
+        return exc
     if isinstance(exc, InvalidRequestError):
         return BadRequest(exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, QueueFullError):
@@ -141,6 +145,21 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
+def _most_specific(errors: Sequence[Any]) -> Any:
+    """The error whose reason to report. A value that matches no branch of a union (a prompt may be
+    a string, strings, token ids...) fails every branch; "should be a valid string"
+    from the first branch says less than, say, "should have at least 1 item" from the
+    branch the value was meant for, so plain type mismatches yield to other errors of
+    the same field."""
+    field = tuple(errors[0]["loc"][:2])
+    for error in errors:
+        if tuple(error["loc"][:2]) == field and not str(error["type"]).endswith(
+            ("_type", "_parsing")
+        ):
+            return error
+    return errors[0]
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -151,11 +170,15 @@ def install(app: FastAPI) -> None:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         param = _param_of(tuple(first.get("loc", ())))
+        if errors:  # the field as the first error names it, the reason from the best one
+            first = {**_most_specific(errors), "loc": first["loc"]}
         if first.get("type") == "json_invalid":
             message = "the request body is not valid JSON"
             param = None
         elif first.get("type") == "missing":
             message = f"'{param}' is required"
+        elif param is None:  # the body itself: not a JSON object, say
+            message = f"invalid request body: {first.get('msg')}"
         else:
             message = f"invalid value for '{param}': {first.get('msg')}"
         return BadRequest(message, param=param).response()

@@ -22,11 +22,39 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 TokenId = Annotated[int, Field(ge=0)]
 # Stop strings are matched against the tail of the text after every token: bounded, so
 # that a request cannot make each token cost a scan of megabytes.
-StopText = Annotated[str, Field(max_length=1000)]
+StopText = Annotated[str, Field(min_length=1, max_length=1000)]
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """JSON may escape a lone UTF-16 surrogate ("\\ud800"), and Python's json decodes it
+    (and UTF-8-encoded ones) into a str that cannot be encoded back to UTF-8: the
+    tokenizer would fail on it. Iterative, so deep nesting cannot exhaust the stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and Infinity are JSON extensions Python accepts; no field of ours means them.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        if _has_lone_surrogate(value):
+            raise ValueError("text must be valid Unicode (it contains a lone surrogate)")
+        return value
 
     def log_unknown(self, where: str) -> None:
         if self.model_extra:
@@ -45,7 +73,7 @@ class SamplingExtras(_Open):
     n: Annotated[int, Field(ge=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: StopText | list[StopText] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
@@ -76,16 +104,6 @@ class SamplingExtras(_Open):
     mirostat_eta: Annotated[float, Field(ge=0.0)] | None = None
     ignore_eos: bool | None = None
     grammar: Annotated[str, Field(max_length=256 * 1024)] | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _check_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        stops = [stop] if isinstance(stop, str) else (stop or [])
-        if len(stops) > 16:
-            raise ValueError("at most 16 stop sequences are allowed")
-        if any(not s for s in stops):
-            raise ValueError("stop sequences must not be empty")
-        return stop
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -172,7 +190,15 @@ class ChatCompletionRequest(SamplingExtras):
                 raise BadRequest(f"{where}.content is required", param=f"{where}.content")
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+# Non-empty throughout, as the schema says (token ids are range-checked per model).
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[int], Field(min_length=1)]
+Prompt = (
+    Text
+    | Annotated[list[Text], Field(min_length=1)]
+    | TokenIds
+    | Annotated[list[TokenIds], Field(min_length=1)]
+)
 
 
 class CompletionRequest(SamplingExtras):

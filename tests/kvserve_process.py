@@ -1,0 +1,100 @@
+"""Start a real `kvserve` process on a free loopback port and wait until it serves.
+
+Shared by the end-to-end and reliability tests: the server runs as it does in
+production (`python -m server`, one uvicorn worker, the real engine), and is always
+stopped, killed if need be, when the block exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server process (Linux /proc)."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+
+def wait_ready(server: Server, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert server.process.poll() is None, f"kvserve exited:\n{server.log()}"
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
+                return
+        assert time.monotonic() < deadline, f"kvserve did not become ready:\n{server.log()}"
+        time.sleep(0.1)
+
+
+def stop(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@contextlib.contextmanager
+def running(args: list[str], log_dir: Path, *, wait: bool = True) -> Iterator[Server]:
+    """`kvserve <args>` on a free port; logs go to log_dir/kvserve-<port>.log."""
+    port = free_port()
+    log_path = log_dir / f"kvserve-{port}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "server", "--port", str(port), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        server = Server(f"http://127.0.0.1:{port}", process, log_path)
+        try:
+            if wait:
+                wait_ready(server)
+            yield server
+        finally:
+            stop(server)
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Every unlabelled sample of /metrics, parsed by prometheus_client's parser.
+    Counters appear under their `_total` sample name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.labels:
+                out[sample.name] = sample.value
+    return out
