@@ -314,7 +314,7 @@ class Scheduler:
             ops.append(Drop(slot, keep))
         if seq.num_output_tokens == 0:  # first admission (not a preempted sequence's)
             seq.num_cached = seq.num_saved = keep
-            seq.hit_kind = _hit_kind(keep, seq.num_prompt_tokens, own)
+            seq.hit_kind = _hit_kind(keep, prefix.length, seq.num_prompt_tokens, own)
             tier = seq.cache_hit.tier if prefix.restore and seq.cache_hit else "slot"
             seq.hit_source = "none" if keep == 0 else tier
         seq.cache_hit = None  # the state bytes are no longer needed past this point
@@ -367,9 +367,11 @@ class Scheduler:
         assert all(s.status is SeqStatus.RUNNING for s in self.running)
 
 
-def _hit_kind(reused: int, num_prompt: int, own_session: bool) -> str:
+def _hit_kind(reused: int, found: int, num_prompt: int, own_session: bool) -> str:
+    """cold: nothing reused; session: its own pinned slot; exact: the whole prompt was
+    found (even if, for exactness, its tail is computed again); partial: a prefix."""
     if reused == 0:
         return "cold"
     if own_session:
         return "session"
-    return "exact" if reused >= num_prompt - 1 else "partial"
+    return "exact" if found >= num_prompt - 1 else "partial"

@@ -87,14 +87,15 @@ def running(args: list[str], log_dir: Path, *, wait: bool = True) -> Iterator[Se
 
 
 def metrics(url: str) -> dict[str, float]:
-    """Every unlabelled sample of /metrics, parsed by prometheus_client's parser.
-    Counters appear under their `_total` sample name."""
+    """Every sample of /metrics labelled by nothing but the model (these servers serve
+    one), parsed by prometheus_client's parser. Counters appear under their `_total`
+    sample name."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{url}/metrics", timeout=10).text
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if not sample.labels:
+            if set(sample.labels) <= {"model"}:
                 out[sample.name] = sample.value
     return out
