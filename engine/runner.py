@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.llama import Batch, Context
-from engine.scheduler import Chunk
+from engine.scheduler import EXACT_MIN_ROWS, Chunk
 from engine.sequence import Sequence
 from engine.types import TokenLogprob, TopLogprob
 
@@ -58,19 +58,20 @@ class Runner:
         self.chunk_per_decode = chunk_per_decode
 
     def run(self, chunks: list[Chunk]) -> StepResult:
-        """Compute the step: one llama_decode, or (chunk_per_decode) one for all the
-        single-row chunks and one for each longer chunk.
+        """Compute the step: one llama_decode, or (chunk_per_decode) one for the decode
+        rows and short chunks together and one for each chunk of EXACT_MIN_ROWS+ rows.
 
         Why split: with a KV stream per sequence, llama.cpp cuts a batch into ubatches
-        holding the same number of rows of each sequence, so a prompt chunk sharing a
-        batch with decode rows is computed partly in tiny ubatches, with other kernels
+        holding the same number of rows of each sequence, so a long prompt chunk sharing
+        a batch with decode rows is computed partly in small ubatches, with other kernels
         than the same chunk alone (see EXACT_MIN_ROWS in scheduler.py). Alone in its
-        decode, a chunk is one ubatch, exactly as a cold prefill computes it."""
+        decode, a chunk is one ubatch, exactly as a cold prefill computes it. Shorter
+        chunks are computed with the small-ubatch kernels either way."""
         if not self.chunk_per_decode:
             return self._run(chunks)
-        result = self._run([c for c in chunks if c.length == 1])
+        result = self._run([c for c in chunks if c.length < EXACT_MIN_ROWS])
         for chunk in chunks:
-            if chunk.length > 1:
+            if chunk.length >= EXACT_MIN_ROWS:
                 more = self._run([chunk])
                 result.sampled += more.sampled
                 result.scored += more.scored
