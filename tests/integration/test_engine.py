@@ -248,7 +248,17 @@ def system_prompt(engine: Engine, question: str) -> tuple[int, ...]:
     return tuple(engine.tokenize(text, add_special=False, parse_special=True))
 
 
-async def test_reused_slot_prefix_gives_the_cold_output(engine: Engine) -> None:
+@pytest.fixture
+async def reuse_all() -> AsyncIterator[Engine]:
+    """exact_reuse off: short prompts and decoded tokens are reused too (the mechanics
+    of slot reuse and copies; exact mode is tested in test_cache_sessions.py)."""
+    e = await start(exact_reuse=False)
+    yield e
+    e.close()
+
+
+async def test_reused_slot_prefix_gives_the_cold_output(reuse_all: Engine) -> None:
+    engine = reuse_all
     a = system_prompt(engine, QUESTIONS[0])
     b = system_prompt(engine, QUESTIONS[3])
     shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
@@ -290,7 +300,8 @@ async def test_a_bug_in_a_step_fails_its_requests_not_the_engine(engine: Engine)
     assert text and reason in (FinishReason.STOP, FinishReason.LENGTH)
 
 
-async def test_prefix_copied_from_a_busy_slot_gives_the_cold_output(engine: Engine) -> None:
+async def test_prefix_copied_from_a_busy_slot_gives_the_cold_output(reuse_all: Engine) -> None:
+    engine = reuse_all
     a = system_prompt(engine, QUESTIONS[0])
     b = system_prompt(engine, QUESTIONS[4])
     fresh = await start()
