@@ -336,7 +336,7 @@ class Sampler:
     def _build(self, model: Model, p: SamplingParams, seed: int, n_ctx: int) -> None:
         if p.grammar is not None:
             with _CaptureErrors() as errors:
-                grammar = C.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+                grammar = self._grammar(model, p)
             if not grammar:
                 reason = "; ".join(e for e in errors if e) or "the grammar does not parse"
                 raise ValueError(f"invalid grammar: {reason}")
@@ -405,6 +405,27 @@ class Sampler:
         else:
             self._add(C.llama_sampler_init_temp(p.temperature))
         self._add(C.llama_sampler_init_dist(seed))
+
+    @staticmethod
+    def _grammar(model: Model, p: SamplingParams) -> object:
+        assert p.grammar is not None
+        if not p.grammar_lazy:
+            return C.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+        patterns = [s.encode() for s in p.grammar_trigger_patterns]
+        pattern_arr = (ctypes.c_char_p * max(1, len(patterns)))(*patterns)
+        token_arr = (C.llama_token * max(1, len(p.grammar_trigger_tokens)))(
+            *p.grammar_trigger_tokens
+        )
+        # llama.cpp copies the patterns and tokens, so the arrays may go after the call.
+        return C.llama_sampler_init_grammar_lazy_patterns(
+            model.vocab,
+            p.grammar.encode(),
+            b"root",
+            pattern_arr,
+            len(patterns),
+            token_arr,
+            len(p.grammar_trigger_tokens),
+        )
 
     def sample(self, ctx: Context, row: int) -> int:
         """Sample from batch row `row` and accept the token into the chain's state."""

@@ -85,10 +85,14 @@ def generate_requests(
     max_tokens: int | None,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    overrides: dict[str, object] | None = None,
 ) -> list[GenerateRequest]:
     """The `n` engine requests of one API request. Choice i samples with seed + i, so
-    seeded choices differ from each other yet reproduce run after run."""
+    seeded choices differ from each other yet reproduce run after run. `overrides`:
+    SamplingParams fields set by the server (a tool or response_format grammar)."""
     base = sampling_params(body, info)
+    if overrides:
+        base = replace(base, **overrides)  # type: ignore[arg-type]
     requests = []
     for i in range(body.n):
         sampling = base
