@@ -12,7 +12,7 @@ import re
 
 # Primitives shared by every JSON grammar (added on demand by name).
 PRIMITIVES: dict[str, str] = {
-    "ws": "[ \\t\\n]{0,4}",
+    "ws": "[ \\n]?",  # one character: small models otherwise spend tokens on blanks
     "char": '[^"\\\\\\x7F\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4})',
     "string": '"\\"" char* "\\""',
     # Integer part up to 16 digits, fraction and exponent bounded too (see module doc).
