@@ -328,7 +328,7 @@ class Sampler:
 
     def __init__(self, model: Model, params: SamplingParams, seed: int, n_ctx: int):
         self._keep: list[object] = []  # ctypes arrays the chain may point into
-        self.grammar = None
+        self.grammar: object | None = None
         self._n_vocab = model.n_vocab
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True

@@ -56,8 +56,11 @@ def test_schemas_convert(schema: Any) -> None:
 
 def test_object_rules_follow_required_and_order() -> None:
     g = schema_to_gbnf(
-        {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "null"}},
-         "required": ["b"]}  # fmt: skip
+        {
+            "type": "object",
+            "properties": {"a": {"type": "boolean"}, "b": {"type": "null"}},
+            "required": ["b"],
+        }  # fmt: skip
     )
     root = next(line for line in g.splitlines() if line.startswith("root-value ::="))
     assert root.index('"\\"b\\""') < root.index('"\\"a\\""')  # required first
@@ -92,4 +95,4 @@ def test_pattern_expression() -> None:
     assert pattern_to_gbnf("^ab$") == '("a" "b")'
     assert pattern_to_gbnf("a").startswith("char* ")
     with pytest.raises(PatternError):
-        pattern_to_gbnf("[\"]")
+        pattern_to_gbnf('["]')

@@ -142,7 +142,10 @@ def test_hermes_template_renders_tools_and_history() -> None:
     ]  # fmt: skip
     out = plan_chat(template(HERMES_TEMPLATE), messages, ChatOptions(tools=(WEATHER,)))
     # tojson sorts keys; the arguments went to the template as an object, not a string
-    assert '<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>' in out.prompt.text
+    assert (
+        '<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>'
+        in out.prompt.text
+    )
     assert "<tool_response>\ncold\n</tool_response>" in out.prompt.text
 
 
@@ -157,7 +160,10 @@ def test_generic_history_merges_tool_results_into_one_user_turn() -> None:
     ]  # fmt: skip
     text = plan_chat(template(SMOL), messages, ChatOptions()).prompt.text
     assert text.count("<|im_start|>user") == 2
-    assert '{"tool_response": {"name": "get_time", "content": "noon"}}\n{"tool_response": {"name": "get_weather"' in text
+    assert (
+        '{"tool_response": {"name": "get_time", "content": "noon"}}\n{"tool_response": {"name": "get_weather"'
+        in text
+    )
 
 
 @pytest.mark.parametrize(
@@ -172,5 +178,9 @@ def test_generic_history_merges_tool_results_into_one_user_turn() -> None:
 )  # fmt: skip
 def test_bad_tools_name_the_field(tools: tuple[Tool, ...], choice: ToolChoice, param: str) -> None:
     with pytest.raises(ChatInputError) as info:
-        plan_chat(template(SMOL), [{"role": "user", "content": "x"}], ChatOptions(tools=tools, tool_choice=choice))
+        plan_chat(
+            template(SMOL),
+            [{"role": "user", "content": "x"}],
+            ChatOptions(tools=tools, tool_choice=choice),
+        )
     assert info.value.param == param

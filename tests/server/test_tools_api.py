@@ -75,7 +75,9 @@ async def test_named_choice_allows_only_that_tool(
     client: httpx.AsyncClient, fake: FakeEngine
 ) -> None:
     fake.reply = b'{"tool_calls": [{"name": "get_time", "arguments": {}}]}'
-    body = chat(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}})
+    body = chat(
+        tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}
+    )
     r = await post(client, body)
     assert r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_time"
     grammar = fake.submitted[0].sampling.grammar
@@ -103,9 +105,9 @@ async def test_parallel_tool_calls_false_admits_one_call(
 
 async def test_streamed_calls_reassemble(client: httpx.AsyncClient, fake: FakeEngine) -> None:
     fake.reply = (
-        '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
-        '{"name": "get_time", "arguments": {}}]}'
-    ).encode()
+        b'{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+        b'{"name": "get_time", "arguments": {}}]}'
+    )
     r = await post(client, chat(tools=[WEATHER, TIME], tool_choice="required", stream=True))
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
@@ -119,7 +121,11 @@ async def test_streamed_calls_reassemble(client: httpx.AsyncClient, fake: FakeEn
             for tc in delta.get("tool_calls", []):
                 if "id" in tc:
                     assert tc["function"]["arguments"] == "" and tc["type"] == "function"
-                    calls[tc["index"]] = {"id": tc["id"], "name": tc["function"]["name"], "args": ""}
+                    calls[tc["index"]] = {
+                        "id": tc["id"],
+                        "name": tc["function"]["name"],
+                        "args": "",
+                    }
                 else:
                     calls[tc["index"]]["args"] += tc["function"]["arguments"]
     assert content == ""  # the envelope never leaks as content
@@ -149,7 +155,10 @@ async def test_history_renders_calls_and_results(
     r = await post(client, {"model": MODEL, "messages": messages, "tools": [WEATHER]})
     assert r.status_code == 200, r.text
     prompt = bytes(fake.submitted[0].prompt_tokens).decode()
-    assert '<|im_start|>assistant\n{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}<|im_end|>' in prompt
+    assert (
+        '<|im_start|>assistant\n{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}<|im_end|>'
+        in prompt
+    )
     assert '"tool_response": {"name": "get_weather", "content": "sunny"}' in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
 
@@ -193,7 +202,11 @@ async def test_reasoning_split_with_a_thinking_template(
     r = await post(client, chat(reasoning_format="none"))
     assert r.json()["choices"][0]["message"]["content"] == "Let me think.</think>\n\nThe answer."
     r = await post(client, chat(stream=True))
-    deltas = [json.loads(e)["choices"][0]["delta"] for e in sse_events(r.text)[:-1] if json.loads(e)["choices"]]
+    deltas = [
+        json.loads(e)["choices"][0]["delta"]
+        for e in sse_events(r.text)[:-1]
+        if json.loads(e)["choices"]
+    ]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Let me think."
     assert "".join(d.get("content", "") for d in deltas) == "The answer."
     await post(client, chat(chat_template_kwargs={"enable_thinking": False}))
