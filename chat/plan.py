@@ -153,14 +153,14 @@ def _history(messages: list[dict[str, Any]], fmt: ToolFormat) -> list[dict[str, 
                 out.append(_generic_tool_result(out, name, message.get("content") or ""))
         else:
             out.append(message)
-    return out
+    return [{k: v for k, v in m.items() if k != "_tool_results"} for m in out]
 
 
 def _generic_tool_result(out: list[dict[str, Any]], name: str, content: str) -> dict[str, Any]:
     """Tool results as a user turn (templates without tool support may reject a 'tool'
     role); consecutive results share one turn, so user/assistant still alternate."""
     text = json.dumps({"tool_response": {"name": name, "content": content}}, ensure_ascii=False)
-    if out and out[-1].get("_tool_results"):
+    if out and out[-1].get("_tool_results"):  # a marker, removed before rendering
         previous = out.pop()
         text = previous["content"] + "\n" + text
     return {"role": "user", "content": text, "_tool_results": True}

@@ -254,3 +254,24 @@ async def test_bad_tool_requests_are_400(
     r = await post(client, body)
     assert_error(r, 400, param)
     assert fake.submitted == []
+
+
+@pytest.mark.parametrize("as_file", [False, True])
+async def test_configured_template_override_inline_and_file(
+    tmp_path: Any, fake: FakeEngine, as_file: bool
+) -> None:
+    from server.app import create_app
+    from server.config import ModelSection, Settings
+
+    source = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
+    value = source
+    if as_file:
+        path = tmp_path / "template.jinja"
+        path.write_text(source)
+        value = str(path)
+    app = create_app(Settings(model=ModelSection(chat_template=value)), engine=fake)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        r = await post(client, chat())
+    assert r.status_code == 200, r.text
+    assert bytes(fake.submitted[0].prompt_tokens).decode() == "[user] Hi\n[assistant] "
