@@ -140,7 +140,7 @@ class SchemaConverter:
         required = [p for p in schema.get("required", []) if p in props]
         missing = [p for p in schema.get("required", []) if p not in props]
         extra = schema.get("additionalProperties", None if props else True)
-        if missing and extra in (None, False):
+        if missing:  # a grammar cannot force a key it does not know
             raise SchemaError(f"'{name}' requires {missing}, which it does not define")
         optional = [p for p in props if p not in required]
         kv = {
