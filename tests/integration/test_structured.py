@@ -144,7 +144,9 @@ async def test_json_schema_validates_21_of_21(engine: Engine) -> None:
 
 @pytest.mark.parametrize("template", [None, HERMES_TEMPLATE], ids=["generic", "hermes"])
 async def test_stream_reassembles_to_the_same_calls(engine: Engine, template: str | None) -> None:
-    body = ask(tools=TOOLS, tool_choice="required", seed=42, parallel_tool_calls=False)
+    # Greedy: at temperature 1 the same seed once gave a different first call (the second
+    # request's prompt came from a reused slot prefix, whose logits may differ slightly).
+    body = ask(tools=TOOLS, tool_choice="required", temperature=0.0, parallel_tool_calls=False)
     async with client_for(engine, template) as client:
         whole = (await client.post("/v1/chat/completions", json=body)).json()
         calls: dict[int, dict[str, str]] = {}
