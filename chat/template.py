@@ -60,23 +60,48 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         extra: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        continue_final: bool = False,
     ) -> RenderedPrompt:
+        """Render `messages`. `continue_final`: the last message is an assistant prefill
+        that the model continues (no new turn, no end-of-turn after it)."""
         context = {
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
             **(extra or {}),
             "messages": [dict(m) for m in messages],
-            "add_generation_prompt": add_generation_prompt,
+            "add_generation_prompt": add_generation_prompt and not continue_final,
+            # Always defined: templates test `{% if tools %}`, which a strict undefined fails.
+            "tools": tools or None,
         }
+        text = self._render(context)
+        if continue_final:
+            text = self._cut_after_final(text, context, messages)
+        # The template may write the BOS text itself; then the tokenizer must not add
+        # another one, or the prompt would start with two.
+        add_bos = self.add_bos and not (self.bos_token and text.startswith(self.bos_token))
+        return RenderedPrompt(text, add_bos)
+
+    def _cut_after_final(
+        self, text: str, context: dict[str, Any], messages: Sequence[Mapping[str, Any]]
+    ) -> str:
+        prefill = str(messages[-1].get("content") or "")
+        at = text.rfind(prefill) if prefill else -1
+        if at >= 0:
+            return text[: at + len(prefill)]
+        # The template changed the text (or it is empty): open a fresh assistant turn
+        # on the earlier messages and write the prefill after it.
+        head = self._render(
+            {**context, "messages": context["messages"][:-1], "add_generation_prompt": True}
+        )
+        return head + prefill
+
+    def _render(self, context: dict[str, Any]) -> str:
         try:
-            text = self._template.render(**context)
+            return self._template.render(**context)
         except TemplateError:
             raise
         except jinja2.TemplateError as exc:  # includes SecurityError from the sandbox
             raise TemplateError(f"chat template failed: {exc}") from exc
         except Exception as exc:  # a template is code: any failure of it is a bad template
             raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
-        # The template may write the BOS text itself; then the tokenizer must not add
-        # another one, or the prompt would start with two.
-        add_bos = self.add_bos and not (self.bos_token and text.startswith(self.bos_token))
-        return RenderedPrompt(text, add_bos)

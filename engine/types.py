@@ -50,6 +50,12 @@ class SamplingParams:
     mirostat_eta: float = 0.1
     ignore_eos: bool = False
     grammar: str | None = None
+    # Lazy grammar: sampling is free until the output so far matches one of the
+    # patterns (whole-output regex; its first group marks where the grammar starts) or
+    # one of the tokens is sampled; from there on the grammar constrains.
+    grammar_lazy: bool = False
+    grammar_trigger_patterns: tuple[str, ...] = ()
+    grammar_trigger_tokens: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:

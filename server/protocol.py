@@ -117,16 +117,55 @@ class TextPart(_Open):
     text: str | None = None
 
 
+class FunctionCall(_Open):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Open):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Open):
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] | bool | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Open):
+    type: str
+    function: FunctionDef
+
+
+class NamedFunction(_Open):
+    name: str
+
+
+class NamedToolChoice(_Open):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Open):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
+    strict: bool | None = None
 
 
 # Defined by OpenAI for chat, not implemented here: refused when set.
 CHAT_UNSUPPORTED = (
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "audio",
@@ -139,6 +178,7 @@ CHAT_UNSUPPORTED = (
 
 class ResponseFormat(_Open):
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatCompletionRequest(SamplingExtras):
@@ -150,6 +190,11 @@ class ChatCompletionRequest(SamplingExtras):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # llama.cpp's: "none" leaves thinking inline; "auto"/"deepseek" split it out.
+    reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
 
     def refuse_unsupported(self) -> None:
         extra = self.model_extra or {}
@@ -161,20 +206,19 @@ class ChatCompletionRequest(SamplingExtras):
         modalities = extra.get("modalities")
         if modalities not in (None, ["text"]):
             raise Unsupported("modalities", "only ['text'] is available")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise Unsupported(
-                "response_format", f"type '{self.response_format.type}' is not implemented yet"
-            )
+        self._check_constraints()
         if self.top_logprobs is not None and not self.logprobs:
             raise BadRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
         for i, message in enumerate(self.messages):
             where = f"messages[{i}]"
-            if message.role == "tool":
-                raise Unsupported(f"{where}.role", "tool messages are not implemented yet")
-            if message.model_extra and (
-                message.model_extra.get("tool_calls") or message.model_extra.get("tool_call_id")
-            ):
-                raise Unsupported(f"{where}.tool_calls", "tool calls are not implemented yet")
+            if message.role == "tool" and not message.tool_call_id:
+                raise BadRequest(
+                    "a tool message needs 'tool_call_id'", param=f"{where}.tool_call_id"
+                )
+            if message.tool_calls and message.role != "assistant":
+                raise BadRequest(
+                    "only assistant messages have tool_calls", param=f"{where}.tool_calls"
+                )
             if isinstance(message.content, list):
                 for j, part in enumerate(message.content):
                     if part.type != "text":
@@ -186,8 +230,35 @@ class ChatCompletionRequest(SamplingExtras):
                         raise BadRequest(
                             "a text content part needs 'text'", param=f"{where}.content[{j}].text"
                         )
-            elif message.content is None and message.role != "assistant":
+            elif message.content is None and message.role not in ("assistant", "tool"):
                 raise BadRequest(f"{where}.content is required", param=f"{where}.content")
+
+    def _check_constraints(self) -> None:
+        """Tools, response_format and raw grammar: which may go together."""
+        fmt = self.response_format.type if self.response_format else "text"
+        if fmt == "json_schema" and (
+            self.response_format is None or self.response_format.json_schema is None
+        ):
+            raise BadRequest(
+                "response_format json_schema needs 'json_schema'",
+                param="response_format.json_schema",
+            )
+        for i, tool in enumerate(self.tools or []):
+            if tool.type != "function":
+                raise BadRequest(
+                    f"unknown tool type '{tool.type}'; only 'function'", param=f"tools[{i}].type"
+                )
+        has_tools = bool(self.tools) and self.tool_choice != "none"
+        if self.grammar is not None and (has_tools or fmt != "text"):
+            raise BadRequest(
+                "'grammar' cannot be combined with tools or a JSON response_format",
+                param="grammar",
+            )
+        if has_tools and fmt == "json_schema":
+            raise BadRequest(
+                "'tools' cannot be combined with a json_schema response_format",
+                param="response_format",
+            )
 
 
 # Non-empty throughout, as the schema says (token ids are range-checked per model).

@@ -87,10 +87,14 @@ def generate_requests(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     caller: Caller | None = None,
+    overrides: dict[str, object] | None = None,
 ) -> list[GenerateRequest]:
     """The `n` engine requests of one API request. Choice i samples with seed + i, so
-    seeded choices differ from each other yet reproduce run after run."""
+    seeded choices differ from each other yet reproduce run after run. `overrides`:
+    SamplingParams fields set by the server (a tool or response_format grammar)."""
     base = sampling_params(body, info)
+    if overrides:
+        base = replace(base, **overrides)  # type: ignore[arg-type]
     caller = caller or Caller("", None)
     session_id = body.session_id
     if caller.session_header is not None:

@@ -9,9 +9,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from chat.plan import ChatPlan, plan_chat
 from chat.template import TemplateError
+from chat.tools import ChatInputError
 from engine.engine import Generation
 from engine.types import FinishReason, TokenLogprob
+from server.chat_tools import chat_messages, chat_options, grammar_fields, message, stream_deltas
 from server.deps import CallerDep, EngineLike, resolve_model
 from server.errors import BadRequest, from_engine_error
 from server.generation import (
@@ -38,21 +41,6 @@ log = logging.getLogger("kvserve.server")
 router = APIRouter()
 
 
-def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
-    out = []
-    for message in body.messages:
-        content = message.content
-        if isinstance(content, list):
-            content = "".join(part.text or "" for part in content)
-        # Templates written before the 'developer' role know it as 'system'.
-        role = "system" if message.role == "developer" else message.role
-        item: dict[str, Any] = {"role": role, "content": content or ""}
-        if message.name is not None:
-            item["name"] = message.name
-        out.append(item)
-    return out
-
-
 def logprob_entry(engine: EngineLike, lp: TokenLogprob) -> dict[str, Any]:
     def one(token: int, logprob: float) -> dict[str, Any]:
         raw = engine.token_bytes(token)
@@ -75,14 +63,23 @@ async def create_chat_completion(
     info = engine.info
     check_n(body.n, info.n_seq_max)
     try:
-        rendered = template.render(_messages(body), extra=body.chat_template_kwargs)
+        plan = plan_chat(template, chat_messages(body), chat_options(body))
     except TemplateError as exc:
         raise BadRequest(str(exc), param="messages") from exc
+    except ChatInputError as exc:
+        raise BadRequest(exc.message, param=exc.param) from exc
+    rendered = plan.prompt
     prompt = await tokenize(engine, rendered.text, add_special=rendered.add_bos, parse_special=True)
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     requests = generate_requests(
-        prompt, body, info, max_tokens=max_tokens, logprobs=logprobs, caller=caller
+        prompt,
+        body,
+        info,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        caller=caller,
+        overrides=grammar_fields(plan.grammar, engine),
     )
     try:
         generation = await engine.generate(requests)
@@ -102,7 +99,7 @@ async def create_chat_completion(
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = _stream(
-            engine, generation, body.n, len(prompt), response_id, created, include_usage
+            engine, generation, plan, body.n, len(prompt), response_id, created, include_usage
         )
         return event_stream(events, on_close=generation.abort)
 
@@ -116,27 +113,38 @@ async def create_chat_completion(
         "created": created,
         "model": info.model_id,
         "system_fingerprint": None,
-        "choices": [_choice(engine, i, c, body.logprobs) for i, c in enumerate(choices)],
+        "choices": [_choice(engine, plan, i, c, body.logprobs) for i, c in enumerate(choices)],
         "usage": usage(choices, len(prompt)),
     }
 
 
-def _choice(engine: EngineLike, index: int, choice: Choice, logprobs: bool) -> dict[str, Any]:
+def _finish_text(reason: FinishReason | None, num_calls: int) -> str | None:
+    if reason is FinishReason.STOP and num_calls:
+        return "tool_calls"
+    return finish_reason_text(reason)
+
+
+def _choice(
+    engine: EngineLike, plan: ChatPlan, index: int, choice: Choice, logprobs: bool
+) -> dict[str, Any]:
+    parser = plan.parser()
+    msg = message(parser, "".join(choice.text))
     return {
         "index": index,
-        "message": {"role": "assistant", "content": "".join(choice.text), "refusal": None},
+        "message": msg,
         "logprobs": (
             {"content": [logprob_entry(engine, lp) for lp in choice.logprobs], "refusal": None}
             if logprobs
             else None
         ),
-        "finish_reason": finish_reason_text(choice.finish_reason),
+        "finish_reason": _finish_text(choice.finish_reason, len(msg.get("tool_calls", []))),
     }
 
 
 async def _stream(
     engine: EngineLike,
     generation: Generation,
+    plan: ChatPlan,
     n: int,
     num_prompt_tokens: int,
     response_id: str,
@@ -150,6 +158,7 @@ async def _stream(
         return head + json.dumps(choices, ensure_ascii=False) + tail
 
     totals = [Choice() for _ in range(n)]
+    parsers = [plan.parser() for _ in range(n)]
     yield chunk(
         [
             {
@@ -169,14 +178,24 @@ async def _stream(
                 return
             if inc.finish_reason is not None:  # the counts come with the finish
                 totals[index] = inc
-            text = "".join(inc.text)
-            finish = finish_reason_text(inc.finish_reason)
-            if not text and not inc.logprobs and finish is None:
+            parser = parsers[index]
+            pieces = parser.feed("".join(inc.text))
+            if inc.finish_reason is not None:
+                pieces += parser.finish()
+            deltas = stream_deltas(pieces)
+            finish = _finish_text(inc.finish_reason, parser.num_calls)
+            if not deltas and not inc.logprobs and finish is None:
                 continue
+            for extra in deltas[:-1]:  # a call's opening chunk goes on its own
+                parts.append(
+                    {"index": index, "delta": extra, "logprobs": None, "finish_reason": None}
+                )
+                yield chunk(parts)
+                parts = []
             parts.append(
                 {
                     "index": index,
-                    "delta": {"content": text} if text else {},
+                    "delta": deltas[-1] if deltas else {},
                     "logprobs": (
                         {
                             "content": [logprob_entry(engine, lp) for lp in inc.logprobs],

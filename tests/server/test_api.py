@@ -415,8 +415,7 @@ BAD_CHAT = [
     (chat(stop=["s"] * 17), "stop"),
     (chat(mirostat=5), "mirostat"),
     (chat(stream="yes please"), "stream"),
-    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-    (chat(response_format={"type": "json_object"}), "response_format"),
+    (chat(functions=[{"name": "f"}]), "functions"),
     (chat(store=True), "store"),
     (chat(modalities=["text", "audio"]), "modalities"),
     (chat(grammar="this is not gbnf"), "grammar"),
@@ -425,8 +424,8 @@ BAD_CHAT = [
         "messages[0].content[0].type",
     ),
     (
-        {"model": MODEL, "messages": [{"role": "tool", "content": "x", "tool_call_id": "c1"}]},
-        "messages[0].role",
+        {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]},
+        "messages[0].tool_call_id",
     ),
     (chat(max_tokens=100000), "max_tokens"),
 ]

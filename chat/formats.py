@@ -1,0 +1,244 @@
+"""Tool-call formats: how a model family writes calls, the grammar that forces valid
+ones, and the incremental parser that turns its output back into calls.
+
+- Hermes / Qwen: `<tool_call>{"name": .., "arguments": {..}}</tool_call>`, anywhere.
+- Llama 3.x: a bare `{"name": .., "parameters": {..}}` answer (after `<|python_tag|>`).
+- Mistral: `[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]`.
+- Generic: for templates without tool support, the tools are described in the system
+  prompt and a call is the envelope `{"tool_calls": [{"name": .., "arguments": {..}}]}`
+  as the whole answer. In `auto` mode the lazy grammar arms when the answer starts with
+  `{"tool_calls"`; any other answer stays free text (a plain JSON answer included).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from chat.callstream import CallScanner, Delta
+from chat.gbnf import RuleSet, literal
+from chat.schema import SchemaConverter, SchemaError
+from chat.tools import ChatInputError, Tool, ToolChoice
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """A grammar for the engine. Lazy: free until a trigger pattern (a regex matched
+    against the whole output so far; its first group marks where the grammar starts)
+    or a trigger word that the server finds to be a single special token."""
+
+    gbnf: str
+    lazy: bool = False
+    trigger_patterns: tuple[str, ...] = ()
+    trigger_words: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    name: str
+    native: bool  # the template renders `tools` and `tool_calls` itself
+    marker: str | None  # a call region starts at this text, anywhere in the output
+    opener: tuple[str, ...]  # or: at the start, these pieces with optional whitespace
+    consume_opener: bool  # False: the opener is the start of the first call object
+    args_key: str
+    prefix: str  # grammar text before the calls
+    separator: str  # grammar text between calls
+    suffix: str  # grammar text after the calls
+    trigger: str  # lazy trigger regex (std::regex ECMAScript, whole-output match)
+    trigger_word: str = ""
+
+    def grammar(self, tools: list[Tool], choice: ToolChoice, parallel: bool) -> GrammarSpec:
+        return _grammar(self, _tools_key(tools), choice.mode, parallel)
+
+    def parser(self) -> ToolParser:
+        return ToolParser(self)
+
+
+HERMES = ToolFormat(
+    "hermes", True, "<tool_call>", (), True, "arguments",
+    '"<tool_call>" ws', 'ws "</tool_call>" ws "<tool_call>" ws', 'ws "</tool_call>"',
+    r"[\s\S]*?(<tool_call>)[\s\S]*",
+)  # fmt: skip
+LLAMA3 = ToolFormat(
+    "llama3", True, None, ("{", '"name"'), False, "parameters",
+    '("<|python_tag|>")? ws', 'ws ";" ws', "",
+    r'(?:<\|python_tag\|>)?\s*(\{\s*"name")[\s\S]*', "<|python_tag|>",
+)  # fmt: skip
+MISTRAL = ToolFormat(
+    "mistral", True, "[TOOL_CALLS]", (), True, "arguments",
+    '"[TOOL_CALLS]" ws "[" ws', 'ws "," ws', 'ws "]"',
+    r"[\s\S]*?(\[TOOL_CALLS\])[\s\S]*", "[TOOL_CALLS]",
+)  # fmt: skip
+GENERIC = ToolFormat(
+    "generic", False, None, ("{", '"tool_calls"', ":", "["), True, "arguments",
+    '"{" ws "\\"tool_calls\\"" ws ":" ws "[" ws', 'ws "," ws', 'ws "]" ws "}"',
+    r'\s*(\{\s*"tool_calls")[\s\S]*',
+)  # fmt: skip
+
+
+def detect_format(template_source: str) -> ToolFormat:
+    """The family a template belongs to, from what its text mentions."""
+    if "<tool_call>" in template_source:
+        return HERMES
+    if "[TOOL_CALLS]" in template_source:
+        return MISTRAL
+    if "<|python_tag|>" in template_source:
+        return LLAMA3
+    return GENERIC
+
+
+def _tools_key(tools: list[Tool]) -> str:
+    return json.dumps([[t.name, t.parameters] for t in tools], sort_keys=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _grammar(fmt: ToolFormat, tools_key: str, mode: str, parallel: bool) -> GrammarSpec:
+    """Cached on the canonical JSON of the tools: agents resend them every turn."""
+    rules = RuleSet()
+    ws = rules.primitive("ws")
+    alternatives = []
+    for i, (name, parameters) in enumerate(json.loads(tools_key)):
+        try:
+            if parameters in ({}, True):
+                args = rules.primitive("object")
+            else:
+                args = SchemaConverter(rules, parameters, f"t{i}-").convert(parameters, "args")
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+        body = (
+            f'"{{" {ws} "\\"name\\"" {ws} ":" {ws} {literal(json.dumps(name))} {ws} "," {ws} '
+            f'{literal(json.dumps(fmt.args_key))} {ws} ":" {ws} {args} {ws} "}}"'
+        )
+        alternatives.append(rules.add(f"call-{i}", body))
+    call = rules.add("call", " | ".join(alternatives))
+    calls = f"{call} ({fmt.separator} {call})*" if parallel else call
+    root = " ".join(p for p in (fmt.prefix, calls, fmt.suffix) if p)
+    lazy = mode == "auto"
+    return GrammarSpec(
+        rules.text(root),
+        lazy=lazy,
+        trigger_patterns=(fmt.trigger,) if lazy else (),
+        trigger_words=(fmt.trigger_word,) if lazy and fmt.trigger_word else (),
+    )
+
+
+def _match_opener(buf: str, pieces: tuple[str, ...]) -> int | None | bool:
+    """End index of the opener at the start of `buf`; True: it may still come; None: no."""
+    i = 0
+    for piece in pieces:
+        while i < len(buf) and buf[i].isspace():
+            i += 1
+        head = buf[i : i + len(piece)]
+        if len(head) < len(piece):
+            return True if piece.startswith(head) else None
+        if head != piece:
+            return None
+        i += len(piece)
+    return i
+
+
+class ToolParser:
+    """Splits (reasoning-free) output into content and calls, incrementally.
+
+    Text that may still turn out to open a call is held back, so the envelope of a call
+    never leaks out as content."""
+
+    def __init__(self, fmt: ToolFormat):
+        self.fmt = fmt
+        self._buf = ""
+        self._state = "start" if fmt.marker is None else "text"
+        self._scanner: CallScanner | None = None
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        out: list[Delta] = []
+        self._buf += text
+        if self._state == "start":
+            found = _match_opener(self._buf, self.fmt.opener)
+            if found is True:
+                return out
+            if found is None:
+                self._state = "free"
+            else:
+                self._state = "calls"
+                if self.fmt.consume_opener:
+                    self._buf = self._buf[found:]
+        if self._state == "free":
+            out.append(Delta("content", self._buf))
+            self._buf = ""
+        elif self._state == "text":
+            self._scan_marker(out)
+        if self._state == "calls":
+            self._scan_calls(out)
+        return [d for d in out if d.text or d.kind == "start"]
+
+    def _scan_marker(self, out: list[Delta]) -> None:
+        marker = self.fmt.marker or ""
+        at = self._buf.find(marker)
+        if at >= 0:
+            out.append(Delta("content", self._buf[:at]))
+            self._buf = self._buf[at + len(marker) :]
+            self._state = "calls"
+            return
+        keep = next(
+            (k for k in range(min(len(marker) - 1, len(self._buf)), 0, -1)
+             if marker.startswith(self._buf[-k:])),
+            0,
+        )  # fmt: skip
+        out.append(Delta("content", self._buf[: len(self._buf) - keep]))
+        self._buf = self._buf[len(self._buf) - keep :]
+
+    def _scan_calls(self, out: list[Delta]) -> None:
+        while self._buf:
+            if self._scanner is None:
+                at = self._buf.find("{")
+                if at < 0:
+                    self._buf = ""  # separators and closing text between calls
+                    return
+                self._scanner = CallScanner(self.num_calls, (self.fmt.args_key,))
+                self._buf = self._buf[at:]
+            self._buf = self._scanner.feed(self._buf, out)
+            if not self._scanner.done:
+                return
+            self._scanner = None
+            self.num_calls += 1
+
+    def finish(self) -> list[Delta]:
+        out: list[Delta] = []
+        if self._state in ("start", "text", "free") and self._buf:
+            out.append(Delta("content", self._buf))
+        elif self._scanner is not None:
+            self._scanner.flush(out)
+        self._buf = ""
+        return out
+
+
+def tool_system_prompt(tools: list[Tool], choice: ToolChoice, parallel: bool) -> str:
+    """How the generic format tells a model without tool support about the tools."""
+    lines = ["You can call these tools (JSON schemas of their arguments):"]
+    lines += [json.dumps(t.as_openai()["function"], ensure_ascii=False) for t in tools]
+    many = "one or more calls" if parallel else "exactly one call"
+    lines.append(
+        'To call tools, answer with only this JSON and nothing else: {"tool_calls": '
+        f'[{{"name": "<tool name>", "arguments": {{...}}}}]}} with {many}.'
+    )
+    if choice.mode == "auto":
+        lines.append("If no tool is needed, answer normally.")
+    elif choice.mode == "named":
+        lines.append(f"You must call the tool '{choice.name}'.")
+    else:
+        lines.append("You must call a tool.")
+    return "\n".join(lines)
+
+
+def generic_history(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message's tool calls as the envelope the generic format asks for."""
+    calls = [
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        for c in message.get("tool_calls") or []
+    ]
+    envelope = json.dumps({"tool_calls": calls}, ensure_ascii=False)
+    content = message.get("content") or ""
+    return {"role": "assistant", "content": f"{content}\n{envelope}" if content else envelope}

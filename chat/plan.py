@@ -1,0 +1,173 @@
+"""A chat request -> prompt text, grammar and an output parser (the server wires these).
+
+Messages arrive as plain dicts in OpenAI's shape (content already joined to a string;
+`tool_calls[i].function.arguments` a JSON string).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from chat.callstream import Delta
+from chat.formats import (
+    GrammarSpec,
+    ToolFormat,
+    ToolParser,
+    detect_format,
+    generic_history,
+    tool_system_prompt,
+)
+from chat.reasoning import ReasoningSplitter, has_thinking, starts_inside
+from chat.schema import SchemaError, json_object_gbnf, schema_to_gbnf
+from chat.template import ChatTemplate, RenderedPrompt
+from chat.tools import ChatInputError, Tool, ToolChoice, check_tools, parse_arguments
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice("auto")
+    parallel_tool_calls: bool = True
+    response_format: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: Any = None
+    reasoning_format: Literal["auto", "none"] = "auto"
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class OutputParser:
+    """Generated text -> content / reasoning / tool-call deltas, incrementally. Feeding
+    the text whole or one character at a time gives the same calls and text."""
+
+    def __init__(self, reasoning: ReasoningSplitter | None, tools: ToolParser | None):
+        self._reasoning = reasoning
+        self._tools = tools
+
+    def feed(self, text: str) -> list[Delta]:
+        return self._route(
+            self._reasoning.feed(text) if self._reasoning else [Delta("content", text)]
+        )
+
+    def finish(self) -> list[Delta]:
+        deltas = self._route(self._reasoning.finish()) if self._reasoning else []
+        return deltas + (self._tools.finish() if self._tools else [])
+
+    def _route(self, deltas: list[Delta]) -> list[Delta]:
+        out = []
+        for delta in deltas:
+            if delta.kind == "content" and self._tools is not None:
+                out += self._tools.feed(delta.text)
+            elif delta.text:
+                out.append(delta)
+        return out
+
+    @property
+    def num_calls(self) -> int:
+        return self._tools.num_calls if self._tools else 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPlan:
+    prompt: RenderedPrompt
+    grammar: GrammarSpec | None
+    tool_format: ToolFormat | None  # set when tools are offered
+    split_reasoning: bool
+    reasoning_inside: bool
+
+    def parser(self) -> OutputParser:
+        reasoning = ReasoningSplitter(self.reasoning_inside) if self.split_reasoning else None
+        tools = self.tool_format.parser() if self.tool_format else None
+        return OutputParser(reasoning, tools)
+
+
+def plan_chat(
+    template: ChatTemplate, messages: list[dict[str, Any]], opts: ChatOptions
+) -> ChatPlan:
+    fmt = detect_format(template.source)
+    offered = check_tools(list(opts.tools), opts.tool_choice)
+    if opts.tool_choice.mode == "none":
+        offered = []
+    if offered and opts.response_format == "json_schema":
+        raise ChatInputError("'tools' cannot be combined with a json_schema response_format",
+                             param="response_format")  # fmt: skip
+    rendered_messages = _history(messages, fmt)
+    tools_var = None
+    if offered and fmt.native:
+        tools_var = [t.as_openai() for t in offered]
+    elif offered:
+        prompt = tool_system_prompt(offered, opts.tool_choice, opts.parallel_tool_calls)
+        rendered_messages = _with_system(rendered_messages, prompt)
+    continue_final = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
+    prompt_text = template.render(
+        rendered_messages,
+        extra=opts.template_kwargs,
+        tools=tools_var,
+        continue_final=continue_final,
+    )
+    grammar = None
+    if offered:
+        grammar = fmt.grammar(offered, opts.tool_choice, opts.parallel_tool_calls)
+    elif opts.response_format == "json_object":
+        grammar = GrammarSpec(json_object_gbnf())
+    elif opts.response_format == "json_schema":
+        try:
+            grammar = GrammarSpec(schema_to_gbnf(opts.json_schema))
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+    split = opts.reasoning_format != "none" and has_thinking(template.source)
+    return ChatPlan(
+        prompt_text,
+        grammar,
+        fmt if offered else None,
+        split,
+        split and starts_inside(prompt_text.text),
+    )
+
+
+def _history(messages: list[dict[str, Any]], fmt: ToolFormat) -> list[dict[str, Any]]:
+    """Check tool history and put it in the form the template (or format) expects."""
+    names: dict[str, str] = {}
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        role = message["role"]
+        if role == "assistant" and message.get("tool_calls"):
+            calls = []
+            for j, call in enumerate(message["tool_calls"]):
+                where = f"messages[{i}].tool_calls[{j}]"
+                fn = call["function"]
+                args = parse_arguments(fn["arguments"], f"{where}.function.arguments")
+                names[call["id"]] = fn["name"]
+                calls.append({**call, "function": {"name": fn["name"], "arguments": args}})
+            item = {**message, "tool_calls": calls}
+            out.append(item if fmt.native else generic_history(item))
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if not call_id:
+                raise ChatInputError("a tool message needs 'tool_call_id'",
+                                     param=f"messages[{i}].tool_call_id")  # fmt: skip
+            name = names.get(call_id, message.get("name") or "")
+            if fmt.native:
+                out.append({**message, "name": name})
+            else:
+                out.append(_generic_tool_result(out, name, message.get("content") or ""))
+        else:
+            out.append(message)
+    return [{k: v for k, v in m.items() if k != "_tool_results"} for m in out]
+
+
+def _generic_tool_result(out: list[dict[str, Any]], name: str, content: str) -> dict[str, Any]:
+    """Tool results as a user turn (templates without tool support may reject a 'tool'
+    role); consecutive results share one turn, so user/assistant still alternate."""
+    text = json.dumps({"tool_response": {"name": name, "content": content}}, ensure_ascii=False)
+    if out and out[-1].get("_tool_results"):  # a marker, removed before rendering
+        previous = out.pop()
+        text = previous["content"] + "\n" + text
+    return {"role": "user", "content": text, "_tool_results": True}
+
+
+def _with_system(messages: list[dict[str, Any]], prompt: str) -> list[dict[str, Any]]:
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]
+        return [{**first, "content": f"{first.get('content') or ''}\n\n{prompt}"}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]

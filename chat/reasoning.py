@@ -1,0 +1,59 @@
+"""Reasoning split: text between thinking tags goes to `reasoning_content`."""
+
+from __future__ import annotations
+
+from chat.callstream import Delta
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def has_thinking(template_source: str) -> bool:
+    return OPEN in template_source and CLOSE in template_source
+
+
+def starts_inside(prompt: str) -> bool:
+    """Templates that open the thinking block in the generation prompt (Qwen3, R1)."""
+    return prompt.rstrip().endswith(OPEN)
+
+
+class ReasoningSplitter:
+    """Incremental: holds back a possible partial tag until it resolves."""
+
+    def __init__(self, inside: bool = False):
+        self._inside = inside
+        self._buf = ""
+        self._after_close = False  # drop the blank lines between thinking and answer
+
+    def feed(self, text: str) -> list[Delta]:
+        self._buf += text
+        out: list[Delta] = []
+        while True:
+            if self._after_close:
+                self._buf = self._buf.lstrip("\n")
+                self._after_close = not self._buf
+            tag = CLOSE if self._inside else OPEN
+            kind = "reasoning" if self._inside else "content"
+            at = self._buf.find(tag)
+            if at < 0:
+                keep = next(
+                    (k for k in range(min(len(tag) - 1, len(self._buf)), 0, -1)
+                     if tag.startswith(self._buf[-k:])),
+                    0,
+                )  # fmt: skip
+                cut = len(self._buf) - keep
+                if cut:
+                    out.append(Delta(kind, self._buf[:cut]))  # type: ignore[arg-type]
+                self._buf = self._buf[cut:]
+                return out
+            if at:
+                out.append(Delta(kind, self._buf[:at]))  # type: ignore[arg-type]
+            self._buf = self._buf[at + len(tag) :]
+            self._after_close = self._inside
+            self._inside = not self._inside
+
+    def finish(self) -> list[Delta]:
+        out = []
+        if self._buf:
+            out.append(Delta("reasoning" if self._inside else "content", self._buf))
+        self._buf = ""
+        return out

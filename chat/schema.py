@@ -1,0 +1,262 @@
+"""JSON schema -> GBNF, our own converter (chat/ cannot import llama_cpp).
+
+Supported: object (properties, required, additionalProperties false/true/schema), array
+(items, minItems, maxItems), string (enum, const, minLength, maxLength, format
+date/time/date-time/uuid, pattern: see chat.regex), number/integer, boolean, null,
+enum/const of any JSON value, anyOf/oneOf, type lists, $ref to #/$defs and
+#/definitions. Anything else raises SchemaError naming the keyword.
+
+Choices made so the output is always valid *and* bounded:
+- Properties come out in the schema's order, required ones first. A missing
+  `additionalProperties` is treated as false (the model cannot invent keys; the output
+  still validates, since extra keys would have been allowed).
+- Number bounds: integers with both bounds and at most 256 values are enumerated, and
+  `minimum >= 0` (or 1 for integers) forbids the sign (and zero). Other bounds are NOT
+  enforced by the grammar (accepted, since agents' tool schemas carry them; the README
+  says so); `multipleOf` and the like are refused.
+- `oneOf` is treated as `anyOf`: exclusivity is not enforced.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import jsonschema
+
+from chat.gbnf import RuleSet, json_literal, literal, repeat
+from chat.regex import PatternError, pattern_to_gbnf
+
+
+class SchemaError(ValueError):
+    """The schema is invalid or uses something the converter does not support."""
+
+
+# Keywords that only annotate: ignored.
+_ANNOTATIONS = {
+    "title", "description", "default", "examples", "$schema", "$id", "$comment",
+    "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "strict", "nullable",
+}  # fmt: skip
+_SUPPORTED = {
+    "type", "properties", "required", "additionalProperties", "items", "minItems",
+    "maxItems", "enum", "const", "minLength", "maxLength", "format", "pattern", "anyOf",
+    "oneOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+}  # fmt: skip
+_FORMATS = {"date": '"\\"" date "\\""', "time": '"\\"" time "\\""', "uuid": '"\\"" uuid "\\""'}
+_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+_MAX_ENUMERATED = 256
+
+
+def check_schema(schema: Any) -> None:
+    """Raise SchemaError unless `schema` is a valid JSON schema (any draft)."""
+    if not isinstance(schema, dict | bool):
+        raise SchemaError("a JSON schema must be an object")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise SchemaError(f"invalid JSON schema: {exc.message}") from None
+
+
+class SchemaConverter:
+    """Adds rules for one or more schemas to a RuleSet; `prefix` keeps names apart."""
+
+    def __init__(self, rules: RuleSet, root_schema: Any, prefix: str = ""):
+        self.rules = rules
+        self.root = root_schema
+        self.prefix = prefix
+        self._refs: dict[str, str] = {}
+
+    def convert(self, schema: Any, name: str = "value") -> str:
+        """A rule name matching the JSON text of instances of `schema`."""
+        return self._rule(schema, name)
+
+    def _rule(self, schema: Any, name: str) -> str:
+        expr = self._expr(schema, name)
+        return self.rules.add(self.prefix + name, expr)
+
+    def _expr(self, schema: Any, name: str) -> str:
+        if schema is True or schema == {}:
+            return self.rules.primitive("value")
+        if schema is False:
+            raise SchemaError(f"'{name}' admits no value (schema false)")
+        if not isinstance(schema, dict):
+            raise SchemaError(f"'{name}': a schema must be an object or a boolean")
+        unknown = set(schema) - _SUPPORTED - _ANNOTATIONS
+        if unknown:
+            raise SchemaError(f"unsupported JSON schema keyword(s) {sorted(unknown)} at '{name}'")
+        if "$ref" in schema:
+            return self._ref(schema["$ref"])
+        if "const" in schema:
+            return json_literal(schema["const"])
+        if "enum" in schema:
+            return " | ".join(json_literal(v) for v in schema["enum"]) or '""'
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                rest = {k: v for k, v in schema.items() if k != key}
+                branches = [{**rest, **b} if isinstance(b, dict) else b for b in schema[key]]
+                return " | ".join(self._rule(b, f"{name}-{i}") for i, b in enumerate(branches))
+        types = schema.get("type")
+        if types is None:
+            types = self._infer_type(schema)
+        if isinstance(types, list):
+            return (
+                " | ".join(self._rule({**schema, "type": t}, f"{name}-{t}") for t in types) or '""'
+            )
+        if types not in _TYPES:
+            raise SchemaError(f"unknown type {types!r} at '{name}'")
+        return getattr(self, f"_{types}")(schema, name)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _infer_type(schema: dict[str, Any]) -> str | list[str]:
+        if "properties" in schema or "additionalProperties" in schema:
+            return "object"
+        if "items" in schema:
+            return "array"
+        if {"minLength", "maxLength", "pattern", "format"} & set(schema):
+            return "string"
+        return list(_TYPES)
+
+    def _ref(self, ref: str) -> str:
+        for base in ("#/$defs/", "#/definitions/"):
+            if isinstance(ref, str) and ref.startswith(base):
+                key = ref[len(base) :]
+                break
+        else:
+            raise SchemaError(f"unsupported $ref {ref!r}: only #/$defs/... and #/definitions/...")
+        if ref not in self._refs:
+            defs = self.root.get(base[2:-1], {}) if isinstance(self.root, dict) else {}
+            if key not in defs:
+                raise SchemaError(f"$ref {ref!r} names no definition")
+            # Reserve the name first: a definition may refer to itself.
+            name = self.rules.reserve(self.prefix + "def-" + key)
+            self._refs[ref] = name
+            self.rules.define(name, self._expr(defs[key], "def-" + key))
+        return self._refs[ref]
+
+    def _object(self, schema: dict[str, Any], name: str) -> str:
+        ws = self.rules.primitive("ws")
+        props: dict[str, Any] = schema.get("properties", {})
+        required = [p for p in schema.get("required", []) if p in props]
+        missing = [p for p in schema.get("required", []) if p not in props]
+        extra = schema.get("additionalProperties", None if props else True)
+        if missing:  # a grammar cannot force a key it does not know
+            raise SchemaError(f"'{name}' requires {missing}, which it does not define")
+        optional = [p for p in props if p not in required]
+        kv = {
+            p: f'{literal(json.dumps(p))} {ws} ":" {ws} {self._rule(props[p], f"{name}-{p}")}'
+            for p in props
+        }
+        if extra not in (None, False):
+            value = self._rule(extra if isinstance(extra, dict) else True, f"{name}-extra")
+            more = self.rules.add(
+                f"{name}-kv", f'{self.rules.primitive("string")} {ws} ":" {ws} {value}'
+            )
+            optional.append("")  # any number of extra members, after the named ones
+            kv[""] = f'{more} ({ws} "," {ws} {more})*'
+        sep = f'{ws} "," {ws}'
+        head = f" {sep} ".join(kv[p] for p in required)
+        if head:
+            tail = " ".join(f"({sep} {kv[p]})?" for p in optional)
+            return f'"{{" {ws} {head} {tail} {ws} "}}"'
+        # No required member: the first present optional one has no comma before it.
+        starts = [
+            " ".join([kv[p], *(f"({sep} {kv[q]})?" for q in optional[i + 1 :])])
+            for i, p in enumerate(optional)
+        ]
+        body = f"({' | '.join(f'({s})' for s in starts)})?" if starts else ""
+        return f'"{{" {ws} {body} {ws} "}}"'
+
+    def _array(self, schema: dict[str, Any], name: str) -> str:
+        ws = self.rules.primitive("ws")
+        item = self._rule(schema.get("items", True), f"{name}-item")
+        low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        if high is not None and high < max(low, 1):
+            return f'"[" {ws} "]"' if high == 0 else '""'
+        rest = repeat(f'{ws} "," {ws} {item}', max(low - 1, 0), None if high is None else high - 1)
+        body = f"{item} {rest}"
+        return f'"[" {ws} {body if low else f"({body})?"} {ws} "]"'
+
+    def _string(self, schema: dict[str, Any], name: str) -> str:
+        fmt = schema.get("format")
+        if "pattern" in schema:
+            if {"minLength", "maxLength"} & set(schema):
+                raise SchemaError(f"'{name}': pattern together with min/maxLength is unsupported")
+            try:
+                self.rules.primitive("string")
+                return f'"\\"" {pattern_to_gbnf(schema["pattern"])} "\\""'
+            except PatternError as exc:
+                raise SchemaError(f"unsupported pattern at '{name}': {exc}") from None
+        if fmt == "date-time":
+            self.rules.primitive("date"), self.rules.primitive("time")
+            return '"\\"" date "T" time "\\""'
+        if fmt in _FORMATS:
+            self.rules.primitive(fmt)
+            return _FORMATS[fmt]
+        # Other formats are annotations (validators do not enforce them by default).
+        char = self.rules.primitive("char")
+        low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+        if low == 0 and high is None:
+            return self.rules.primitive("string")
+        return f'"\\"" {repeat(char, low, high)} "\\""'
+
+    def _integer(self, schema: dict[str, Any], name: str) -> str:
+        low, high = self._bounds(schema, name, integer=True)
+        if low is not None and high is not None and high - low < _MAX_ENUMERATED:
+            return " | ".join(f'"{v}"' for v in range(int(low), int(high) + 1)) or '""'
+        # Only the sign (and zero) is enforced beyond this; see the module doc.
+        if low is not None and low >= 1:
+            return "[1-9] [0-9]{0,15}"
+        if low is not None and low >= 0:
+            return '"0" | [1-9] [0-9]{0,15}'
+        return self.rules.primitive("integer")
+
+    def _number(self, schema: dict[str, Any], name: str) -> str:
+        low, _ = self._bounds(schema, name, integer=False)
+        if low is not None and low >= 0:  # only the sign is enforced; see the module doc
+            return '("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})?'
+        return self.rules.primitive("number")
+
+    @staticmethod
+    def _bounds(schema: dict[str, Any], name: str, integer: bool) -> tuple[Any, Any]:
+        low, high = schema.get("minimum"), schema.get("maximum")
+        exclusive = schema.get("exclusiveMinimum")
+        if isinstance(exclusive, bool):
+            raise SchemaError(f"'{name}': boolean exclusiveMinimum (draft 4) is unsupported")
+        if exclusive is not None:
+            # For numbers this errs towards allowing the bound itself (unenforced).
+            bound = exclusive + 1 if integer else exclusive
+            low = bound if low is None else max(low, bound)
+        ex_high = schema.get("exclusiveMaximum")
+        if isinstance(ex_high, int | float) and not isinstance(ex_high, bool):
+            bound = ex_high - 1 if integer else ex_high
+            high = bound if high is None else min(high, bound)
+        if integer:
+            low = None if low is None else -(-low // 1)
+            high = None if high is None else high // 1
+        return low, high
+
+    def _boolean(self, schema: dict[str, Any], name: str) -> str:
+        return self.rules.primitive("boolean")
+
+    def _null(self, schema: dict[str, Any], name: str) -> str:
+        return self.rules.primitive("null")
+
+
+@functools.lru_cache(maxsize=128)
+def _schema_gbnf_cached(canonical: str) -> str:
+    schema = json.loads(canonical)
+    check_schema(schema)
+    rules = RuleSet()
+    return rules.text(SchemaConverter(rules, schema).convert(schema, "root-value"))
+
+
+def schema_to_gbnf(schema: Any) -> str:
+    """A complete grammar (root = one instance of `schema`). Cached: agents resend the
+    same schema with every turn, keyed by the schema's canonical JSON."""
+    return _schema_gbnf_cached(json.dumps(schema, sort_keys=True))
+
+
+def json_object_gbnf() -> str:
+    rules = RuleSet()
+    return rules.text(rules.primitive("object"))

@@ -1,0 +1,87 @@
+"""Tools, tool choice and the checks on them (plain values; the server parses JSON)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from chat.schema import SchemaError, check_schema
+
+
+class ChatInputError(ValueError):
+    """A request the chat layer cannot serve; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: Any  # a JSON schema (dict or bool)
+
+    def as_openai(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    mode: Literal["none", "auto", "required", "named"]
+    name: str | None = None
+
+
+def check_tools(tools: list[Tool], choice: ToolChoice) -> list[Tool]:
+    """Validate tools and choice; return the tools the grammar may call."""
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        if (
+            not tool.name
+            or len(tool.name) > 64
+            or not all(c.isalnum() or c in "_-" for c in tool.name)
+        ):
+            raise ChatInputError(
+                "a function name must be 1-64 characters of a-z, A-Z, 0-9, _ and -",
+                param=f"tools[{i}].function.name",
+            )
+        if tool.name in seen:
+            raise ChatInputError(
+                f"duplicate tool name '{tool.name}'", param=f"tools[{i}].function.name"
+            )
+        seen.add(tool.name)
+        try:
+            check_schema(tool.parameters)
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+    if choice.mode in ("required", "named") and not tools:
+        raise ChatInputError(
+            f"tool_choice '{choice.mode if choice.mode != 'named' else choice.name}' needs 'tools'",
+            param="tool_choice",
+        )
+    if choice.mode == "named":
+        chosen = [t for t in tools if t.name == choice.name]
+        if not chosen:
+            raise ChatInputError(
+                f"tool_choice names '{choice.name}', which is not among the tools",
+                param="tool_choice",
+            )
+        return chosen
+    return tools
+
+
+def parse_arguments(text: str, param: str) -> Any:
+    """The JSON value of an assistant message's tool-call arguments string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ChatInputError("tool call arguments must be a JSON string", param=param) from None

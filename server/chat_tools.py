@@ -1,0 +1,143 @@
+"""Chat requests -> chat/ plans, and parsed output -> OpenAI message / delta shapes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from chat.callstream import Delta
+from chat.formats import GrammarSpec
+from chat.plan import ChatOptions, OutputParser
+from chat.tools import Tool, ToolChoice
+from server.deps import EngineLike
+from server.protocol import ChatCompletionRequest
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    out = []
+    for message in body.messages:
+        content = message.content
+        if isinstance(content, list):
+            content = "".join(part.text or "" for part in content)
+        # Templates written before the 'developer' role know it as 'system'.
+        role = "system" if message.role == "developer" else message.role
+        item: dict[str, Any] = {"role": role, "content": content}
+        if content is None and not message.tool_calls:
+            item["content"] = ""
+        if message.name is not None:
+            item["name"] = message.name
+        if message.tool_calls:
+            item["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": c.function.model_dump()}
+                for c in message.tool_calls
+            ]
+        if message.tool_call_id is not None:
+            item["tool_call_id"] = message.tool_call_id
+        out.append(item)
+    return out
+
+
+def chat_options(body: ChatCompletionRequest) -> ChatOptions:
+    tools = tuple(
+        Tool(
+            t.function.name,
+            t.function.description,
+            {"type": "object", "properties": {}}
+            if t.function.parameters is None
+            else t.function.parameters,
+        )
+        for t in body.tools or []
+    )
+    choice = body.tool_choice
+    if choice is None:
+        tool_choice = ToolChoice("auto")
+    elif isinstance(choice, str):
+        tool_choice = ToolChoice(choice)
+    else:
+        tool_choice = ToolChoice("named", choice.function.name)
+    fmt = body.response_format
+    return ChatOptions(
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls,
+        response_format=fmt.type if fmt else "text",
+        json_schema=fmt.json_schema.schema_ if fmt and fmt.json_schema else None,
+        reasoning_format="none" if body.reasoning_format == "none" else "auto",
+        template_kwargs=dict(body.chat_template_kwargs or {}),
+    )
+
+
+def grammar_fields(spec: GrammarSpec | None, engine: EngineLike) -> dict[str, object]:
+    """SamplingParams fields for a grammar. A trigger word that is one special token of
+    this vocabulary triggers on that token; any other word becomes a pattern."""
+    if spec is None:
+        return {}
+    patterns = list(spec.trigger_patterns)
+    tokens = []
+    for word in spec.trigger_words:
+        ids = engine.tokenize(word, add_special=False, parse_special=True)
+        if len(ids) == 1:
+            tokens.append(ids[0])
+        else:
+            patterns.append(r"[\s\S]*?(" + re.escape(word) + r")[\s\S]*")
+    return {
+        "grammar": spec.gbnf,
+        "grammar_lazy": spec.lazy,
+        "grammar_trigger_patterns": tuple(patterns),
+        "grammar_trigger_tokens": tuple(tokens),
+    }
+
+
+def stream_deltas(deltas: list[Delta]) -> list[dict[str, Any]]:
+    """OpenAI chunk deltas from the parsed pieces of one increment. A call's first
+    chunk carries only its id, type and name (arguments ""); fragments follow."""
+    out: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for d in deltas:
+        if d.kind == "start":
+            if current:
+                out.append(current)
+            out.append({"tool_calls": [{
+                "index": d.index,
+                "id": d.call_id,
+                "type": "function",
+                "function": {"name": d.text, "arguments": ""},
+            }]})  # fmt: skip
+            current = {}
+        elif d.kind == "args":
+            calls = current.setdefault("tool_calls", [])
+            if calls and calls[-1]["index"] == d.index:
+                calls[-1]["function"]["arguments"] += d.text
+            else:
+                calls.append({"index": d.index, "function": {"arguments": d.text}})
+        else:
+            key = "content" if d.kind == "content" else "reasoning_content"
+            current[key] = current.get(key, "") + d.text
+    if current:
+        out.append(current)
+    return out
+
+
+def message(parser: OutputParser, text: str) -> dict[str, Any]:
+    """The full assistant message of one choice (same parser as the stream)."""
+    deltas = parser.feed(text) + parser.finish()
+    content = "".join(d.text for d in deltas if d.kind == "content")
+    reasoning = "".join(d.text for d in deltas if d.kind == "reasoning")
+    calls: list[dict[str, Any]] = []
+    for d in deltas:
+        if d.kind == "start":
+            calls.append(
+                {"id": d.call_id, "type": "function", "function": {"name": d.text, "arguments": ""}}
+            )
+        elif d.kind == "args":
+            calls[d.index]["function"]["arguments"] += d.text
+    out: dict[str, Any] = {
+        "role": "assistant",
+        "content": None if calls and not content else content,
+        "refusal": None,
+    }
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    if calls:
+        out["tool_calls"] = calls
+    return out

@@ -1,0 +1,98 @@
+"""JSON schema -> GBNF: the rules produced and the schemas refused.
+
+(Every grammar here is also compiled by the real llama.cpp in
+tests/integration/test_structured.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chat.regex import PatternError, pattern_to_gbnf
+from chat.schema import SchemaError, schema_to_gbnf
+
+SCHEMAS: list[Any] = [
+    True,
+    {},
+    {"type": "string"},
+    {"type": "string", "minLength": 2, "maxLength": 5},
+    {"type": "string", "format": "date-time"},
+    {"type": "string", "format": "uuid"},
+    {"type": "string", "format": "email"},
+    {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.(com|org)$"},
+    {"type": "string", "pattern": "\\d{3}"},
+    {"type": "string", "pattern": "^[^\"\\\\]{1,4}\\s\\w?$"},
+    {"type": ["string", "null"]},
+    {"type": "integer", "minimum": 1, "maximum": 6},
+    {"type": "integer", "minimum": 0},
+    {"type": "number", "minimum": -5, "maximum": 5},
+    {"type": "boolean"},
+    {"enum": ["a", 1, None, {"k": [True]}]},
+    {"const": "fixed"},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
+    {"type": "array", "maxItems": 0},
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "number"}}},
+    {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+     "additionalProperties": True},
+    {"type": "object", "additionalProperties": {"type": "integer"}},
+    {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"x": {"type": "null"}}}]},
+    {"oneOf": [{"const": 1}, {"const": 2}]},
+    {"$defs": {"tree": {"type": "object", "properties": {
+        "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/tree"}}},
+        "required": ["v"]}}, "$ref": "#/$defs/tree"},
+    {"definitions": {"p": {"type": "string"}}, "type": "object",
+     "properties": {"p": {"$ref": "#/definitions/p"}}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_schemas_convert(schema: Any) -> None:
+    grammar = schema_to_gbnf(schema)
+    assert grammar.startswith("root ::= ")
+    names = {line.split(" ::= ")[0] for line in grammar.splitlines()}
+    assert len(names) == len(grammar.splitlines())  # every rule defined once
+
+
+def test_object_rules_follow_required_and_order() -> None:
+    g = schema_to_gbnf(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "boolean"}, "b": {"type": "null"}},
+            "required": ["b"],
+        }  # fmt: skip
+    )
+    root = next(line for line in g.splitlines() if line.startswith("root-value ::="))
+    assert root.index('"\\"b\\""') < root.index('"\\"a\\""')  # required first
+    assert '("," ' not in root or "?" in root
+
+
+def test_small_integer_ranges_are_enumerated() -> None:
+    assert '"1" | "2" | "3"' in schema_to_gbnf({"type": "integer", "minimum": 1, "maximum": 3})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "pattern": "(?=x)"},
+        {"type": "string", "pattern": "a*?"},
+        {"type": "string", "pattern": "(a)\\1"},
+        {"not": {"type": "string"}},
+        {"allOf": [{"type": "string"}]},
+        {"type": "array", "prefixItems": [{"type": "string"}]},
+        {"$ref": "https://example.com/schema"},
+        {"$ref": "#/$defs/missing"},
+        {"type": "objekt"},
+        {"type": "object", "required": ["x"], "additionalProperties": False},
+    ],
+)
+def test_unsupported_or_invalid_schemas_raise(schema: Any) -> None:
+    with pytest.raises(SchemaError):
+        schema_to_gbnf(schema)
+
+
+def test_pattern_expression() -> None:
+    assert pattern_to_gbnf("^ab$") == '("a" "b")'
+    assert pattern_to_gbnf("a").startswith("char* ")
+    with pytest.raises(PatternError):
+        pattern_to_gbnf('["]')
