@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,8 @@ def wait_ready(server: Server, timeout: float = 120.0) -> None:
 
 
 def stop(server: Server) -> None:
+    if server.process.poll() is not None:  # the test stopped it already
+        return
     server.process.terminate()
     try:
         server.process.wait(30)
@@ -66,7 +69,9 @@ def stop(server: Server) -> None:
 
 
 @contextlib.contextmanager
-def running(args: list[str], log_dir: Path, *, wait: bool = True) -> Iterator[Server]:
+def running(
+    args: list[str], log_dir: Path, *, wait: bool = True, env: dict[str, str] | None = None
+) -> Iterator[Server]:
     """`kvserve <args>` on a free port; logs go to log_dir/kvserve-<port>.log."""
     port = free_port()
     log_path = log_dir / f"kvserve-{port}.log"
@@ -75,7 +80,7 @@ def running(args: list[str], log_dir: Path, *, wait: bool = True) -> Iterator[Se
             [sys.executable, "-m", "server", "--port", str(port), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         server = Server(f"http://127.0.0.1:{port}", process, log_path)
         try:
@@ -93,7 +98,8 @@ def metrics(url: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    out: dict[str, float] = {}
+    # A labelled counter has no sample until it first counts: read as 0.
+    out: dict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if set(sample.labels) <= {"model"}:

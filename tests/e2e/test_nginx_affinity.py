@@ -147,7 +147,9 @@ def test_a_sessions_turns_stay_on_one_replica_and_reuse_its_cache(
     url, replicas = cluster
     with httpx.Client(timeout=60) as http:
         for session in ("conversation-a", "conversation-b", "conversation-c"):
-            messages = [{"role": "system", "content": f"You are helper {session}."}]
+            # long enough (64+ tokens) for its prefix to be reused (exact reuse)
+            rules = " ".join(f"Rule {i}: answer with one number only." for i in range(12))
+            messages = [{"role": "system", "content": f"You are helper {session}. {rules}"}]
             homes, cached = [], []
             for turn in range(4):
                 messages.append({"role": "user", "content": f"Turn {turn}: name a number."})

@@ -14,7 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.kvserve_process import Kvserve, free_port, kvserve
+from tests.kvserve_process import Server, free_port, running
 
 pytestmark = pytest.mark.model
 
@@ -37,16 +37,16 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kvserve]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("ops")
     config = tmp / "kvserve.toml"
     config.write_text(CONFIG)
-    with kvserve(tmp, "--config", str(config)) as running:
-        yield running
+    with running(["--config", str(config)], tmp) as server:
+        yield server
 
 
 @pytest.fixture
-def client(server: Kvserve) -> openai.OpenAI:
+def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
@@ -63,7 +63,7 @@ def get(values: dict, name: str, **labels: str) -> float:
     return values.get((name, frozenset(labels.items())), 0.0)
 
 
-def test_two_models_in_one_process(client: openai.OpenAI, server: Kvserve) -> None:
+def test_two_models_in_one_process(client: openai.OpenAI, server: Server) -> None:
     assert [m.id for m in client.models.list().data] == ["smol-a", "smol-b"]
     by_alias = client.chat.completions.create(
         model="gpt-4o-mini", messages=HELLO, max_tokens=4, temperature=0  # type: ignore[arg-type]
@@ -83,7 +83,7 @@ def test_two_models_in_one_process(client: openai.OpenAI, server: Kvserve) -> No
     assert health["models"] == {"smol-a": {"status": "ready"}, "smol-b": {"status": "ready"}}
 
 
-def test_metrics_move_with_real_traffic(server: Kvserve) -> None:
+def test_metrics_move_with_real_traffic(server: Server) -> None:
     before = metric_values(server.url)
     body = {"model": "smol-a", "messages": HELLO, "max_tokens": 8, "ignore_eos": True}
     r = httpx.post(
@@ -141,7 +141,7 @@ scrape_configs:
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed")
 def test_real_prometheus_scrapes_the_ttft_histogram(
-    server: Kvserve, client: openai.OpenAI, tmp_path: Path
+    server: Server, client: openai.OpenAI, tmp_path: Path
 ) -> None:
     client.chat.completions.create(model="smol-b", messages=HELLO, max_tokens=4)  # type: ignore[arg-type]
     config = tmp_path / "prometheus.yml"

@@ -89,9 +89,18 @@ def test_sync_chat_completion(client: openai.OpenAI) -> None:
         max_tokens=24,  # type: ignore[arg-type]
     )
     assert again.choices[0].message.content == completion.choices[0].message.content
-    # The same prompt again reuses its slot's KV: all but the last prompt token.
+    # Prompts under 64 tokens are not reused (exact reuse: see the README) ...
     assert again.usage is not None and again.usage.prompt_tokens_details is not None
-    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.usage.prompt_tokens < 64 and again.usage.prompt_tokens_details.cached_tokens == 0
+    # ... a longer one is, all but its last 64 tokens, and answers exactly as cold.
+    long = [{"role": "system", "content": "Answer briefly. " * 40}, *MESSAGES]
+    first, second = (
+        client.chat.completions.create(model=MODEL, messages=long, temperature=0, max_tokens=16)  # type: ignore[arg-type]
+        for _ in range(2)
+    )
+    assert second.choices[0].message.content == first.choices[0].message.content
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 64
 
 
 def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:

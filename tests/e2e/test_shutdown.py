@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.kvserve_process import kvserve
+from tests.kvserve_process import running
 
 pytestmark = pytest.mark.model
 
@@ -56,11 +56,11 @@ class Stream(threading.Thread):
 
 
 def test_sigterm_lets_a_stream_finish_refuses_new_work_and_exits_0(tmp_path: Path) -> None:
-    with kvserve(tmp_path, "--parallel", "2", "--shutdown-grace", "120", env=NO_EMBEDDINGS) as k:
+    with running(["--parallel", "2", "--shutdown-grace", "120"], tmp_path, env=NO_EMBEDDINGS) as k:
         stream = Stream(k.url, max_tokens=16)
         stream.start()
         stream.wait_for_tokens(2)
-        k.signal(signal.SIGTERM)
+        k.process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         refused = httpx.get(f"{k.url}/v1/models", timeout=10)
         assert refused.status_code == 503
@@ -71,33 +71,33 @@ def test_sigterm_lets_a_stream_finish_refuses_new_work_and_exits_0(tmp_path: Pat
         chunks = stream.chunks()
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) >= 12
-        assert k.proc.wait(60) == 0
+        assert k.process.wait(60) == 0
         assert "shutting down" in k.log()
 
 
 def test_grace_over_cuts_the_stream_with_a_proper_end(tmp_path: Path) -> None:
-    with kvserve(tmp_path, "--parallel", "2", "--shutdown-grace", "1", env=NO_EMBEDDINGS) as k:
+    with running(["--parallel", "2", "--shutdown-grace", "1"], tmp_path, env=NO_EMBEDDINGS) as k:
         stream = Stream(k.url, max_tokens=3000)
         stream.start()
         stream.wait_for_tokens(2)
         started = time.monotonic()
-        k.signal(signal.SIGTERM)
+        k.process.send_signal(signal.SIGTERM)
         stream.join(60)
         assert stream.error is None and stream.events[-1] == "[DONE]"
         assert len(stream.chunks()) < 1000
-        assert k.proc.wait(60) == 0
+        assert k.process.wait(60) == 0
         assert time.monotonic() - started < 30
         assert "shutdown grace over: cancelling 1 request(s)" in k.log()
 
 
 def test_second_sigterm_exits_at_once(tmp_path: Path) -> None:
-    with kvserve(tmp_path, "--parallel", "2", "--shutdown-grace", "600", env=NO_EMBEDDINGS) as k:
+    with running(["--parallel", "2", "--shutdown-grace", "600"], tmp_path, env=NO_EMBEDDINGS) as k:
         stream = Stream(k.url, max_tokens=3000)
         stream.start()
         stream.wait_for_tokens(2)
-        k.signal(signal.SIGTERM)
+        k.process.send_signal(signal.SIGTERM)
         time.sleep(1.0)
-        assert k.proc.poll() is None  # draining: the stream may run for 600 s
-        k.signal(signal.SIGTERM)
-        assert k.proc.wait(10) == 1
+        assert k.process.poll() is None  # draining: the stream may run for 600 s
+        k.process.send_signal(signal.SIGTERM)
+        assert k.process.wait(10) == 1
         assert "second SIGTERM: exiting now" in k.log()
