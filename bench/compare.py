@@ -106,7 +106,9 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited with {proc.returncode}")
         try:
-            if httpx.get(f"{base}/v1/models", timeout=1).status_code == 200:
+            # /health is 200 only once the model is loaded (llama_cpp.server has none)
+            probe = "/v1/models" if name == "llama_cpp.server" else "/health"
+            if httpx.get(f"{base}{probe}", timeout=1).status_code == 200:
                 return proc, f"{base}/v1", model_id
         except httpx.HTTPError:
             pass
