@@ -57,7 +57,9 @@ class Stream(threading.Thread):
 
 def test_sigterm_lets_a_stream_finish_refuses_new_work_and_exits_0(tmp_path: Path) -> None:
     with running(["--parallel", "2", "--shutdown-grace", "120"], tmp_path, env=NO_EMBEDDINGS) as k:
-        stream = Stream(k.url, max_tokens=16)
+        # long enough to be still running when the checks below are made (about 2 s
+        # on an idle machine), short enough to finish well within the grace
+        stream = Stream(k.url, max_tokens=128)
         stream.start()
         stream.wait_for_tokens(2)
         k.process.send_signal(signal.SIGTERM)
