@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -17,50 +14,19 @@ import numpy as np
 import openai
 import pytest
 
+from tests.kvserve_process import running
+
 pytestmark = pytest.mark.model
 
 MODEL = "SmolLM2-135M-Instruct"
 KEY = "sk-e2e-test"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("e2e") / "server.log"
-    log = open(log_path, "w")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", str(port), "--parallel", "2", "--api-key", KEY],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not become ready"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    args = ["--parallel", "2", "--api-key", KEY]
+    with running(args, tmp_path_factory.mktemp("e2e")) as kvserve:
+        yield kvserve.url
 
 
 @pytest.fixture
