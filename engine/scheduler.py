@@ -74,9 +74,10 @@ class SchedulerConfig:
 
     @property
     def keeps_prefixes(self) -> bool:
-        """Finished sequences leave their KV for reuse (only with a stream per slot:
-        in a unified pool, resident cells would compete with running sequences)."""
-        return self.n_ctx_seq < self.n_ctx
+        """Finished sequences leave their KV for reuse: with a stream per slot, or a
+        single slot (in a unified pool shared by several, resident cells would compete
+        with running sequences)."""
+        return self.n_ctx_seq < self.n_ctx or self.num_slots == 1
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

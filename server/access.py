@@ -56,6 +56,7 @@ class AccessRecord:
     shutting_down: bool = False
     generations: list[Generation] = field(default_factory=list)
     _last_token: dict[tuple[int, int], float] = field(default_factory=dict)
+    _itl: Any = None  # the model's inter-token-latency histogram child
 
     def watch(self, generation: Generation) -> None:
         """Called as a handler starts reading `generation`: shutdown may abort it."""
@@ -86,9 +87,12 @@ class AccessRecord:
                     metrics.ttft.labels(model).observe(self.ttft)
             elif last is not None and metrics is not None:
                 # Tokens that arrive together share the gap since the previous arrival.
+                # The labelled child is looked up once per request, not per token.
+                if self._itl is None:
+                    self._itl = metrics.itl.labels(model)
                 gap = (now - last) / len(out.token_ids)
                 for _ in out.token_ids:
-                    metrics.itl.labels(model).observe(gap)
+                    self._itl.observe(gap)
             self._last_token[key] = now
         if out.finish_reason is None:
             return

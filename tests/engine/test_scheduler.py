@@ -406,3 +406,11 @@ def test_exact_reuse_keeps_prompt_positions_only_and_recomputes_64() -> None:
     apply(s)
     drop = s.remove(short)
     assert drop == Drop(short_slot := 1, 0) and s.slots.resident[short_slot].tokens == []
+
+
+def test_a_single_slot_keeps_its_prefix_even_with_a_unified_cache() -> None:
+    s = Scheduler(SchedulerConfig(1, 100, 100, 64, 32, exact=False))  # n_ctx_seq == n_ctx
+    a = seq_of("a", [1, 2, 3, 4])
+    s.add(a)
+    apply(s)
+    assert s.remove(a) is None and s.slots.resident[0].tokens == [1, 2, 3, 4]

@@ -4,7 +4,6 @@ exactly the cold output (a cache that returns the wrong state is worse than none
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from cache import CacheConfig, CacheHit
-from engine.engine import Engine, EngineConfig
+from engine.engine import Engine
 from engine.types import GenerateRequest, SamplingParams, SessionBusyError, SessionNotFoundError
-from server.config import default_model_path
+from tests.integration.test_engine import start as start_engine
 
 pytestmark = pytest.mark.model
 
@@ -29,13 +28,8 @@ QUESTIONS = ["When do you open?", "Do you sell rye bread?", "Can you deliver on 
 
 
 async def start(**overrides: object) -> Engine:
-    base = EngineConfig(default_model_path(), "smol", n_ctx=1024, n_seq_max=2, embeddings=False)
-    engine = Engine(dataclasses.replace(base, **overrides))  # type: ignore[arg-type]
-    engine.start()
-    while engine.state.value == "loading":
-        await asyncio.sleep(0.02)
-    assert engine.ready, engine.load_error
-    return engine
+    """A small engine (1,024 tokens a sequence, 2 slots) unless told otherwise."""
+    return await start_engine(**{"n_ctx": 1024, "n_seq_max": 2, "embeddings": False, **overrides})
 
 
 @pytest.fixture
