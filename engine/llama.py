@@ -299,10 +299,18 @@ class Context:
         """Drop the KV cells of `seq_id` at positions >= start."""
         C.llama_memory_seq_rm(self.memory, seq_id, start, -1)
 
-    def copy_seq(self, src: int, dst: int) -> None:
-        """Make `dst`'s KV a copy of all of `src`'s (between streams: a buffer copy,
-        done by llama.cpp at the start of the next decode)."""
-        C.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+    def copy_seq(self, src: int, dst: int) -> bool:
+        """Make `dst`'s KV a copy of all of `src`'s, now; False if llama.cpp refused.
+
+        Not llama_memory_seq_cp: between streams it only queues the buffer copy for the
+        next llama_decode, so a state restored into `src` (or saved from `dst`) before
+        then was copied instead (issue 9: one tenant's prompt KV in another's fork).
+        Going through the state blob is synchronous, and moves only the cells `src`
+        holds (~23 KB a token) where the stream copy moved all n_ctx_seq cells."""
+        if self.seq_pos_max(src) < 0:
+            self.remove_seq(dst)
+            return True
+        return self.set_seq_state(dst, self.get_seq_state(src))
 
     def clear(self) -> None:
         C.llama_memory_clear(self.memory, True)

@@ -310,7 +310,7 @@ class Scheduler:
             assert seq.cache_hit is not None
             ops.extend((Drop(slot), Restore(seq, slot, seq.cache_hit, keep)))
         elif prefix.copy_from is not None:
-            ops.extend((Copy(prefix.copy_from, slot), Drop(slot, keep)))
+            ops.extend((Copy(prefix.copy_from, slot, seq), Drop(slot, keep)))
         elif had_resident or own:
             ops.append(Drop(slot, keep))
         if seq.num_output_tokens == 0:  # first admission (not a preempted sequence's)

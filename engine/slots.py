@@ -49,10 +49,12 @@ class Restore:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    """Make `dst`'s KV stream a copy of `src`'s."""
+    """Make `dst`'s KV a copy of `src`'s (at once: see `Context.copy_seq`). On failure
+    the worker sends `seq` (if any) back to a cold prefill."""
 
     src: int
     dst: int
+    seq: Sequence | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from cache import PrefixCache
 from engine.embedder import Embedder, EmbedJob
+from engine.kvledger import KvLedger, KvMismatch
 from engine.llama import Context, Model
 from engine.runner import DecodeError, Runner, Sampled, StepResult
 from engine.scheduler import Chunk, Scheduler
@@ -94,6 +95,8 @@ class Worker:
     ):
         self.model = model
         self.ctx = ctx
+        self.kv = KvLedger(ctx, scheduler.config.num_slots)  # every KV op goes through it
+        self.check_kv = False  # tests: check the ledger against the scheduler every loop
         self.scheduler = scheduler
         config = scheduler.config
         self.runner = Runner(
@@ -133,6 +136,8 @@ class Worker:
                     self.embedder.step()
                 if self.scheduler.has_work:
                     self.step()
+                if self.check_kv:
+                    self.check_integrity()
             except Exception as exc:  # a bug must cost its requests, never the engine thread
                 log.exception("engine step failed")
                 self._fail_everything(f"internal engine error: {type(exc).__name__}: {exc}")
@@ -205,9 +210,12 @@ class Worker:
             elif isinstance(op, Restore) and not self._restore(op):
                 failed.append(op.seq)
             elif isinstance(op, Copy):
-                self.ctx.copy_seq(op.src, op.dst)
+                if not self.kv.copy_seq(op.src, op.dst) and op.seq is not None:
+                    log.warning("copying a prefix failed; prefilling %s cold", op.seq.request_id)
+                    self._start_cold(op.seq)
+                    failed.append(op.seq)
             elif isinstance(op, Drop):
-                self.ctx.remove_seq(op.slot, op.start)
+                self.kv.remove_seq(op.slot, op.start)
         return failed
 
     def _save(self, slot: int, tokens: list[int], salt: str) -> bool:
@@ -218,22 +226,34 @@ class Worker:
         cache = self.cache
         if cache is None or len(tokens) < cache.config.min_tokens:
             return False
+        if not self.kv.holds(slot, tokens):  # never store KV under other tokens
+            self.kv.num_refused_saves += 1
+            log.error("refused to save slot %d: its KV is not of the tokens given", slot)
+            if self.check_kv:
+                raise KvMismatch(f"save of slot {slot} under tokens it does not hold")
+            return False
         return cache.save(tokens, self.ctx.get_seq_state(slot), salt)
 
     def _restore(self, op: Restore) -> bool:
         seq, slot = op.seq, op.slot
-        ok = self.ctx.set_seq_state(slot, op.hit.state)
+        ok = self.kv.restore(slot, op.hit.state, op.hit.tokens)
         # The state must hold at least the positions we keep (a foreign or damaged
-        # blob that llama.cpp accepted would show here).
+        # blob that llama.cpp accepted would show here), and of this prompt's tokens.
         if ok and self.ctx.seq_pos_max(slot) >= op.keep - 1:
-            self.ctx.remove_seq(slot, op.keep)
-            return True
+            self.kv.remove_seq(slot, op.keep)
+            if self.kv.holds(slot, seq.tokens[: op.keep]):
+                return True
         log.warning("restoring a cached prefix failed; prefilling %s cold", seq.request_id)
         self.num_restore_failures += 1
-        self.ctx.remove_seq(slot)
+        self.kv.remove_seq(slot)
+        self._start_cold(seq)
+        return False
+
+    @staticmethod
+    def _start_cold(seq: Sequence) -> None:
+        """The prefix planned for `seq` is not there: it prefills from the start."""
         seq.num_computed = seq.num_cached = seq.num_saved = 0
         seq.hit_kind, seq.hit_source = "cold", "none"
-        return False
 
     def _save_long_prefill(self, seq: Sequence) -> None:
         if self.cache is None or seq.status is not SeqStatus.RUNNING or seq.slot is None:
@@ -255,7 +275,21 @@ class Worker:
             command.on_done(0, "every slot is busy")
             return
         self._run_ops(ops)
+        slots = self.scheduler.slots
+        slot = slots.pins.get(command.target)
+        resident = slots.resident.get(slot) if slot is not None else None
+        if slot is not None and resident is not None and not self.kv.holds(slot, resident.tokens):
+            slots.resident.pop(slot)  # the copy failed: the slot holds nothing
+            slots.unpin(command.target)
+            command.on_done(0, "copying the session's KV failed")
+            return
         command.on_done(num_tokens, None)
+
+    def check_integrity(self) -> None:
+        """The scheduler's invariants, and its view of every slot's KV against the
+        ledger's (and llama.cpp's). Raises AssertionError."""
+        self.scheduler.check_integrity()
+        self.kv.check(self.scheduler)
 
     def _save_residents(self) -> None:
         """Shutdown: what the slots hold goes to the cache (finished requests already
@@ -267,6 +301,7 @@ class Worker:
                 resident.saved = self._save(slot, resident.tokens, resident.salt)
 
     def _postprocess(self, chunks: list[Chunk], result: StepResult) -> None:
+        self.kv.decoded(chunks)
         num_tokens = num_decode_rows = 0
         for chunk in chunks:
             num_tokens += chunk.length
@@ -343,14 +378,14 @@ class Worker:
         if keep and seq.slot is not None and seq.status is SeqStatus.RUNNING:
             kept = self.scheduler.reusable(seq)
             num_kv = len(kept)
-            self.ctx.remove_seq(seq.slot, num_kv)  # what may not be reused goes first
+            self.kv.remove_seq(seq.slot, num_kv)  # what may not be reused goes first
             saved = self._save(seq.slot, kept, seq.salt)
         self.hits[seq.hit_kind] = self.hits.get(seq.hit_kind, 0) + 1
         self.hit_sources[seq.hit_source] = self.hit_sources.get(seq.hit_source, 0) + 1
         self.num_reused_tokens += seq.num_cached
         drop = self.scheduler.remove(seq, keep_kv=keep, saved=saved)
         if drop is not None:
-            self.ctx.remove_seq(drop.slot, drop.start)
+            self.kv.remove_seq(drop.slot, drop.start)
         if seq.sampler is not None:
             seq.sampler.close()
         self._emit(
@@ -374,10 +409,10 @@ class Worker:
         # The failed batch may have left cells behind: drop what it added.
         for chunk in chunks:
             if chunk.seq.slot is not None:
-                self.ctx.remove_seq(chunk.seq.slot, chunk.start)
+                self.kv.remove_seq(chunk.seq.slot, chunk.start)
         if exc.code == 1 and len(self.scheduler.running) > 1:
             # Out of KV cells (fragmentation): make room and retry next step.
-            self.ctx.remove_seq(self.scheduler.preempt_newest())
+            self.kv.remove_seq(self.scheduler.preempt_newest())
             log.warning("KV cache full; preempted the newest sequence")
             return
         self.num_decode_failures += 1
@@ -393,7 +428,7 @@ class Worker:
                 job = self.embedder.jobs.popleft()
                 job.on_done(None, error)
             self.embedder.ctx.clear()
-        self.ctx.clear()
+        self.kv.clear()
         self.scheduler.slots.resident.clear()
 
     def _abort_all(self) -> None:

@@ -1,0 +1,103 @@
+"""The KV ledger: which token ids each slot's KV cells were computed from.
+
+Every KV operation the worker runs goes through here, so the ledger is a shadow of
+llama.cpp's memory built from what was really done to it (drops, copies, restores,
+decodes), independent of the scheduler's view. `check` compares the two: a running
+sequence's slot must hold exactly its computed tokens, a free slot exactly its resident
+prefix (or nothing). A save is refused when the slot does not hold the tokens it is to
+be stored under, so a bookkeeping slip can cost a cache entry, never poison one.
+
+Every operation here takes effect at once (see `Context.copy_seq`): nothing is queued
+for a later decode, so no restore, save or reclaim can overtake a pending copy.
+Engine thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from engine.llama import Context
+
+if TYPE_CHECKING:
+    from engine.scheduler import Chunk, Scheduler
+
+
+class KvMismatch(AssertionError):
+    """The scheduler believes a slot holds KV it does not hold."""
+
+
+class KvLedger:
+    def __init__(self, ctx: Context, num_slots: int):
+        self.ctx = ctx
+        self.slots: list[list[int]] = [[] for _ in range(num_slots)]
+        self.num_refused_saves = 0
+
+    # -- the KV operations ---------------------------------------------------------------
+
+    def remove_seq(self, slot: int, start: int = 0) -> None:
+        self.ctx.remove_seq(slot, start)
+        del self.slots[slot][start:]
+
+    def copy_seq(self, src: int, dst: int) -> bool:
+        ok = self.ctx.copy_seq(src, dst)
+        self.slots[dst] = list(self.slots[src]) if ok else []
+        if not ok:
+            self.ctx.remove_seq(dst)
+        return ok
+
+    def restore(self, slot: int, state: bytes, tokens: Sequence[int]) -> bool:
+        """Load a cached state stored for `tokens` into the empty `slot`."""
+        ok = self.ctx.set_seq_state(slot, state)
+        self.slots[slot] = list(tokens) if ok else []
+        return ok
+
+    def decoded(self, chunks: list[Chunk]) -> None:
+        """A decode computed these chunks' tokens into their slots."""
+        for chunk in chunks:
+            slot = chunk.seq.slot
+            assert slot is not None
+            # llama.cpp only decodes positions that follow the slot's last one, so a
+            # chunk starts where the slot's KV ends (if the ledger is right; `check`).
+            self.slots[slot].extend(chunk.seq.tokens[chunk.start : chunk.start + chunk.length])
+
+    def clear(self) -> None:
+        self.ctx.clear()
+        for held in self.slots:
+            held.clear()
+
+    # -- questions -------------------------------------------------------------------------
+
+    def holds(self, slot: int, tokens: Sequence[int]) -> bool:
+        """True if the slot's first len(tokens) cells were computed from `tokens`."""
+        held = self.slots[slot]
+        return len(held) >= len(tokens) and held[: len(tokens)] == list(tokens)
+
+    def check(self, scheduler: Scheduler) -> None:
+        """Raise KvMismatch where the scheduler's view differs from the ledger's, or the
+        ledger's from llama.cpp's (the last position each slot holds)."""
+        expected: dict[int, list[int]] = {}
+        for seq in scheduler.running:
+            assert seq.slot is not None
+            expected[seq.slot] = seq.tokens[: seq.num_computed]
+        for slot, resident in scheduler.slots.resident.items():
+            expected[slot] = resident.tokens
+        for slot, held in enumerate(self.slots):
+            want = expected.get(slot, [])
+            if held != want:
+                raise KvMismatch(
+                    f"slot {slot} holds KV of {len(held)} tokens, the scheduler believes"
+                    f" {len(want)} (first difference at {_first_difference(held, want)})"
+                )
+            if self.ctx.seq_pos_max(slot) != len(held) - 1:
+                raise KvMismatch(
+                    f"slot {slot}: llama.cpp holds positions up to "
+                    f"{self.ctx.seq_pos_max(slot)}, the ledger {len(held) - 1}"
+                )
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
