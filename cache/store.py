@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -285,6 +285,22 @@ class PrefixCache:
             self._ram.clear()
             if self._disk is not None:
                 self._disk.clear()
+            return len(keys)
+
+    def entries_of(self, owns: Callable[[str], bool]) -> tuple[int, int]:
+        """(entries, tokens) of the stored prefixes whose salt `owns` accepts: one
+        tenant's share of the cache, for its own view of it."""
+        with self._lock:
+            mine = [e for e in self._index.entries() if owns(e.info.salt)]
+            return len(mine), sum(len(e.tokens) for e in mine)
+
+    def purge_where(self, owns: Callable[[str], bool]) -> int:
+        """Drop the entries whose salt `owns` accepts, in both tiers; the number dropped.
+        (A save already queued for one of those salts may still land afterwards.)"""
+        with self._lock:
+            keys = [e.info.key for e in self._index.entries() if owns(e.info.salt)]
+            for key in keys:
+                self._remove(key)
             return len(keys)
 
     def flush(self, timeout: float | None = None) -> bool:

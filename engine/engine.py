@@ -27,7 +27,7 @@ from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, ContextParams, Model, Sampler
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence as Seq
-from engine.sessions import Session, SessionLimits, SessionRegistry
+from engine.sessions import Session, SessionLimits, SessionRegistry, pin_key
 from engine.types import (
     EngineNotReadyError,
     EngineStats,
@@ -86,9 +86,11 @@ class Generation:
         request_ids: Sequence[str],
         abort: Callable[[list[str]], None],
         session_id: str | None = None,
+        session: Session | None = None,
     ):
         self.request_ids = list(request_ids)
         self.session_id = session_id
+        self.session = session  # the one its end updates (the id may change hands)
         self._abort = abort
         self._queue: asyncio.Queue[tuple[int, SeqOutput]] = asyncio.Queue()
         self._open = set(range(len(request_ids)))
@@ -291,8 +293,9 @@ class Engine:
         if self._outstanding + len(requests) > self.capacity:
             raise QueueFullError()
         self._expire_sessions()
-        if session_id is not None:
-            self.sessions.begin(requests[0].tenant, session_id)
+        session, created = (
+            self.sessions.begin(requests[0].tenant, session_id) if session_id else (None, False)
+        )
         try:
             if any(r.sampling.grammar is not None for r in requests):
                 samplers = await asyncio.to_thread(self._build_samplers, model, requests)
@@ -304,10 +307,14 @@ class Engine:
                     sampler.close()
                 raise QueueFullError()
         except BaseException:
-            if session_id is not None:
-                self.sessions.end(session_id, 0)
+            if session is not None:  # a refused request leaves no session behind
+                self.sessions.end(session, session.num_tokens)
+                if created:
+                    self.sessions.remove(session)
             raise
-        generation = Generation([r.request_id for r in requests], self._abort, session_id)
+        generation = Generation(
+            [r.request_id for r in requests], self._abort, session_id, session
+        )
         seqs = tuple(
             Seq(
                 request,
@@ -334,7 +341,10 @@ class Engine:
             cache is None
             or request.prompt_logprobs is not None
             or len(request.prompt_tokens) < cache.config.block_tokens
-            or self.session_slot(request.session_id) is not None
+            or (
+                request.session_id is not None
+                and self.session_slot(pin_key(request.tenant, request.session_id)) is not None
+            )
         ):
             return None
         return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.cache_salt)
@@ -397,15 +407,15 @@ class Engine:
             generation, index = cast(tuple[Generation, int], sink)
             if output.finish_reason is not None:
                 self._outstanding -= 1
-                if generation.session_id is not None:
-                    self.sessions.end(generation.session_id, output.num_kv_tokens)
+                if generation.session is not None:
+                    self.sessions.end(generation.session, output.num_kv_tokens)
             generation.put(index, output)
 
     # -- sessions --------------------------------------------------------------------
 
     def _expire_sessions(self) -> None:
-        for session_id in self.sessions.expired():
-            self._command(ReleaseSession(session_id))
+        for session in self.sessions.expired():
+            self._command(ReleaseSession(session.key))
 
     def _command(self, command: ReleaseSession | Fork) -> None:
         if self._worker is not None:
@@ -427,17 +437,21 @@ class Engine:
 
     def delete_session(self, tenant: str, session_id: str) -> Session:
         """End a session: its slot goes back to everyone (its KV stays reusable by
-        requests with the same salt, and in the cache)."""
+        requests with the same salt, and in the cache). A session with a request in
+        flight answers SessionBusyError (409): its end would outlive the id."""
         session = self.get_session(tenant, session_id)
-        self.sessions.remove(session_id)
-        self._command(ReleaseSession(session_id))
+        if session.in_flight:
+            raise SessionBusyError(f"session '{session_id}' has a request in flight")
+        self.sessions.remove(session)
+        self._command(ReleaseSession(session.key))
         return session
 
-    def session_slot(self, session_id: str | None) -> int | None:
-        """The slot the session pins right now, if any (a racy read, for reporting)."""
-        if session_id is None or self._worker is None:
+    def session_slot(self, key: str | None) -> int | None:
+        """The slot the session (`Session.key`) pins right now, if any (a racy read,
+        for reporting)."""
+        if key is None or self._worker is None:
             return None
-        return self._worker.scheduler.slots.pins.get(session_id)
+        return self._worker.scheduler.slots.pins.get(key)
 
     async def fork_session(
         self, tenant: str, session_id: str, new_id: str | None = None, ttl_s: float | None = None
@@ -460,13 +474,13 @@ class Engine:
                 done.set_result((num_tokens, error))
 
         target.in_flight = True  # nobody may use it before its KV is in place
-        self._command(Fork(session_id, target.id, on_done))
+        self._command(Fork(source.key, target.key, on_done))
         try:
             num_tokens, error = await asyncio.shield(done)
         finally:
             target.in_flight = False
         if error is not None:
-            self.sessions.remove(target.id)
+            self.sessions.remove(target)
             raise NoSlotError(f"cannot fork: {error}")
         target.num_tokens = num_tokens
         return target

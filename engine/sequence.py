@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.sessions import pin_key
 from engine.types import GenerateRequest, Timings, TokenLogprob
 
 if TYPE_CHECKING:
@@ -103,7 +104,9 @@ class Sequence:
 
     @property
     def session_id(self) -> str | None:
-        return self.request.session_id
+        """The session's key on the engine thread (ids are per tenant)."""
+        session_id = self.request.session_id
+        return None if session_id is None else pin_key(self.request.tenant, session_id)
 
     @property
     def salt(self) -> str:

@@ -78,7 +78,8 @@ class FakeEngine:
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self.sessions = SessionRegistry(SessionLimits())
-        self.pinned: set[str] = set()  # sessions whose "slot" is resident
+        self.pinned: set[str] = set()  # sessions (keys) whose "slot" is resident
+        self.session_of: dict[str, Session] = {}  # request id -> the session it began on
         self.fork_error: str | None = None  # set to make the next fork find no slot
 
     @property
@@ -137,7 +138,8 @@ class FakeEngine:
         if session_id is not None:
             if len(requests) > 1:
                 raise InvalidRequestError("a session continues one sequence", param="n")
-            self.sessions.begin(requests[0].tenant, session_id)
+            session, created = self.sessions.begin(requests[0].tenant, session_id)
+            self.session_of[requests[0].request_id] = session
         self.submitted.extend(requests)
         generation = Generation([r.request_id for r in requests], self._abort, session_id)
         fail = self.fail_next
@@ -236,9 +238,10 @@ class FakeEngine:
         finally:
             self.outstanding -= 1
             self.running.discard(request.request_id)
-            if request.session_id is not None:
-                self.pinned.add(request.session_id)
-                self.sessions.end(request.session_id, prompt + produced)
+            session = self.session_of.pop(request.request_id, None)
+            if session is not None:
+                self.pinned.add(session.key)
+                self.sessions.end(session, prompt + produced)
 
     # -- sessions and cache, as the real engine's facade has them ----------------------
 
@@ -255,12 +258,14 @@ class FakeEngine:
 
     def delete_session(self, tenant: str, session_id: str) -> Session:
         session = self.sessions.get(tenant, session_id)
-        self.sessions.remove(session_id)
-        self.pinned.discard(session_id)
+        if session.in_flight:
+            raise SessionBusyError(f"session '{session_id}' has a request in flight")
+        self.sessions.remove(session)
+        self.pinned.discard(session.key)
         return session
 
-    def session_slot(self, session_id: str | None) -> int | None:
-        return 0 if session_id in self.pinned else None
+    def session_slot(self, key: str | None) -> int | None:
+        return 0 if key in self.pinned else None
 
     async def fork_session(
         self, tenant: str, session_id: str, new_id: str | None = None, ttl_s: float | None = None
@@ -272,8 +277,8 @@ class FakeEngine:
             raise NoSlotError(self.fork_error)
         target = self.sessions.create(tenant, new_id, ttl_s or source.ttl_s)
         target.num_tokens = source.num_tokens
-        if session_id in self.pinned:
-            self.pinned.add(target.id)
+        if source.key in self.pinned:
+            self.pinned.add(target.key)
         return target
 
     def cache_stats(self) -> CacheStats | None:

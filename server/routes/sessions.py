@@ -38,7 +38,7 @@ def session_object(engine: EngineLike, session: Session) -> dict[str, Any]:
         "expires_at": int(session.expires_at),
         "ttl_s": session.ttl_s,
         "tokens": session.num_tokens,
-        "resident": engine.session_slot(session.id) is not None,
+        "resident": engine.session_slot(session.key) is not None,
         "in_flight": session.in_flight,
     }
 

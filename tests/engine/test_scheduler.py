@@ -228,7 +228,7 @@ def test_longer_prefix_in_a_busy_slot_is_copied_into_the_new_slot() -> None:
     s.add(b)
     chunks, kv = s.schedule()
     assert (a.slot, b.slot) == (0, 1)
-    assert kv.ops == [Copy(0, 1), Drop(1, 40)]
+    assert kv.ops == [Copy(0, 1, b), Drop(1, 40)]
     assert b.num_cached == 40
     assert [(c.seq.request_id, c.start, c.length) for c in chunks] == [("a", 42, 1), ("b", 40, 3)]
 
@@ -263,7 +263,7 @@ def test_a_session_keeps_its_slot_and_prefills_only_the_new_turn() -> None:
     turn1 = seq_in("t1", list(range(1, 41)), session_id="chat")
     s.add(turn1)
     run_to_finish(s, turn1)
-    slot = s.slots.pins["chat"]
+    slot = s.slots.pins["/chat"]
     other = seq_of("other", list(range(1, 41)))  # same tokens, but may not take the pin
     s.add(other)
     apply(s)
@@ -283,12 +283,12 @@ def test_idle_session_is_reclaimed_lru_and_saved_first() -> None:
     s.add(b)
     run_to_finish(s, a)
     s.remove(b)
-    s.slots.pins.move_to_end("A")  # A used more recently: B is the LRU
+    s.slots.pins.move_to_end("/A")  # A used more recently: B is the LRU
     c = seq_of("c", [5, 5, 5])
     s.add(c)
     _, kv = s.schedule()
     slot_b = 1
-    assert c.slot == slot_b and "B" not in s.slots.pins and "A" in s.slots.pins
+    assert c.slot == slot_b and "/B" not in s.slots.pins and "/A" in s.slots.pins
     assert isinstance(kv.ops[0], Save) and kv.ops[0].slot == slot_b
     assert s.slots.num_reclaims == 1
     s.check_integrity()
@@ -339,7 +339,10 @@ def test_siblings_wait_for_the_leader_then_copy_its_prompt() -> None:
     apply(s)  # leader finishes the prompt and samples
     _, kv = s.schedule()
     assert [x.num_cached for x in siblings] == [39, 39]
-    assert [op for op in kv.ops if isinstance(op, Copy)] == [Copy(0, 1), Copy(0, 2)]
+    assert [op for op in kv.ops if isinstance(op, Copy)] == [
+        Copy(0, 1, siblings[0]),
+        Copy(0, 2, siblings[1]),
+    ]
 
 
 def test_a_longer_cached_prefix_is_restored() -> None:
@@ -360,8 +363,8 @@ def test_fork_copies_an_idle_session_into_a_free_slot() -> None:
     s.add(a)
     run_to_finish(s, a)
     ops: list = []
-    assert s.slots.fork("A", "B", ops) == 20
-    src, dst = s.slots.pins["A"], s.slots.pins["B"]
+    assert s.slots.fork("/A", "/B", ops) == 20
+    src, dst = s.slots.pins["/A"], s.slots.pins["/B"]
     assert src != dst and ops == [Drop(dst), Copy(src, dst)]
     assert s.slots.resident[dst].tokens == s.slots.resident[src].tokens
     s.check_integrity()

@@ -163,9 +163,10 @@ async def test_session_turns_fork_and_isolation(cold: Engine) -> None:
         with pytest.raises(SessionNotFoundError):
             engine.get_session("k2", "main")
         with pytest.raises(SessionNotFoundError):
-            await run(engine, a, session_id="main", tenant="k2")
-        with pytest.raises(SessionNotFoundError):
             await engine.fork_session("k2", "main")
+        # Ids are per tenant: k2's "main" is a new session of its own.
+        await run(engine, a, session_id="main", tenant="k2")
+        assert engine.get_session("k2", "main") is not engine.get_session("k1", "main")
         # One request at a time per session.
         request = GenerateRequest("r1", a, GREEDY, max_tokens=24, session_id="main", tenant="k1")
         generation = await engine.generate([request])

@@ -13,7 +13,7 @@ import pytest
 
 from cache import CacheConfig
 from engine.engine import Engine, Generation
-from engine.types import GenerateRequest, SamplingParams, SessionBusyError
+from engine.types import GenerateRequest, InvalidRequestError, SamplingParams, SessionBusyError
 from engine.worker import Fork
 from tests.integration.test_engine import start as start_engine
 
@@ -47,8 +47,9 @@ async def cold() -> AsyncIterator[Engine]:
 
 def request(engine: Engine, text: str, max_tokens: int, key: str, **kw: object) -> GenerateRequest:
     prompt = tuple(engine.tokenize(text, add_special=True, parse_special=False))
+    kw.setdefault("sampling", GREEDY)
     return GenerateRequest(
-        uuid.uuid4().hex, prompt, GREEDY, max_tokens=max_tokens, tenant=key, cache_salt=key, **kw  # type: ignore[arg-type]
+        uuid.uuid4().hex, prompt, max_tokens=max_tokens, tenant=key, cache_salt=key, **kw  # type: ignore[arg-type]
     )
 
 
@@ -130,5 +131,27 @@ async def test_a_session_with_a_request_in_flight_cannot_be_deleted() -> None:
         assert fresh.num_tokens == 0
         # A sessionless request is not held up by anything the old session left.
         assert await asyncio.wait_for(reply(engine, MEMO_B, 2, "kb"), 20)
+    finally:
+        engine.close()
+
+
+async def test_a_refused_request_leaves_no_session_behind() -> None:
+    """Issue 9, item 6: a request refused with 400 (a bad grammar) creates nothing."""
+    engine = await start(cache=None)
+    try:
+        bad = SamplingParams(temperature=0.0, grammar="root ::= (")
+        for i in range(3):
+            with pytest.raises(InvalidRequestError, match="grammar"):
+                await engine.generate(
+                    [request(engine, MEMO_A, 2, "ka", session_id=f"s{i}", sampling=bad)]
+                )
+        assert len(engine.sessions) == 0
+        # An existing session survives a refused request, idle and unchanged.
+        await reply(engine, MEMO_A, 2, "ka", session_id="kept")
+        tokens = engine.get_session("ka", "kept").num_tokens
+        with pytest.raises(InvalidRequestError):
+            await engine.generate([request(engine, MEMO_A, 2, "ka", session_id="kept", sampling=bad)])
+        kept = engine.get_session("ka", "kept")
+        assert kept.num_tokens == tokens and not kept.in_flight and len(engine.sessions) == 1
     finally:
         engine.close()

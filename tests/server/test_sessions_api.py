@@ -72,11 +72,29 @@ async def test_sessions_belong_to_their_api_key(make_client: ClientFactory) -> N
         client.get("/v1/sessions/mine", headers=b),
         client.delete("/v1/sessions/mine", headers=b),
         client.post("/v1/sessions/mine/fork", headers=b),
-        client.post("/v1/chat/completions", json={**CHAT, "session_id": "mine"}, headers=b),
     ):
         error(await call, 404)
     assert (await client.get("/v1/sessions", headers=b)).json()["data"] == []
     assert (await client.get("/v1/sessions/mine", headers=a)).status_code == 200
+    # Ids are per key: B's "mine" is B's own, answered exactly as for an unused id.
+    created = await client.post("/v1/sessions", json={"id": "mine"}, headers=b)
+    assert created.status_code == 200 and created.json()["tokens"] == 0
+    used = await client.post("/v1/chat/completions", json={**CHAT, "session_id": "mine"}, headers=b)
+    assert used.status_code == 200
+    assert (await client.get("/v1/sessions/mine", headers=a)).json()["tokens"] == 0
+    assert (await client.delete("/v1/sessions/mine", headers=b)).status_code == 200
+    assert (await client.get("/v1/sessions/mine", headers=a)).status_code == 200
+
+
+async def test_a_busy_session_cannot_be_deleted(make_client: ClientFactory) -> None:
+    client = make_client(FakeEngine(delay=0.02))
+    first = asyncio.create_task(
+        client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})
+    )
+    await asyncio.sleep(0.05)
+    assert error(await client.delete("/v1/sessions/s"), 409)["code"] == "session_busy"
+    assert (await first).status_code == 200
+    assert (await client.delete("/v1/sessions/s")).status_code == 200
 
 
 async def test_cache_salts_are_per_key_and_per_request(make_client: ClientFactory) -> None:
