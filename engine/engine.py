@@ -38,6 +38,7 @@ from engine.types import (
     QueueFullError,
     SeqOutput,
     SessionBusyError,
+    TenantCacheView,
 )
 from engine.worker import Abort, Embed, Fork, ReleaseSession, Stop, Submit, Worker
 
@@ -87,7 +88,9 @@ class Generation:
         abort: Callable[[list[str]], None],
         session_id: str | None = None,
         session: Session | None = None,
+        tenant: str = "",
     ):
+        self.tenant = tenant
         self.request_ids = list(request_ids)
         self.session_id = session_id
         self.session = session  # the one its end updates (the id may change hands)
@@ -146,6 +149,9 @@ class Engine:
         self._pending_embeds = 0
         self._cache: PrefixCache | None = None
         self.sessions = SessionRegistry(config.sessions)
+        # Per tenant (loop thread only): requests by hit kind, and prompt tokens reused.
+        self._tenant_hits: dict[str, dict[str, int]] = {}
+        self._tenant_reused: dict[str, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -313,7 +319,7 @@ class Engine:
                     self.sessions.remove(session)
             raise
         generation = Generation(
-            [r.request_id for r in requests], self._abort, session_id, session
+            [r.request_id for r in requests], self._abort, session_id, session, requests[0].tenant
         )
         seqs = tuple(
             Seq(
@@ -407,6 +413,7 @@ class Engine:
             generation, index = cast(tuple[Generation, int], sink)
             if output.finish_reason is not None:
                 self._outstanding -= 1
+                self._count_for_tenant(generation.tenant, output)
                 if generation.session is not None:
                     self.sessions.end(generation.session, output.num_kv_tokens)
             generation.put(index, output)
@@ -490,9 +497,28 @@ class Engine:
     def cache_stats(self) -> CacheStats | None:
         return self._cache.stats() if self._cache is not None else None
 
-    def purge_cache(self) -> int:
-        """Drop every stored prefix (slots keep theirs). Returns the entries removed."""
-        return self._cache.purge() if self._cache is not None else 0
+    def tenant_cache_view(self, tenant: str, owns: Callable[[str], bool]) -> TenantCacheView:
+        """What one tenant may see of the cache: its own prefixes (`owns` accepts their
+        salts) and its own requests' counters; nothing of anyone else's."""
+        entries, tokens = self._cache.entries_of(owns) if self._cache is not None else (0, 0)
+        hits = self._tenant_hits.get(tenant, {})
+        return TenantCacheView(
+            entries, tokens, tuple(sorted(hits.items())), self._tenant_reused.get(tenant, 0)
+        )
+
+    def _count_for_tenant(self, tenant: str, output: SeqOutput) -> None:
+        hits = self._tenant_hits.setdefault(tenant, {})
+        hits[output.hit_kind] = hits.get(output.hit_kind, 0) + 1
+        self._tenant_reused[tenant] = (
+            self._tenant_reused.get(tenant, 0) + output.num_cached_tokens
+        )
+
+    def purge_cache(self, owns: Callable[[str], bool] | None = None) -> int:
+        """Drop stored prefixes: every one, or those whose salt `owns` accepts (one
+        tenant's). Slots keep theirs. Returns the entries removed."""
+        if self._cache is None:
+            return 0
+        return self._cache.purge() if owns is None else self._cache.purge_where(owns)
 
     # -- embeddings ------------------------------------------------------------------
 

@@ -163,6 +163,16 @@ class ModelInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantCacheView:
+    """One tenant's share of the prefix cache and its own requests' cache use."""
+
+    entries: int  # stored prefixes under its salts
+    tokens: int  # tokens those prefixes cover
+    requests: tuple[tuple[str, int], ...]  # (hit kind, count) of its finished requests
+    reused_tokens: int  # prompt tokens its requests did not prefill
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine for /metrics and tests."""
 

@@ -54,7 +54,12 @@ def engine_config(model: ModelSection, settings: Settings | None = None) -> Engi
         embed_chunk=e.embed_chunk,
         exact_reuse=e.exact_reuse,
         cache=cache,
-        sessions=SessionLimits(sessions.default_ttl_s, sessions.max_ttl_s, sessions.max_sessions),
+        sessions=SessionLimits(
+            sessions.default_ttl_s,
+            sessions.max_ttl_s,
+            sessions.max_sessions,
+            sessions.max_sessions_per_key,
+        ),
     )
 
 

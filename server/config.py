@@ -86,11 +86,21 @@ class SessionsSection:
     default_ttl_s: float = 600.0
     max_ttl_s: float = 86400.0
     max_sessions: int = 1024
+    max_sessions_per_key: int = 256
 
 
 @dataclass(frozen=True)
 class AuthSection:
-    api_keys: tuple[str, ...] = ()  # empty: no authentication
+    api_keys: tuple[str, ...] = ()  # empty (and no admin keys): no authentication
+    admin_api_keys: tuple[str, ...] = ()  # also accepted; see the whole cache, purge it
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys or self.admin_api_keys)
+
+    @property
+    def all_keys(self) -> tuple[str, ...]:
+        return self.api_keys + self.admin_api_keys
 
 
 @dataclass(frozen=True)
@@ -140,6 +150,7 @@ class Settings:
         """The effective settings for --print-config: secrets masked, paths resolved."""
         data = dataclasses.asdict(self)
         data["auth"]["api_keys"] = ["***"] * len(self.auth.api_keys)
+        data["auth"]["admin_api_keys"] = ["***"] * len(self.auth.admin_api_keys)
         for entry, model in zip(data["models"], self.models, strict=True):
             entry["path"] = model.model_path
         return data
@@ -318,6 +329,8 @@ def _validate_cache(c: CacheSection, s: SessionsSection) -> None:
         raise ConfigError("sessions.default_ttl_s: must be above 0 and at most max_ttl_s")
     if s.max_sessions < 1:
         raise ConfigError("sessions.max_sessions: must be at least 1")
+    if s.max_sessions_per_key < 1:
+        raise ConfigError("sessions.max_sessions_per_key: must be at least 1")
 
 
 def chat_template_source(model: ModelSection) -> str | None:

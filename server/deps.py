@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Protocol
 
@@ -14,7 +15,7 @@ from fastapi import Depends, Request
 from chat.template import ChatTemplate
 from engine.engine import EngineState, Generation
 from engine.sessions import Session
-from engine.types import CacheStats, EngineStats, GenerateRequest, ModelInfo
+from engine.types import CacheStats, EngineStats, GenerateRequest, ModelInfo, TenantCacheView
 from server.access import current_record
 from server.errors import NotFound, ServerError, ServiceUnavailable, Unauthorized
 from server.registry import ModelRegistry, ServedModel
@@ -47,12 +48,13 @@ class EngineLike(Protocol):
     def get_session(self, tenant: str, session_id: str) -> Session: ...
     def list_sessions(self, tenant: str) -> list[Session]: ...
     def delete_session(self, tenant: str, session_id: str) -> Session: ...
-    def session_slot(self, session_id: str | None) -> int | None: ...
+    def session_slot(self, key: str | None) -> int | None: ...
     async def fork_session(
         self, tenant: str, session_id: str, new_id: str | None = ..., ttl_s: float | None = ...
     ) -> Session: ...
     def cache_stats(self) -> CacheStats | None: ...
-    def purge_cache(self) -> int: ...
+    def tenant_cache_view(self, tenant: str, owns: Callable[[str], bool]) -> TenantCacheView: ...
+    def purge_cache(self, owns: Callable[[str], bool] | None = ...) -> int: ...
 
 
 def registry(request: Request) -> ModelRegistry:
@@ -108,7 +110,7 @@ def get_engine(request: Request) -> EngineLike:
 
 
 def require_api_key(request: Request) -> None:
-    keys: tuple[str, ...] = request.app.state.settings.auth.api_keys
+    keys: tuple[str, ...] = request.app.state.settings.auth.all_keys
     if not keys:
         return
     header = request.headers.get("authorization", "")
@@ -127,21 +129,32 @@ def require_api_key(request: Request) -> None:
 @dataclass(frozen=True, slots=True)
 class Caller:
     """Who is asking: `tenant` is a digest of their API key ("" without auth). Sessions
-    belong to a tenant, and prefixes are only shared within one (see `salt`)."""
+    belong to a tenant, and prefixes are only shared within one (see `salt`). An admin
+    (an [auth] admin_api_keys key, or anyone on a server without auth) sees and purges
+    the whole cache; a tenant only its own share."""
 
     tenant: str
     session_header: str | None  # X-Session-Id
+    admin: bool = False
+
+    def owns(self, salt: str) -> bool:
+        """True for the cache salts of this caller's prefixes (see `salt`)."""
+        return salt == self.tenant or salt.startswith(self.tenant + "/")
 
     def salt(self, cache_salt: str | None) -> str:
         return self.tenant if not cache_salt else f"{self.tenant}/{cache_salt}"
 
 
 def get_caller(request: Request) -> Caller:
-    tenant = ""
-    if request.app.state.settings.auth.api_keys:
-        token = request.headers.get("authorization", "").partition(" ")[2].strip()
-        tenant = hashlib.sha256(token.encode()).hexdigest()[:16]
-    return Caller(tenant, request.headers.get("x-session-id"))
+    auth = request.app.state.settings.auth
+    if not auth.enabled:
+        return Caller("", request.headers.get("x-session-id"), admin=True)
+    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+    tenant = hashlib.sha256(token.encode()).hexdigest()[:16]
+    admin = False
+    for key in auth.admin_api_keys:  # (already authenticated: no timing to hide here)
+        admin |= hmac.compare_digest(token.encode(), key.encode())
+    return Caller(tenant, request.headers.get("x-session-id"), admin)
 
 
 EngineDep = Annotated[EngineLike, Depends(get_engine)]

@@ -24,10 +24,16 @@ async def make_client() -> AsyncIterator[ClientFactory]:
     """Build an httpx client on the app over a given engine, with server settings."""
     clients: list[httpx.AsyncClient] = []
 
-    def build(engine: Any, *, api_keys: tuple[str, ...] = (), **server: Any) -> httpx.AsyncClient:
+    def build(
+        engine: Any,
+        *,
+        api_keys: tuple[str, ...] = (),
+        admin_api_keys: tuple[str, ...] = (),
+        **server: Any,
+    ) -> httpx.AsyncClient:
         settings = Settings(
             server=dataclasses.replace(ServerSection(), **server),
-            auth=AuthSection(api_keys=api_keys),
+            auth=AuthSection(api_keys=api_keys, admin_api_keys=admin_api_keys),
         )
         app = create_app(settings, engine=engine)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from engine.types import (
     QueueFullError,
     SeqOutput,
     SessionBusyError,
+    TenantCacheView,
     Timings,
     TokenLogprob,
     TopLogprob,
@@ -61,6 +62,7 @@ class FakeEngine:
         self.capacity = n_seq_max + max_queue
         self.outstanding = 0
         self.submitted: list[GenerateRequest] = []
+        self.stored: list[GenerateRequest] = []  # "cache entries", one per request
         self.aborted: list[str] = []
         self.running: set[str] = set()
         self._info = ModelInfo(
@@ -141,6 +143,7 @@ class FakeEngine:
             session, created = self.sessions.begin(requests[0].tenant, session_id)
             self.session_of[requests[0].request_id] = session
         self.submitted.extend(requests)
+        self.stored.extend(requests)
         generation = Generation([r.request_id for r in requests], self._abort, session_id)
         fail = self.fail_next
         self.fail_next = False
@@ -284,8 +287,16 @@ class FakeEngine:
     def cache_stats(self) -> CacheStats | None:
         return None
 
-    def purge_cache(self) -> int:
-        return 0
+    def tenant_cache_view(self, tenant: str, owns: Callable[[str], bool]) -> TenantCacheView:
+        """The fake "stores" one entry per finished request, under its salt."""
+        mine = [r for r in self.stored if owns(r.cache_salt)]
+        kinds = {"cold": sum(r.tenant == tenant for r in self.submitted)}
+        return TenantCacheView(len(mine), sum(len(r.prompt_tokens) for r in mine), tuple(kinds.items()), 0)
+
+    def purge_cache(self, owns: Callable[[str], bool] | None = None) -> int:
+        gone = [r for r in self.stored if owns is None or owns(r.cache_salt)]
+        self.stored = [r for r in self.stored if r not in gone]
+        return len(gone)
 
     async def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
         out = []

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from chat.template import TemplateError
 from engine.types import GenerateRequest
-from server.deps import CallerDep, EngineLike, ready_engine, registry, resolve_model
+from server.deps import Caller, CallerDep, EngineLike, ready_engine, registry, resolve_model
 from server.errors import BadRequest, from_engine_error
 from server.generation import tokenize
 from server.protocol import _Open
@@ -37,6 +37,20 @@ class CacheWarmRequest(_Open):
         return self
 
 
+def _tenant_object(engine: EngineLike, caller: Caller) -> dict[str, Any]:
+    view = engine.tenant_cache_view(caller.tenant, caller.owns)
+    return {
+        "object": "cache",
+        "model": engine.info.model_id,
+        "enabled": engine.cache_stats() is not None,
+        "scope": "api_key",
+        "entries": view.entries,
+        "tokens": view.tokens,
+        "requests": dict(view.requests),
+        "reused_tokens": view.reused_tokens,
+    }
+
+
 def _cache_object(engine: EngineLike) -> dict[str, Any]:
     stats = engine.cache_stats()
     engine_stats = engine.stats()
@@ -44,6 +58,7 @@ def _cache_object(engine: EngineLike) -> dict[str, Any]:
         "object": "cache",
         "model": engine.info.model_id,
         "enabled": stats is not None,
+        "scope": "server",
     }
     if stats is not None:
         body |= dataclasses.asdict(stats)
@@ -55,18 +70,28 @@ def _cache_object(engine: EngineLike) -> dict[str, Any]:
 
 
 @router.get("/v1/cache")
-async def cache_status(request: Request) -> dict[str, Any]:
-    """Per model: entries, bytes, hits and misses per tier; requests by how their prompt
-    was found."""
+async def cache_status(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """Per model: for an admin key, entries, bytes, hits and misses per tier and requests
+    by how their prompt was found; for any other key, the same about its own prefixes
+    and requests only."""
     engines = [ready_engine(m.engine) for m in registry(request)]
-    return {"object": "list", "data": [_cache_object(e) for e in engines]}
+    if caller.admin:
+        return {"object": "list", "data": [_cache_object(e) for e in engines]}
+    return {"object": "list", "data": [_tenant_object(e, caller) for e in engines]}
 
 
 @router.delete("/v1/cache")
-async def purge_cache(request: Request) -> dict[str, Any]:
-    """Drop every stored prefix of every model, in RAM and on disk."""
-    removed = sum(ready_engine(m.engine).purge_cache() for m in registry(request))
-    return {"object": "cache.purged", "entries_removed": removed}
+async def purge_cache(request: Request, caller: CallerDep) -> dict[str, Any]:
+    """Drop stored prefixes of every model, in RAM and on disk: every one for an admin
+    key, the caller's own for any other key."""
+    owns = None if caller.admin else caller.owns
+    engines = [ready_engine(m.engine) for m in registry(request)]
+    removed = sum(e.purge_cache(owns) for e in engines)
+    return {
+        "object": "cache.purged",
+        "scope": "server" if caller.admin else "api_key",
+        "entries_removed": removed,
+    }
 
 
 @router.post("/v1/cache/warm")

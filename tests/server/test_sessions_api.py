@@ -141,6 +141,7 @@ async def test_cache_endpoints(client: httpx.AsyncClient, fake: FakeEngine) -> N
     assert status["data"][0]["enabled"] is False
     assert (await client.delete("/v1/cache")).json() == {
         "object": "cache.purged",
+        "scope": "server",  # no auth: the only caller is the admin
         "entries_removed": 0,
     }
     warmed = await client.post("/v1/cache/warm", json={"model": "fake-model", "prompt": "abc"})
@@ -161,3 +162,27 @@ async def test_cache_warm_bad_input(client: httpx.AsyncClient) -> None:
     error(await client.post("/v1/cache/warm", json={**base, "messages": [{"role": "x", "content": "y"}]}), 400)
     error(await client.post("/v1/cache/warm", json={"model": "nope", "prompt": "a"}), 404, "model")
     error(await client.post("/v1/cache/warm", json={**base, "prompt": "a", "cache_salt": "s" * 300}), 400)
+
+
+async def test_a_key_sees_and_purges_only_its_own_cache_an_admin_all(
+    make_client: ClientFactory,
+) -> None:
+    """Issue 9, item 5: GET/DELETE /v1/cache are per key; an admin key sees everything."""
+    fake = FakeEngine()
+    client = make_client(fake, api_keys=("key-a", "key-b"), admin_api_keys=("root",))
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    root = {"Authorization": "Bearer root"}
+    for headers in (a, a, b):
+        reply = await client.post("/v1/completions", json={"model": "fake-model", "prompt": "x"},
+                                  headers=headers)
+        assert reply.status_code == 200
+    mine = (await client.get("/v1/cache", headers=a)).json()["data"][0]
+    assert mine["scope"] == "api_key" and mine["entries"] == 2 and mine["requests"] == {"cold": 2}
+    assert "ram" not in mine and "disk" not in mine  # nothing server-wide
+    assert (await client.get("/v1/cache", headers=root)).json()["data"][0]["scope"] == "server"
+    purged = (await client.delete("/v1/cache", headers=b)).json()
+    assert purged == {"object": "cache.purged", "scope": "api_key", "entries_removed": 1}
+    assert (await client.get("/v1/cache", headers=a)).json()["data"][0]["entries"] == 2
+    purged = (await client.delete("/v1/cache", headers=root)).json()
+    assert purged["scope"] == "server" and purged["entries_removed"] == 2
+    error(await client.get("/v1/cache"), 401)  # and without a key: nothing
