@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from server.config import LOG_LEVELS, ConfigError, load_settings
+from server.config import LOG_LEVELS, ConfigError, disk_dir_problem, load_settings
 
 # flag -> "section.key" ("model.*" needs a single model; "engine.*" applies to every model)
 _FLAGS = {
@@ -66,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(json.dumps(settings.masked(), indent=2))
         return 0
+
+    problem = disk_dir_problem(settings.cache.disk_dir) if settings.cache.enabled else None
+    if problem is not None:
+        # Exit rather than serve with the disk tier off or the model failed: a restart
+        # would silently come up cold, and every answer would be 500 (issue 9).
+        print(f"kvserve: cache.disk_dir is not usable: {problem}", file=sys.stderr)
+        return 2
 
     from server.lifecycle import serve  # after the settings are known good
     from server.logs import setup_logging

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import tempfile
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -49,6 +50,9 @@ class ServerSection:
     cors_origins: tuple[str, ...] = ()  # empty: CORS off
     max_body_bytes: int = 8 * 1024 * 1024
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
+    max_connections: int = 0  # open connections; 0: the open-file limit less 64
+    header_timeout_s: float = 10.0  # a new connection must send a request head this soon
+    keep_alive_s: float = 5.0  # an idle connection between requests is closed after this
 
 
 @dataclass(frozen=True)
@@ -272,6 +276,11 @@ def _validate(s: Settings, labels: list[str]) -> None:
         raise ConfigError("server.max_body_bytes: must be at least 1024")
     if s.server.shutdown_grace_s < 0:
         raise ConfigError("server.shutdown_grace_s: must not be negative")
+    if s.server.max_connections < 0:
+        raise ConfigError("server.max_connections: must not be negative (0: automatic)")
+    for key in ("header_timeout_s", "keep_alive_s"):
+        if not getattr(s.server, key) > 0:
+            raise ConfigError(f"server.{key}: must be above 0")
     for key in ("level", "llama_level"):
         if getattr(s.logging, key).lower() not in LOG_LEVELS:
             raise ConfigError(f"logging.{key}: one of {', '.join(LOG_LEVELS)}")
@@ -295,6 +304,22 @@ def _validate(s: Settings, labels: list[str]) -> None:
         if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):
             raise ConfigError(f"{label}.chat_template: file not found: {tpl}")
         _validate_engine(label, m.engine)
+
+
+def disk_dir_problem(disk_dir: str) -> str | None:
+    """Why the disk tier cannot use `disk_dir` (created if missing), or None. At start
+    only: it writes and removes a probe file."""
+    if not disk_dir:
+        return None
+    try:
+        os.makedirs(disk_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=disk_dir, prefix=".kvserve-probe-") as probe:
+            probe.write(b"probe")
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        return f"{disk_dir}: {exc.strerror or exc}"
+    return None
 
 
 def _validate_engine(label: str, e: EngineSection) -> None:

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from server.connections import AcceptErrorLog, connection_limit, protocol_class
+
 if TYPE_CHECKING:
     from server.access import AccessRecord
     from server.config import Settings
@@ -76,6 +78,7 @@ class GracefulServer(uvicorn.Server):
 
     async def serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         self._loop = asyncio.get_running_loop()
+        self._loop.set_exception_handler(AcceptErrorLog())  # see server/connections.py
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -107,6 +110,9 @@ def serve(settings: Settings) -> int:
     from server.app import create_app
 
     app = create_app(settings)
+    server = settings.server
+    max_connections = connection_limit(server.max_connections)
+    log.info("accepting up to %d connections", max_connections)
     config = uvicorn.Config(
         app,
         host=settings.server.host,
@@ -116,6 +122,8 @@ def serve(settings: Settings) -> int:
         log_level=settings.logging.level,
         access_log=False,  # kvserve writes its own access lines (server.access)
         timeout_graceful_shutdown=int(ABORT_WAIT_S),  # a backstop: the drain came first
+        http=protocol_class(max_connections, server.header_timeout_s),
+        timeout_keep_alive=max(1, round(server.keep_alive_s)),
     )
     GracefulServer(config, app.state.lifecycle, settings.server.shutdown_grace_s).run()
     return 0

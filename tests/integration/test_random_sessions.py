@@ -141,7 +141,7 @@ async def converse(
             branch = f"{session}-f{turn}"
             try:
                 await world.warm.fork_session(key, session, branch, ttl_s=60)
-            except (NoSlotError, SessionBusyError):
+            except (NoSlotError, SessionBusyError, SessionNotFoundError):  # (expired)
                 figures.forks_refused += 1
             else:
                 figures.forks += 1
