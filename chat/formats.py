@@ -12,13 +12,13 @@ ones, and the incremental parser that turns its output back into calls.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from chat.callstream import CallScanner, Delta
 from chat.gbnf import RuleSet, literal
+from chat.memo import ByteMemo
 from chat.schema import SchemaConverter, SchemaError
 from chat.tools import ChatInputError, Tool, ToolChoice
 
@@ -50,7 +50,9 @@ class ToolFormat:
     trigger_word: str = ""
 
     def grammar(self, tools: list[Tool], choice: ToolChoice, parallel: bool) -> GrammarSpec:
-        return _grammar(self, _tools_key(tools), choice.mode, parallel)
+        key = _tools_key(tools)
+        memo_key = f"{self.name}|{choice.mode}|{parallel}|{key}"
+        return _GRAMMARS.get(memo_key, lambda: _grammar(self, key, choice.mode, parallel))
 
     def parser(self) -> ToolParser:
         return ToolParser(self)
@@ -93,9 +95,16 @@ def _tools_key(tools: list[Tool]) -> str:
     return json.dumps([[t.name, t.parameters] for t in tools], sort_keys=True)
 
 
-@functools.lru_cache(maxsize=64)
+def _spec_bytes(spec: GrammarSpec) -> int:
+    return len(spec.gbnf) + sum(map(len, spec.trigger_patterns + spec.trigger_words))
+
+
+# (format, mode, parallel, canonical tools JSON) -> grammar: agents resend the tools
+# every turn. Bounded by bytes (see chat/memo.py).
+_GRAMMARS: ByteMemo[GrammarSpec] = ByteMemo(16 << 20, _spec_bytes)
+
+
 def _grammar(fmt: ToolFormat, tools_key: str, mode: str, parallel: bool) -> GrammarSpec:
-    """Cached on the canonical JSON of the tools: agents resend them every turn."""
     rules = RuleSet()
     ws = rules.primitive("ws")
     alternatives = []

@@ -19,13 +19,13 @@ Choices made so the output is always valid *and* bounded:
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
 import jsonschema
 
 from chat.gbnf import RuleSet, json_literal, literal, repeat
+from chat.memo import ByteMemo
 from chat.regex import PatternError, pattern_to_gbnf
 
 
@@ -243,8 +243,10 @@ class SchemaConverter:
         return self.rules.primitive("null")
 
 
-@functools.lru_cache(maxsize=128)
-def _schema_gbnf_cached(canonical: str) -> str:
+_GRAMMARS: ByteMemo[str] = ByteMemo(16 << 20, len)  # canonical schema -> GBNF
+
+
+def _schema_gbnf(canonical: str) -> str:
     schema = json.loads(canonical)
     check_schema(schema)
     rules = RuleSet()
@@ -252,9 +254,10 @@ def _schema_gbnf_cached(canonical: str) -> str:
 
 
 def schema_to_gbnf(schema: Any) -> str:
-    """A complete grammar (root = one instance of `schema`). Cached: agents resend the
-    same schema with every turn, keyed by the schema's canonical JSON."""
-    return _schema_gbnf_cached(json.dumps(schema, sort_keys=True))
+    """A complete grammar (root = one instance of `schema`). Memoized (bounded by
+    bytes): agents resend the same schema with every turn, keyed by its canonical JSON."""
+    canonical = json.dumps(schema, sort_keys=True)
+    return _GRAMMARS.get(canonical, lambda: _schema_gbnf(canonical))
 
 
 def json_object_gbnf() -> str:
