@@ -300,7 +300,9 @@ class Engine:
             raise QueueFullError()
         self._expire_sessions()
         session, created = (
-            self.sessions.begin(requests[0].tenant, session_id) if session_id else (None, False)
+            self.sessions.begin(requests[0].tenant, session_id)
+            if session_id is not None
+            else (None, False)
         )
         try:
             if any(r.sampling.grammar is not None for r in requests):

@@ -250,7 +250,7 @@ class Scheduler:
         deferred: list[Sequence] = []
         while self.waiting:
             seq = self.waiting[0]
-            if self._waits_for_leader(seq):
+            if self._waits_for_leader(seq) or self._session_slot_busy(seq):
                 deferred.append(self.waiting.popleft())
                 continue
             if self.running and committed + len(seq.tokens) > self.config.n_ctx:
@@ -262,6 +262,14 @@ class Scheduler:
             self.running.append(seq)
             committed += len(seq.tokens)
         self.waiting.extendleft(reversed(deferred))
+
+    def _session_slot_busy(self, seq: Sequence) -> bool:
+        """The session's pinned slot still runs its previous request (the server allows
+        one request per session, so only a bug gets here): that request waits, and
+        nobody behind it does."""
+        session = seq.session_id
+        slot = self.slots.pins.get(session) if session is not None else None
+        return slot is not None and slot not in self.slots.free
 
     def _waits_for_leader(self, seq: Sequence) -> bool:
         """n > 1: the later choices wait until the first has its prompt in the KV, then
@@ -283,7 +291,7 @@ class Scheduler:
             assert session is not None
             slot = slots.pins[session]
             if slot not in slots.free:
-                return False  # cannot happen: the server allows one request per session
+                return False  # cannot happen: `_admit` defers it (`_session_slot_busy`)
             slots.pins.move_to_end(session)
             candidates = [slot]
         else:

@@ -305,6 +305,26 @@ def test_a_session_in_flight_is_never_reclaimed() -> None:
     assert b.status is SeqStatus.WAITING and a.slot == 0
 
 
+def test_a_request_on_a_busy_session_waits_without_stalling_the_queue() -> None:
+    """Issue 9, item 2: should a second request on a session reach the engine while its
+    slot runs (the server refuses it with 409), it waits; the requests behind it go on."""
+    s = per_slot(slots=3)
+    a = seq_in("a", [1, 2, 3], session_id="A")
+    s.add(a)
+    apply(s)  # A runs in its pinned slot
+    pinned = a.slot
+    again = seq_in("a2", [1, 2, 3, 4], session_id="A")
+    other = seq_of("other", [9, 9])
+    s.add(again)
+    s.add(other)
+    apply(s)
+    assert again.status is SeqStatus.WAITING and other.status is SeqStatus.RUNNING
+    s.check_integrity()
+    run_to_finish(s, a)
+    apply(s)
+    assert again.status is SeqStatus.RUNNING and again.slot == pinned
+
+
 def test_prefixes_are_not_shared_across_salts() -> None:
     s = per_slot(slots=3)
     a = seq_in("a", list(range(1, 41)), cache_salt="tenant-a")
