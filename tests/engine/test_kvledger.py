@@ -1,0 +1,91 @@
+"""The KV ledger, over a stand-in for llama.cpp's memory (no model): it follows every
+KV operation, and `check` finds where the scheduler's view and the KV differ."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kvledger import KvLedger, KvMismatch
+from engine.scheduler import Chunk, Scheduler, SchedulerConfig
+from engine.sequence import Sequence
+from engine.slots import Resident
+from engine.types import GenerateRequest
+
+
+class Memory:
+    """Positions held per slot, as llama_memory_seq_pos_max sees them."""
+
+    def __init__(self, slots: int) -> None:
+        self.cells = [0] * slots
+        self.copy_ok = True
+
+    def remove_seq(self, slot: int, start: int = 0) -> None:
+        self.cells[slot] = min(self.cells[slot], start)
+
+    def copy_seq(self, src: int, dst: int) -> bool:
+        self.cells[dst] = self.cells[src] if self.copy_ok else 0
+        return self.copy_ok
+
+    def set_seq_state(self, slot: int, state: bytes) -> bool:
+        self.cells[slot] = len(state)  # one byte a token, in this stand-in
+        return True
+
+    def seq_pos_max(self, slot: int) -> int:
+        return self.cells[slot] - 1
+
+    def clear(self) -> None:
+        self.cells = [0] * len(self.cells)
+
+
+def setup() -> tuple[KvLedger, Memory, Scheduler]:
+    memory = Memory(2)
+    ledger = KvLedger(cast(Any, memory), 2)
+    return ledger, memory, Scheduler(SchedulerConfig(2, 200, 100, 64, 32, exact=False))
+
+
+def decode(ledger: KvLedger, memory: Memory, seq: Sequence, start: int, length: int) -> None:
+    assert seq.slot is not None
+    memory.cells[seq.slot] = start + length
+    ledger.decoded([Chunk(seq, start, length, False)])
+
+
+def test_the_ledger_follows_drops_copies_restores_and_decodes() -> None:
+    ledger, memory, scheduler = setup()
+    seq = Sequence(GenerateRequest("a", (1, 2, 3, 4)), None, IncrementalDetokenizer([b""]), None)
+    seq.slot = 0
+    decode(ledger, memory, seq, 0, 4)
+    assert ledger.holds(0, [1, 2, 3]) and not ledger.holds(0, [1, 2, 9])
+    assert ledger.copy_seq(0, 1) and ledger.slots[1] == [1, 2, 3, 4]
+    ledger.remove_seq(1, 2)
+    assert ledger.slots[1] == [1, 2] and memory.seq_pos_max(1) == 1
+    assert ledger.restore(1, b"xyz", (7, 8, 9)) and ledger.slots[1] == [7, 8, 9]
+    memory.copy_ok = False
+    assert not ledger.copy_seq(0, 1) and ledger.slots[1] == [] and memory.cells[1] == 0
+    ledger.clear()
+    assert ledger.slots == [[], []]
+
+
+def test_check_finds_a_slot_that_holds_other_tokens_than_the_scheduler_believes() -> None:
+    ledger, memory, scheduler = setup()
+    seq = Sequence(GenerateRequest("a", (1, 2, 3, 4)), None, IncrementalDetokenizer([b""]), None)
+    seq.slot = 0
+    decode(ledger, memory, seq, 0, 4)
+    scheduler.slots.resident[0] = Resident([1, 2, 3, 4], "")
+    ledger.check(scheduler)
+    # A copy into slot 1 the scheduler does not know about: slot 1 should be empty.
+    ledger.copy_seq(0, 1)
+    with pytest.raises(KvMismatch, match="slot 1"):
+        ledger.check(scheduler)
+    ledger.remove_seq(1)
+    # The scheduler believes slot 0 holds another prompt (the issue 9 failure).
+    scheduler.slots.resident[0] = Resident([5, 6, 7, 8], "")
+    with pytest.raises(KvMismatch, match="first difference at 0"):
+        ledger.check(scheduler)
+    # llama.cpp holds more than the ledger says.
+    scheduler.slots.resident[0] = Resident([1, 2, 3, 4], "")
+    memory.cells[0] = 6
+    with pytest.raises(KvMismatch, match="llama.cpp"):
+        ledger.check(scheduler)
