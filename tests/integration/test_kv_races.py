@@ -129,8 +129,9 @@ async def test_a_session_with_a_request_in_flight_cannot_be_deleted() -> None:
         engine.delete_session("ka", "S")  # idle now: fine
         fresh = engine.create_session("ka", "S")
         assert fresh.num_tokens == 0
-        # A sessionless request is not held up by anything the old session left.
-        assert await asyncio.wait_for(reply(engine, MEMO_B, 2, "kb"), 20)
+        # A sessionless request is not held up by anything the old session left (a
+        # bound on a hang, not a timing test: this machine may be very busy).
+        assert await asyncio.wait_for(reply(engine, MEMO_B, 2, "kb"), 300)
     finally:
         engine.close()
 

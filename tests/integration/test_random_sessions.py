@@ -210,7 +210,7 @@ async def test_every_warm_reply_equals_the_cold_reply(seed: int, tmp_path: Path)
     shape = (
         {"conversations": 12, "turns": 5, "slots": 4}
         if LONG
-        else {"conversations": 4, "turns": 3, "slots": 2}
+        else {"conversations": 3, "turns": 3, "slots": 2}
     )
     figures = await run_world(seed, tmp_path, **shape)
     assert figures.wrong == []
