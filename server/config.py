@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.scheduler import EXACT_MIN_ROWS
+from engine.scheduler import EXACT_MIN_CHUNK
 from server.config_values import ConfigError, coerce
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -295,13 +295,14 @@ def _validate_engine(label: str, e: EngineSection) -> None:
     for key in ("max_queue", "n_threads"):
         if getattr(e, key) < 0:
             raise ConfigError(f"{label}.{key}: must not be negative")
-    if e.exact_reuse and e.prefill_chunk < EXACT_MIN_ROWS:
+    # Below these a prompt of 65..127 tokens could never be scheduled (see scheduler.py).
+    if e.exact_reuse and e.prefill_chunk < EXACT_MIN_CHUNK:
         raise ConfigError(
-            f"{label}.prefill_chunk: must be at least {EXACT_MIN_ROWS} with exact_reuse"
+            f"{label}.prefill_chunk: must be at least {EXACT_MIN_CHUNK} with exact_reuse"
         )
-    if e.exact_reuse and e.n_batch < EXACT_MIN_ROWS + e.n_seq_max:
+    if e.exact_reuse and e.n_batch < EXACT_MIN_CHUNK + e.n_seq_max:
         raise ConfigError(
-            f"{label}.n_batch: must be at least {EXACT_MIN_ROWS} + n_seq_max with exact_reuse"
+            f"{label}.n_batch: must be at least {EXACT_MIN_CHUNK} + n_seq_max with exact_reuse"
         )
 
 
