@@ -36,12 +36,6 @@ class EmptyUndefined(jinja2.ChainableUndefined):
     def __radd__(self, other: Any) -> Any:
         return other
 
-    def __int__(self) -> int:
-        return 0
-
-    def __float__(self) -> float:
-        return 0.0
-
 
 class GenerationBlock(Extension):
     """transformers' `{% generation %}..{% endgeneration %}`: marks the assistant's

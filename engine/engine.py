@@ -38,7 +38,9 @@ from engine.types import (
     QueueFullError,
     SeqOutput,
     SessionBusyError,
+    TimeLimits,
 )
+from engine.watchdog import Watchdog
 from engine.worker import Abort, Embed, Fork, ReleaseSession, Stop, Submit, Worker
 
 log = logging.getLogger("kvserve.engine")
@@ -61,16 +63,37 @@ class EngineConfig:
     exact_reuse: bool = True  # reuse only KV that reproduces the cold output exactly
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
     sessions: SessionLimits = SessionLimits()
+    limits: TimeLimits = TimeLimits()
 
     @property
     def threads(self) -> int:
         return self.n_threads or os.cpu_count() or 1
 
 
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _check_int32(request: GenerateRequest) -> None:
+    """Integers reach llama.cpp as C ints: ctypes would truncate larger ones silently."""
+    fields = [(f, getattr(request.sampling, f)) for f in _SAMPLING_INTS]
+    fields += [(f, getattr(request, f)) for f in ("max_tokens", "logprobs", "prompt_logprobs")]
+    for name, value in fields:
+        if value is not None and not _INT32[0] <= value <= _INT32[1]:
+            raise InvalidRequestError(
+                f"'{name}' must be within [{_INT32[0]}, {_INT32[1]}]", param=name
+            )
+
+
+_SAMPLING_INTS = (
+    "top_k", "min_keep", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat",
+)  # fmt: skip
+
+
 class EngineState(enum.StrEnum):
     LOADING = "loading"
     READY = "ready"
     FAILED = "failed"
+    RECOVERING = "recovering"  # the engine thread died and is being rebuilt (503)
     STOPPED = "stopped"
 
 
@@ -164,9 +187,21 @@ class Engine:
         self._worker = worker
         self.state = EngineState.READY
         log.info("engine ready: %s", self.info.model_id)
+        watchdog = Watchdog(lambda: self._worker)
+        watchdog.start()
         try:
-            worker.run()
+            while True:
+                try:
+                    worker.run()
+                    break
+                except Exception as exc:  # the loop died: rebuild it, keep the process
+                    log.exception("the engine thread died; rebuilding it")
+                    self.state = EngineState.RECOVERING
+                    worker = self._rebuild(worker, f"{type(exc).__name__}: {exc}")
+                    self._worker = worker
+                    self.state = EngineState.READY
         finally:
+            watchdog.stop()
             self.state = EngineState.STOPPED
             worker.ctx.close()
             if worker.embedder is not None:
@@ -174,6 +209,31 @@ class Engine:
             worker.model.close()
             if worker.cache is not None:
                 worker.cache.close()  # queued saves reach the disk before we exit
+
+    def _rebuild(self, old: Worker, cause: str) -> Worker:
+        """A new context and scheduler (slots empty) on the same model, embedder and
+        cache, after every request of the old one failed at once naming `cause`."""
+        try:
+            old.abandon(cause)
+        except Exception:
+            log.exception("failing the requests of the dead engine thread failed")
+        old.ctx.close()
+        ctx = Context(old.model, old.ctx.params)
+        if old.embedder is not None:
+            old.embedder.jobs.clear()
+            old.embedder.ctx.clear()
+        worker = Worker(
+            old.model,
+            ctx,
+            Scheduler(old.scheduler.config),
+            old.embedder,
+            self._deliver,
+            old.cache,
+            old.limits,
+        )
+        worker.inherit(old)
+        worker._stopping = old._stopping
+        return worker
 
     def _load(self) -> Worker:
         cfg = self.config
@@ -229,7 +289,7 @@ class Engine:
                 cfg.cache,
                 namespace(model_fingerprint(cfg.model_path), ctx.n_ctx_seq, "f16", "flash"),
             )
-        return Worker(model, ctx, scheduler, embedder, self._deliver, self._cache)
+        return Worker(model, ctx, scheduler, embedder, self._deliver, self._cache, cfg.limits)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread: running sequences are aborted, handles freed."""
@@ -358,6 +418,7 @@ class Engine:
                 param="messages" if request.max_tokens is None else "max_tokens",
                 code="context_length_exceeded",
             )
+        _check_int32(request)
         for token, _ in request.sampling.logit_bias:
             if token < 0 or token >= info.n_vocab:
                 raise InvalidRequestError(
@@ -463,6 +524,12 @@ class Engine:
         self._command(Fork(session_id, target.id, on_done))
         try:
             num_tokens, error = await asyncio.shield(done)
+        except asyncio.CancelledError:
+            # The caller left: the fork still runs on the engine thread (commands run in
+            # order), so release the new session's slot after it, and forget the session.
+            self.sessions.remove(target.id)
+            self._command(ReleaseSession(target.id))
+            raise
         finally:
             target.in_flight = False
         if error is not None:

@@ -27,7 +27,14 @@ from engine.runner import DecodeError, Runner, Sampled, StepResult
 from engine.scheduler import Chunk, Scheduler
 from engine.sequence import SeqStatus, Sequence
 from engine.slots import Copy, Drop, KvOp, Restore, Save
-from engine.types import EngineStats, FinishReason, SeqOutput
+from engine.types import (
+    ENGINE_RESTARTED,
+    EngineStats,
+    FinishReason,
+    SeqOutput,
+    TimeLimits,
+    coded_error,
+)
 
 log = logging.getLogger("kvserve.engine")
 
@@ -82,6 +89,13 @@ SAVE_EVERY_TOKENS = 1024
 SAVE_PROMPT_MIN_TOKENS = 256
 
 
+_COUNTERS = (
+    "num_steps", "num_prefill_tokens", "num_generated_tokens", "num_decode_failures",
+    "num_restore_failures", "num_reused_tokens", "batch_size_sum", "num_decode_aborts",
+    "num_timeouts",
+)  # fmt: skip
+
+
 class Worker:
     def __init__(
         self,
@@ -91,8 +105,12 @@ class Worker:
         embedder: Embedder | None,
         deliver: Deliver,
         cache: PrefixCache | None = None,
+        limits: TimeLimits | None = None,
     ):
         self.model = model
+        self.limits = limits or TimeLimits()
+        # Written by this thread, read by the watchdog thread (engine/watchdog.py).
+        self.decode_deadline = 0.0
         self.ctx = ctx
         self.scheduler = scheduler
         config = scheduler.config
@@ -119,6 +137,9 @@ class Worker:
         self.hit_sources: dict[str, int] = {}  # none / slot / ram / disk
         self.batch_size_counts = [0] * (len(BATCH_SIZE_BOUNDS) + 1)
         self.batch_size_sum = 0
+        self.num_decode_aborts = 0  # decodes interrupted past limits.decode_s
+        self.num_timeouts = 0  # sequences ended by a time limit
+        self.num_rebuilds = 0  # times the engine thread died and was rebuilt
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -132,9 +153,11 @@ class Worker:
                 if self.embedder is not None and self.embedder.has_work:
                     self.embedder.step()
                 if self.scheduler.has_work:
+                    self._enforce_limits()
                     self.step()
             except Exception as exc:  # a bug must cost its requests, never the engine thread
                 log.exception("engine step failed")
+                # If this raises too, the thread ends: the engine rebuilds it (engine.py).
                 self._fail_everything(f"internal engine error: {type(exc).__name__}: {exc}")
             if self._outbox:
                 out, self._outbox = self._outbox, []
@@ -186,11 +209,15 @@ class Worker:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)
             return
         started = time.monotonic()
+        if self.limits.decode_s:
+            self.decode_deadline = started + self.limits.decode_s
         try:
             result = self.runner.run(chunks)
         except DecodeError as exc:
             self._decode_failed(chunks, exc)
             return
+        finally:
+            self.decode_deadline = 0.0
         for chunk in chunks:  # stage times for the metrics
             if chunk.seq.t_scheduled is None:
                 chunk.seq.t_scheduled = started
@@ -293,10 +320,14 @@ class Worker:
 
     def _append(self, item: Sampled) -> None:
         seq, token = item.seq, item.token
+        if token is None:  # the grammar is complete (or admits nothing): it ends here
+            self._finish(seq, FinishReason.STOP, seq.detokenizer.flush())
+            return
         seq.tokens.append(token)
         self.num_generated_tokens += 1
+        seq.t_last_token = time.monotonic()
         if seq.t_first_token is None:
-            seq.t_first_token = time.monotonic()
+            seq.t_first_token = seq.t_last_token
         request = seq.request
         if token in self._eog and not request.sampling.ignore_eos:
             self._finish(seq, FinishReason.STOP, seq.detokenizer.flush())
@@ -380,14 +411,92 @@ class Worker:
             self.ctx.remove_seq(self.scheduler.preempt_newest())
             log.warning("KV cache full; preempted the newest sequence")
             return
-        self.num_decode_failures += 1
-        log.error("%s; failing %d sequence(s)", exc, len(chunks))
+        error = str(exc)
+        if exc.code == 2:  # interrupted by the watchdog: the context stays usable
+            self.num_decode_aborts += 1
+            error = coded_error(
+                "decode_timeout", f"a model step ran past {self.limits.decode_s:g} s"
+            )
+        else:
+            self.num_decode_failures += 1
+        log.error("%s; failing %d sequence(s)", error, len(chunks))
         for seq in {id(c.seq): c.seq for c in chunks}.values():
-            self._finish(seq, FinishReason.ERROR, "", error=str(exc))
+            self._finish(seq, FinishReason.ERROR, "", error=error)
+
+    def _enforce_limits(self) -> None:
+        """End every sequence past one of its time limits (its slot is freed)."""
+        lim, now = self.limits, time.monotonic()
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            if lim.total_s and now - seq.arrival > lim.total_s:
+                code, limit = "total_timeout", lim.total_s
+            elif seq.t_first_token is None and lim.prefill_s and now - seq.arrival > lim.prefill_s:
+                code, limit = "prefill_timeout", lim.prefill_s
+            elif (
+                seq.t_last_token is not None
+                and lim.token_s
+                and now - seq.t_last_token > lim.token_s
+            ):
+                code, limit = "token_timeout", lim.token_s
+            else:
+                continue
+            self.num_timeouts += 1
+            message = f"the request ran past its {code.split('_')[0]} time limit ({limit:g} s)"
+            self._finish(seq, FinishReason.ERROR, "", error=coded_error(code, message))
+
+    def abandon(self, cause: str) -> None:
+        """The thread died (engine.py rebuilds it): fail every request at once, touching
+        no llama.cpp state (it may be what broke). Commands not taken yet fail too."""
+        error = coded_error(ENGINE_RESTARTED, f"the engine failed and was restarted ({cause})")
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._abandon_seq(seq, error)
+        while True:
+            try:
+                command = self.commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, Submit):
+                for seq in command.seqs:
+                    self._abandon_seq(seq, error)
+            elif isinstance(command, Embed):
+                command.job.on_done(None, error)
+            elif isinstance(command, Fork):
+                command.on_done(0, error)
+            elif isinstance(command, Stop):
+                self._stopping = True
+        if self.embedder is not None:
+            while self.embedder.jobs:
+                self.embedder.jobs.popleft().on_done(None, error)
+        out, self._outbox = self._outbox, []
+        self.deliver(out)
+
+    def _abandon_seq(self, seq: Sequence, error: str) -> None:
+        if seq.sampler is not None:
+            seq.sampler.close()
+        output = SeqOutput(
+            "",
+            (),
+            finish_reason=FinishReason.ERROR,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            error=error,
+        )
+        self._outbox.append((seq.sink, output))
+
+    def inherit(self, old: Worker) -> None:
+        """Carry the counters of the worker this one replaces (they only ever grow)."""
+        for name in _COUNTERS:
+            setattr(self, name, getattr(old, name))
+        self.hits, self.hit_sources = dict(old.hits), dict(old.hit_sources)
+        self.batch_size_counts = list(old.batch_size_counts)
+        self.num_rebuilds = old.num_rebuilds + 1
 
     def _fail_everything(self, error: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self._finish(seq, FinishReason.ERROR, "", error=error)
+            try:
+                self._finish(seq, FinishReason.ERROR, "", error=error)
+            except Exception:  # the bookkeeping itself is broken: still tell the caller
+                log.exception("failing %s cleanly failed", seq.request_id)
+                self._abandon_seq(seq, error)
         if self.embedder is not None:
             while self.embedder.jobs:
                 job = self.embedder.jobs.popleft()
@@ -408,7 +517,10 @@ class Worker:
             self._outbox = []
 
     def stats(self) -> EngineStats:
-        """Safe to call from another thread: reads plain ints and list lengths only."""
+        """Safe to call from another thread: reads plain ints, list lengths and copies
+        of the dicts (a copy is one C call under the GIL; iterating a dict the engine
+        thread grows could fail mid-way)."""
+        hits, sources = self.hits.copy(), self.hit_sources.copy()
         return EngineStats(
             num_slots=self.scheduler.config.num_slots,
             num_running=len(self.scheduler.running),
@@ -424,10 +536,13 @@ class Worker:
             num_reclaims=self.scheduler.slots.num_reclaims,
             num_restore_failures=self.num_restore_failures,
             num_reused_tokens=self.num_reused_tokens,
-            hits=tuple(sorted(self.hits.items())),
-            hit_sources=tuple(sorted(self.hit_sources.items())),
+            hits=tuple(sorted(hits.items())),
+            hit_sources=tuple(sorted(sources.items())),
             cache=self.cache.stats() if self.cache is not None else None,
             batch_size_bounds=BATCH_SIZE_BOUNDS,
             batch_size_counts=tuple(self.batch_size_counts),
             batch_size_sum=self.batch_size_sum,
+            num_decode_aborts=self.num_decode_aborts,
+            num_timeouts=self.num_timeouts,
+            num_rebuilds=self.num_rebuilds,
         )

@@ -12,12 +12,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.types import (
+    TIME_LIMIT_CODES,
     EngineNotReadyError,
     InvalidRequestError,
     NoSlotError,
     QueueFullError,
     SessionBusyError,
     SessionNotFoundError,
+    error_code,
 )
 
 log = logging.getLogger("kvserve.server")
@@ -100,6 +102,21 @@ class ServerError(APIError):
 class ServiceUnavailable(APIError):
     status = 503
     type = "service_unavailable"
+
+
+class GatewayTimeout(APIError):
+    status = 504
+    type = "timeout"
+
+
+def generation_failure(error: str | None) -> APIError:
+    """The error for a sequence the engine ended with an error: 504 naming the time
+    limit it ran past, else 500 naming the cause (`engine_restarted` when the engine
+    thread died and was rebuilt, `engine_error` for a failed decode, say)."""
+    code = error_code(error)
+    if code in TIME_LIMIT_CODES:
+        return GatewayTimeout(error or code, code=code)
+    return ServerError(f"generation failed: {error}", code=code or "engine_error")
 
 
 def error_body(message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:

@@ -65,7 +65,9 @@ def test_template_renders_tools_calls_results_and_system(path: Path) -> None:
 
 
 def test_missing_attributes_render_empty() -> None:
-    hermes = Path(__file__).parent / "templates" / "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja"
+    hermes = (
+        Path(__file__).parent / "templates" / "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja"
+    )
     bare = Tool("f", "", {"type": "object", "properties": {"x": {"type": "integer"}}})
     template = ChatTemplate(hermes.read_text(), bos_token="", eos_token="", add_bos=False)
     plan = plan_chat(template, [{"role": "user", "content": "hi"}], ChatOptions(tools=(bare,)))
