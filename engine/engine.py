@@ -232,6 +232,8 @@ class Engine:
             old.limits,
         )
         worker.inherit(old)
+        # The same queue: a command sent while this rebuild runs is not lost.
+        worker.commands = old.commands
         worker._stopping = old._stopping
         return worker
 

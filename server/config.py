@@ -66,6 +66,11 @@ class EngineSection:
     embed_n_ctx: int = 4096
     embed_chunk: int = 256
     exact_reuse: bool = True
+    # Per-request time limits in seconds (0: none); past one the request ends with 504.
+    prefill_timeout_s: float = 600.0
+    token_timeout_s: float = 120.0
+    total_timeout_s: float = 3600.0
+    decode_timeout_s: float = 120.0  # one llama_decode, interrupted past it
 
 
 @dataclass(frozen=True)
@@ -292,7 +297,10 @@ def _validate_engine(label: str, e: EngineSection) -> None:
             raise ConfigError(f"{label}.{key}: must be at least 1")
     if e.n_batch < e.n_seq_max:
         raise ConfigError(f"{label}.n_batch: must be at least n_seq_max ({e.n_seq_max})")
-    for key in ("max_queue", "n_threads"):
+    for key in (
+        "max_queue", "n_threads", "prefill_timeout_s", "token_timeout_s", "total_timeout_s",
+        "decode_timeout_s",
+    ):  # fmt: skip
         if getattr(e, key) < 0:
             raise ConfigError(f"{label}.{key}: must not be negative")
     # Below these a prompt of 65..127 tokens could never be scheduled (see scheduler.py).
