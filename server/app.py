@@ -75,7 +75,15 @@ def _served_models(
     served = []
     for model_id, the_engine in engines.items():
         cfg = configured.get(model_id, ModelSection(id=model_id))
-        served.append(ServedModel(model_id, cfg.aliases, the_engine, chat_template_source(cfg)))
+        served.append(
+            ServedModel(
+                model_id,
+                cfg.aliases,
+                the_engine,
+                chat_template_source(cfg),
+                context_overflow=cfg.context_overflow,
+            )
+        )
     return ModelRegistry(served)
 
 

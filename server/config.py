@@ -119,6 +119,9 @@ class ModelSection:
     aliases: tuple[str, ...] = ()
     path: str = ""  # empty: the bundled SmolLM2-135M-Instruct
     chat_template: str = ""  # empty: the template in the GGUF
+    # A chat prompt too long for the context: "error" (400 context_length_exceeded) or
+    # "drop_oldest" (drop the oldest turns after the system messages until it fits).
+    context_overflow: str = "error"
     engine: EngineSection = field(default_factory=EngineSection)
 
     @property
@@ -160,7 +163,7 @@ SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "logging": LoggingSection,
 }
-_MODEL_KEYS = ("id", "aliases", "path", "chat_template")
+_MODEL_KEYS = ("id", "aliases", "path", "chat_template", "context_overflow")
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -285,6 +288,8 @@ def _validate(s: Settings, labels: list[str]) -> None:
             )
         if not os.path.isfile(m.model_path):
             raise ConfigError(f"{label}.path: file not found: {m.model_path}")
+        if m.context_overflow not in ("error", "drop_oldest"):
+            raise ConfigError(f"{label}.context_overflow: must be 'error' or 'drop_oldest'")
         tpl = m.chat_template
         if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):
             raise ConfigError(f"{label}.chat_template: file not found: {tpl}")
