@@ -160,14 +160,28 @@ async def drive(engine: Engine, req: GenerateRequest) -> FinishReason | None:
     return reason
 
 
-async def main(seed: int, cases: int) -> None:
+def issue_case(engine: Engine, root: Path, seed: int) -> GenerateRequest:
+    """Issue 10's report: a Llama 3.x template, tools, tool_choice auto, default
+    sampling; with the grammar accepting blindly, seed 0 already killed the process."""
+    source = (root / "meta-llama-Llama-3.3-70B-Instruct.jinja").read_text()
+    template = ChatTemplate(source, bos_token="", eos_token="", add_bos=False)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    plan = plan_chat(template, messages, ChatOptions(tools=TOOLS[:1]))
+    prompt = engine.tokenize(plan.prompt.text, add_special=False, parse_special=True)
+    params = SamplingParams(seed=seed, **grammar_fields(plan.grammar, engine))  # type: ignore[arg-type]
+    return GenerateRequest(uuid.uuid4().hex, tuple(prompt), sampling=params, max_tokens=96)
+
+
+async def main(seed: int, cases: int, mode: str = "random") -> None:
     rng = random.Random(seed)
     root = templates_dir()
     engine = await start(n_seq_max=4, n_threads=1)
     try:
         reqs = []
-        for _ in range(cases):
-            if rng.random() < 0.65:
+        for i in range(cases):
+            if mode == "issue":
+                reqs.append(issue_case(engine, root, seed + i))
+            elif rng.random() < 0.65:
                 reqs.append(chat_case(engine, rng, root))
             else:
                 reqs.append(grammar_case(engine, rng))
@@ -184,4 +198,4 @@ async def main(seed: int, cases: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:4]))
