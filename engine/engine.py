@@ -25,6 +25,7 @@ from cache import CacheConfig, CacheHit, CacheStats, PrefixCache, model_fingerpr
 from engine.detokenizer import IncrementalDetokenizer
 from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, ContextParams, Model, Sampler
+from engine.recovery import abandon, inherit
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence as Seq
 from engine.sessions import Session, SessionLimits, SessionRegistry
@@ -214,7 +215,7 @@ class Engine:
         """A new context and scheduler (slots empty) on the same model, embedder and
         cache, after every request of the old one failed at once naming `cause`."""
         try:
-            old.abandon(cause)
+            abandon(old, cause)
         except Exception:
             log.exception("failing the requests of the dead engine thread failed")
         old.ctx.close()
@@ -231,7 +232,7 @@ class Engine:
             old.cache,
             old.limits,
         )
-        worker.inherit(old)
+        inherit(worker, old)
         # The same queue: a command sent while this rebuild runs is not lost.
         worker.commands = old.commands
         worker._stopping = old._stopping

@@ -23,18 +23,12 @@ from dataclasses import dataclass
 from cache import PrefixCache
 from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, Model
+from engine.recovery import abandon_seq, enforce_limits
 from engine.runner import DecodeError, Runner, Sampled, StepResult
 from engine.scheduler import Chunk, Scheduler
 from engine.sequence import SeqStatus, Sequence
 from engine.slots import Copy, Drop, KvOp, Restore, Save
-from engine.types import (
-    ENGINE_RESTARTED,
-    EngineStats,
-    FinishReason,
-    SeqOutput,
-    TimeLimits,
-    coded_error,
-)
+from engine.types import EngineStats, FinishReason, SeqOutput, TimeLimits, coded_error
 
 log = logging.getLogger("kvserve.engine")
 
@@ -87,13 +81,6 @@ Command = Submit | Abort | Embed | ReleaseSession | Fork | Stop
 # sharing its head (or this one, after an abort or a restart) finds it warm.
 SAVE_EVERY_TOKENS = 1024
 SAVE_PROMPT_MIN_TOKENS = 256
-
-
-_COUNTERS = (
-    "num_steps", "num_prefill_tokens", "num_generated_tokens", "num_decode_failures",
-    "num_restore_failures", "num_reused_tokens", "batch_size_sum", "num_decode_aborts",
-    "num_timeouts",
-)  # fmt: skip
 
 
 class Worker:
@@ -153,7 +140,7 @@ class Worker:
                 if self.embedder is not None and self.embedder.has_work:
                     self.embedder.step()
                 if self.scheduler.has_work:
-                    self._enforce_limits()
+                    enforce_limits(self)
                     self.step()
             except Exception as exc:  # a bug must cost its requests, never the engine thread
                 log.exception("engine step failed")
@@ -423,80 +410,13 @@ class Worker:
         for seq in {id(c.seq): c.seq for c in chunks}.values():
             self._finish(seq, FinishReason.ERROR, "", error=error)
 
-    def _enforce_limits(self) -> None:
-        """End every sequence past one of its time limits (its slot is freed)."""
-        lim, now = self.limits, time.monotonic()
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            if lim.total_s and now - seq.arrival > lim.total_s:
-                code, limit = "total_timeout", lim.total_s
-            elif seq.t_first_token is None and lim.prefill_s and now - seq.arrival > lim.prefill_s:
-                code, limit = "prefill_timeout", lim.prefill_s
-            elif (
-                seq.t_last_token is not None
-                and lim.token_s
-                and now - seq.t_last_token > lim.token_s
-            ):
-                code, limit = "token_timeout", lim.token_s
-            else:
-                continue
-            self.num_timeouts += 1
-            message = f"the request ran past its {code.split('_')[0]} time limit ({limit:g} s)"
-            self._finish(seq, FinishReason.ERROR, "", error=coded_error(code, message))
-
-    def abandon(self, cause: str) -> None:
-        """The thread died (engine.py rebuilds it): fail every request at once, touching
-        no llama.cpp state (it may be what broke). Commands not taken yet fail too."""
-        error = coded_error(ENGINE_RESTARTED, f"the engine failed and was restarted ({cause})")
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self._abandon_seq(seq, error)
-        while True:
-            try:
-                command = self.commands.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(command, Submit):
-                for seq in command.seqs:
-                    self._abandon_seq(seq, error)
-            elif isinstance(command, Embed):
-                command.job.on_done(None, error)
-            elif isinstance(command, Fork):
-                command.on_done(0, error)
-            elif isinstance(command, Stop):
-                self._stopping = True
-        if self.embedder is not None:
-            while self.embedder.jobs:
-                self.embedder.jobs.popleft().on_done(None, error)
-        out, self._outbox = self._outbox, []
-        self.deliver(out)
-
-    def _abandon_seq(self, seq: Sequence, error: str) -> None:
-        if seq.sampler is not None:
-            seq.sampler.close()
-        output = SeqOutput(
-            "",
-            (),
-            finish_reason=FinishReason.ERROR,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens,
-            error=error,
-        )
-        self._outbox.append((seq.sink, output))
-
-    def inherit(self, old: Worker) -> None:
-        """Carry the counters of the worker this one replaces (they only ever grow)."""
-        for name in _COUNTERS:
-            setattr(self, name, getattr(old, name))
-        self.hits, self.hit_sources = dict(old.hits), dict(old.hit_sources)
-        self.batch_size_counts = list(old.batch_size_counts)
-        self.num_rebuilds = old.num_rebuilds + 1
-
     def _fail_everything(self, error: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             try:
                 self._finish(seq, FinishReason.ERROR, "", error=error)
             except Exception:  # the bookkeeping itself is broken: still tell the caller
                 log.exception("failing %s cleanly failed", seq.request_id)
-                self._abandon_seq(seq, error)
+                abandon_seq(self, seq, error)
         if self.embedder is not None:
             while self.embedder.jobs:
                 job = self.embedder.jobs.popleft()
