@@ -313,6 +313,8 @@ class Engine:
         return self._info
 
     def _require_model(self) -> Model:
+        if self.state is EngineState.RECOVERING:
+            raise EngineNotReadyError("the engine is being rebuilt after a failure")
         if self._model is None or not self.ready:
             raise EngineNotReadyError("the model is still loading")
         return self._model
