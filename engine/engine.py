@@ -31,6 +31,7 @@ from engine.sequence import Sequence as Seq
 from engine.sessions import Session, SessionLimits, SessionRegistry
 from engine.types import (
     EngineNotReadyError,
+    EngineRecoveringError,
     EngineStats,
     GenerateRequest,
     InvalidRequestError,
@@ -314,7 +315,7 @@ class Engine:
 
     def _require_model(self) -> Model:
         if self.state is EngineState.RECOVERING:
-            raise EngineNotReadyError("the engine is being rebuilt after a failure")
+            raise EngineRecoveringError("the engine is being rebuilt after a failure")
         if self._model is None or not self.ready:
             raise EngineNotReadyError("the model is still loading")
         return self._model

@@ -219,6 +219,10 @@ class EngineNotReadyError(EngineError):
     """The model is still loading (or failed to load)."""
 
 
+class EngineRecoveringError(EngineNotReadyError):
+    """The engine thread died and its context is being rebuilt (a moment)."""
+
+
 class SessionNotFoundError(EngineError):
     """No such session for this tenant (another tenant's sessions are not found either)."""
 

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from engine.types import (
     TIME_LIMIT_CODES,
     EngineNotReadyError,
+    EngineRecoveringError,
     InvalidRequestError,
     NoSlotError,
     QueueFullError,
@@ -140,6 +141,8 @@ def from_engine_error(exc: Exception) -> APIError:
         return Conflict(str(exc), param="session_id", code="session_busy")
     if isinstance(exc, NoSlotError):
         return TooManyRequests(str(exc), code="no_free_slot", headers={"Retry-After": "1"})
+    if isinstance(exc, EngineRecoveringError):
+        return ServiceUnavailable(str(exc), code="engine_recovering", headers={"Retry-After": "1"})
     if isinstance(exc, EngineNotReadyError):
         return ServiceUnavailable(str(exc), code="model_loading", headers={"Retry-After": "1"})
     return ServerError(f"{type(exc).__name__}: {exc}")

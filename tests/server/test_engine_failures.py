@@ -41,3 +41,12 @@ async def test_a_rebuilt_engine_is_500_naming_the_cause(
     r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
     error = assert_error(r, 500)
     assert error["code"] == "engine_restarted" and "RuntimeError: x" in error["message"]
+
+
+def test_a_request_during_a_rebuild_is_503_saying_so() -> None:
+    from engine.types import EngineRecoveringError
+    from server.errors import from_engine_error
+
+    error = from_engine_error(EngineRecoveringError("the engine is being rebuilt"))
+    assert error.status == 503 and error.code == "engine_recovering"
+    assert error.headers == {"Retry-After": "1"}
