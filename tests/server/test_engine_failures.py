@@ -7,7 +7,9 @@ import json
 
 import httpx
 
+from engine.engine import EngineState
 from engine.types import coded_error
+from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.server.test_api import MODEL, assert_error, chat, sse_events
 
@@ -50,3 +52,16 @@ def test_a_request_during_a_rebuild_is_503_saying_so() -> None:
     error = from_engine_error(EngineRecoveringError("the engine is being rebuilt"))
     assert error.status == 503 and error.code == "engine_recovering"
     assert error.headers == {"Retry-After": "1"}
+
+
+async def test_health_is_503_recovering_while_the_engine_is_rebuilt(
+    make_client: ClientFactory,
+) -> None:
+    engine = FakeEngine()
+    c = make_client(engine)
+    engine.state = EngineState.RECOVERING
+    r = await c.get("/health")
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+    assert r.json() == {"status": "recovering", "models": {MODEL: {"status": "recovering"}}}
+    engine.state = EngineState.READY
+    assert (await c.get("/health")).status_code == 200
