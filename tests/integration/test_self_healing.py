@@ -16,6 +16,7 @@ from engine.types import (
     FinishReason,
     InvalidRequestError,
     SamplingParams,
+    SessionNotFoundError,
     TimeLimits,
     error_code,
 )
@@ -141,3 +142,26 @@ def test_the_reported_llama3_tool_call_crash_is_gone() -> None:
 
 def test_random_grammars_templates_tools_and_seeds_do_not_kill_the_process() -> None:
     fuzz(os.environ.get("KVSERVE_FUZZ_SEED", "7"), os.environ.get("KVSERVE_FUZZ_CASES", "12"))
+
+
+async def test_a_cancelled_fork_leaves_no_session_and_no_pinned_slot() -> None:
+    engine = await start(n_seq_max=2, n_threads=1, embeddings=False)
+    try:
+        prompt = chat_prompt(engine, "Say hi.")
+        req = request(prompt, max_tokens=2, session_id="main", tenant="k")
+        assert (await outcome(engine, req))[1] is FinishReason.LENGTH
+        fork = asyncio.ensure_future(engine.fork_session("k", "main", "branch"))
+        await asyncio.sleep(0)  # the Fork command is queued
+        fork.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fork
+        for _ in range(500):  # the engine thread runs the fork, then the release
+            worker = engine._worker
+            if worker is not None and "branch" not in worker.scheduler.slots.pins:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(SessionNotFoundError):
+            engine.get_session("k", "branch")
+        assert engine._worker is not None and "branch" not in engine._worker.scheduler.slots.pins
+    finally:
+        engine.close()
