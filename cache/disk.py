@@ -178,10 +178,20 @@ class DiskTier:
             self._policy.touch(key)
 
     def clear(self) -> int:
+        # Forget every entry under the lock; delete the files after it, so that a
+        # purge of thousands of files does not hold up lookups and saves.
         with self._lock:
             keys = list(self._infos)
             for key in keys:
-                self._unlink_tracked(key)
+                self._infos.pop(key, None)
+                self._policy.remove(key)
+        for key in keys:
+            try:
+                os.unlink(self._path(key))
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("cache: cannot delete %s: %s", self._path(key), e)
         return len(keys)
 
     def infos(self) -> Iterator[EntryInfo]:

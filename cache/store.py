@@ -283,9 +283,9 @@ class PrefixCache:
             for key in keys:
                 self._index.remove(key)
             self._ram.clear()
-            if self._disk is not None:
-                self._disk.clear()
-            return len(keys)
+        if self._disk is not None:  # file deletions outside the store's lock
+            self._disk.clear()
+        return len(keys)
 
     def entries_of(self, owns: Callable[[str], bool]) -> tuple[int, int]:
         """(entries, tokens) of the stored prefixes whose salt `owns` accepts: one

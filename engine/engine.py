@@ -25,11 +25,13 @@ from cache import CacheConfig, CacheHit, CacheStats, PrefixCache, model_fingerpr
 from engine.detokenizer import IncrementalDetokenizer
 from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, ContextParams, Model, Sampler
+from engine.recovery import abandon, inherit
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence as Seq
 from engine.sessions import Session, SessionLimits, SessionRegistry, pin_key
 from engine.types import (
     EngineNotReadyError,
+    EngineRecoveringError,
     EngineStats,
     GenerateRequest,
     InvalidRequestError,
@@ -39,7 +41,9 @@ from engine.types import (
     SeqOutput,
     SessionBusyError,
     TenantCacheView,
+    TimeLimits,
 )
+from engine.watchdog import Watchdog
 from engine.worker import Abort, Embed, Fork, ReleaseSession, Stop, Submit, Worker
 
 log = logging.getLogger("kvserve.engine")
@@ -62,16 +66,37 @@ class EngineConfig:
     exact_reuse: bool = True  # reuse only KV that reproduces the cold output exactly
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
     sessions: SessionLimits = SessionLimits()
+    limits: TimeLimits = TimeLimits()
 
     @property
     def threads(self) -> int:
         return self.n_threads or os.cpu_count() or 1
 
 
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _check_int32(request: GenerateRequest) -> None:
+    """Integers reach llama.cpp as C ints: ctypes would truncate larger ones silently."""
+    fields = [(f, getattr(request.sampling, f)) for f in _SAMPLING_INTS]
+    fields += [(f, getattr(request, f)) for f in ("max_tokens", "logprobs", "prompt_logprobs")]
+    for name, value in fields:
+        if value is not None and not _INT32[0] <= value <= _INT32[1]:
+            raise InvalidRequestError(
+                f"'{name}' must be within [{_INT32[0]}, {_INT32[1]}]", param=name
+            )
+
+
+_SAMPLING_INTS = (
+    "top_k", "min_keep", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat",
+)  # fmt: skip
+
+
 class EngineState(enum.StrEnum):
     LOADING = "loading"
     READY = "ready"
     FAILED = "failed"
+    RECOVERING = "recovering"  # the engine thread died and is being rebuilt (503)
     STOPPED = "stopped"
 
 
@@ -172,9 +197,21 @@ class Engine:
         self._worker = worker
         self.state = EngineState.READY
         log.info("engine ready: %s", self.info.model_id)
+        watchdog = Watchdog(lambda: self._worker)
+        watchdog.start()
         try:
-            worker.run()
+            while True:
+                try:
+                    worker.run()
+                    break
+                except Exception as exc:  # the loop died: rebuild it, keep the process
+                    log.exception("the engine thread died; rebuilding it")
+                    self.state = EngineState.RECOVERING
+                    worker = self._rebuild(worker, f"{type(exc).__name__}: {exc}")
+                    self._worker = worker
+                    self.state = EngineState.READY
         finally:
+            watchdog.stop()
             self.state = EngineState.STOPPED
             worker.ctx.close()
             if worker.embedder is not None:
@@ -182,6 +219,33 @@ class Engine:
             worker.model.close()
             if worker.cache is not None:
                 worker.cache.close()  # queued saves reach the disk before we exit
+
+    def _rebuild(self, old: Worker, cause: str) -> Worker:
+        """A new context and scheduler (slots empty) on the same model, embedder and
+        cache, after every request of the old one failed at once naming `cause`."""
+        try:
+            abandon(old, cause)
+        except Exception:
+            log.exception("failing the requests of the dead engine thread failed")
+        old.ctx.close()
+        ctx = Context(old.model, old.ctx.params)
+        if old.embedder is not None:
+            old.embedder.jobs.clear()
+            old.embedder.ctx.clear()
+        worker = Worker(
+            old.model,
+            ctx,
+            Scheduler(old.scheduler.config),
+            old.embedder,
+            self._deliver,
+            old.cache,
+            old.limits,
+        )
+        inherit(worker, old)
+        # The same queue: a command sent while this rebuild runs is not lost.
+        worker.commands = old.commands
+        worker._stopping = old._stopping
+        return worker
 
     def _load(self) -> Worker:
         cfg = self.config
@@ -237,7 +301,7 @@ class Engine:
                 cfg.cache,
                 namespace(model_fingerprint(cfg.model_path), ctx.n_ctx_seq, "f16", "flash"),
             )
-        return Worker(model, ctx, scheduler, embedder, self._deliver, self._cache)
+        return Worker(model, ctx, scheduler, embedder, self._deliver, self._cache, cfg.limits)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread: running sequences are aborted, handles freed."""
@@ -258,6 +322,8 @@ class Engine:
         return self._info
 
     def _require_model(self) -> Model:
+        if self.state is EngineState.RECOVERING:
+            raise EngineRecoveringError("the engine is being rebuilt after a failure")
         if self._model is None or not self.ready:
             raise EngineNotReadyError("the model is still loading")
         return self._model
@@ -376,6 +442,7 @@ class Engine:
                 param="messages" if request.max_tokens is None else "max_tokens",
                 code="context_length_exceeded",
             )
+        _check_int32(request)
         for token, _ in request.sampling.logit_bias:
             if token < 0 or token >= info.n_vocab:
                 raise InvalidRequestError(
@@ -486,6 +553,12 @@ class Engine:
         self._command(Fork(source.key, target.key, on_done))
         try:
             num_tokens, error = await asyncio.shield(done)
+        except asyncio.CancelledError:
+            # The caller left: the fork still runs on the engine thread (commands run in
+            # order), so release the new session's slot after it, and forget the session.
+            self.sessions.remove(target)
+            self._command(ReleaseSession(target.key))
+            raise
         finally:
             target.in_flight = False
         if error is not None:

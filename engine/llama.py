@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import llama_cpp as C
 import numpy as np
 
+from engine.grammar import LazyTrigger, check_gbnf
 from engine.types import SamplingParams
 
 log = logging.getLogger("kvserve.llama")
@@ -42,6 +43,12 @@ def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
 
 
 _backend_ready = False
+
+# The abort callback llama.cpp checks between graph nodes is libc's `strlen` over a
+# two-byte flag owned by the context: nonzero (true) once another thread writes 1 into
+# the first byte. A Python callback would need the GIL at every node of every decode
+# (and wait for it whenever the event loop holds it); this costs nothing.
+_STRLEN: int = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value or 0
 
 
 def init_backend() -> None:
@@ -119,6 +126,12 @@ class Model:
         # Piece bytes of every token, rendered without special tokens: the detokenizer
         # concatenates these, so a token costs a list lookup instead of a C call.
         self.pieces: list[bytes] = [self._piece(t, special=False) for t in range(self.n_vocab)]
+        # A token for each byte value whose piece is that one byte: text of any
+        # tokenization can be fed to a grammar byte by byte (see Sampler._arm).
+        self.byte_tokens: dict[int, int] = {}
+        for t, piece in enumerate(self.pieces):
+            if len(piece) == 1:
+                self.byte_tokens.setdefault(piece[0], t)
 
     def _piece(self, token: int, *, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
@@ -127,6 +140,10 @@ class Model:
             buf = ctypes.create_string_buffer(-n)
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
+
+    def special_piece(self, token: int) -> bytes:
+        """The token's bytes with special tokens rendered (as llama.cpp's grammar sees it)."""
+        return self._piece(token, special=True)
 
     def token_text(self, token: int) -> str:
         """The token's text with special tokens rendered (for /tokenize pieces)."""
@@ -277,10 +294,22 @@ class Context:
         self.n_ctx: int = C.llama_n_ctx(handle)  # cells in all
         self.n_ctx_seq: int = C.llama_n_ctx_seq(handle)  # cells one sequence may use
         self.memory = C.llama_get_memory(handle)
+        # Both kept referenced for as long as llama.cpp may call the callback.
+        self._abort_flag = (ctypes.c_char * 2)()
+        self._abort_fn = C.ggml_abort_callback(_STRLEN)
+        C.llama_set_abort_callback(
+            handle, self._abort_fn, ctypes.cast(self._abort_flag, ctypes.c_void_p)
+        )
+
+    def interrupt(self) -> None:
+        """Make the running (or next) llama_decode stop early, returning 2. Any thread."""
+        self._abort_flag[0] = b"\x01"
 
     def decode(self, batch: Batch) -> int:
-        """Run one llama_decode; 0 is success, 1 means no KV space, other values fail."""
+        """Run one llama_decode; 0 is success, 1 means no KV space, 2 interrupted,
+        other values fail."""
         batch.struct.n_tokens = batch.size
+        self._abort_flag[0] = b"\x00"
         return int(C.llama_decode(self.handle, batch.struct))
 
     def logits_row(self, row: int) -> np.ndarray:
@@ -363,12 +392,19 @@ class Sampler:
     30x a plain sample. As llama.cpp's own sampler does, the chain picks a token first
     and the grammar checks only that one; only when it is rejected does the grammar
     filter the whole vocabulary and the chain pick again.
+
+    No path may make llama.cpp's grammar throw (see engine/grammar.py): every token is
+    checked before the grammar accepts it, a lazy grammar's trigger is matched here in
+    Python, and when the grammar admits no token `sample` returns None (the generation
+    ends: the grammar is complete, or nothing the chain may pick fits it).
     """
 
     def __init__(self, model: Model, params: SamplingParams, seed: int, n_ctx: int):
         self._keep: list[object] = []  # ctypes arrays the chain may point into
         self.grammar: object | None = None
+        self._model = model
         self._n_vocab = model.n_vocab
+        self._trigger: LazyTrigger | None = None  # set while a lazy grammar waits
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self.handle = C.llama_sampler_chain_init(chain_params)
@@ -385,8 +421,11 @@ class Sampler:
 
     def _build(self, model: Model, p: SamplingParams, seed: int, n_ctx: int) -> None:
         if p.grammar is not None:
+            check_gbnf(p.grammar)
+            if p.grammar_lazy:
+                self._trigger = LazyTrigger(p.grammar_trigger_patterns, p.grammar_trigger_tokens)
             with _CaptureErrors() as errors:
-                grammar = self._grammar(model, p)
+                grammar = C.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
             if not grammar:
                 reason = "; ".join(e for e in errors if e) or "the grammar does not parse"
                 raise ValueError(f"invalid grammar: {reason}")
@@ -459,41 +498,65 @@ class Sampler:
             self._add(C.llama_sampler_init_temp(p.temperature))
         self._add(C.llama_sampler_init_dist(seed))
 
-    @staticmethod
-    def _grammar(model: Model, p: SamplingParams) -> object:
-        assert p.grammar is not None
-        if not p.grammar_lazy:
-            return C.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
-        patterns = [s.encode() for s in p.grammar_trigger_patterns]
-        pattern_arr = (ctypes.c_char_p * max(1, len(patterns)))(*patterns)
-        token_arr = (C.llama_token * max(1, len(p.grammar_trigger_tokens)))(
-            *p.grammar_trigger_tokens
-        )
-        # llama.cpp copies the patterns and tokens, so the arrays may go after the call.
-        return C.llama_sampler_init_grammar_lazy_patterns(
-            model.vocab,
-            p.grammar.encode(),
-            b"root",
-            pattern_arr,
-            len(patterns),
-            token_arr,
-            len(p.grammar_trigger_tokens),
-        )
-
-    def sample(self, ctx: Context, row: int) -> int:
-        """Sample from batch row `row` and accept the token into the chain's state."""
+    def sample(self, ctx: Context, row: int) -> int | None:
+        """Sample from batch row `row` and accept the token into the chain's state.
+        None: the grammar admits no token the chain may pick; the generation ends."""
         if self.grammar is None:
             return int(C.llama_sampler_sample(self.handle, ctx.handle, row))
         logits = ctx.logits_row(row)
         token = self._pick(logits, constrained=False)
+        if self._trigger is not None:  # a lazy grammar, not triggered yet
+            if not self._watch(token):
+                return None
+        elif not self._allows(token):  # rejected: filter everything, pick again
+            token = self._pick(logits, constrained=True)
+            if not self._allows(token):
+                return None
+            self._accept(token)
+        else:
+            self._accept(token)
+        C.llama_sampler_accept(self.handle, token)
+        return token
+
+    def _allows(self, token: int) -> bool:
         one = self._one
         one[0] = (token, 0.0, 0.0)
         self._apply(self.grammar, one)
-        if not np.isfinite(one[0]["logit"]):  # rejected: filter everything, pick again
-            token = self._pick(logits, constrained=True)
-        C.llama_sampler_accept(self.grammar, token)
-        C.llama_sampler_accept(self.handle, token)
-        return token
+        return bool(np.isfinite(one[0]["logit"]))
+
+    def _accept(self, token: int) -> None:
+        # An end-of-generation token ends the sequence: the grammar needs no update
+        # (and llama.cpp aborts on one it does not allow).
+        if token not in self._model.eog_ids:
+            C.llama_sampler_accept(self.grammar, token)
+
+    def _watch(self, token: int) -> bool:
+        """Free sampling until the trigger fires; then the grammar must accept the
+        triggered text, or the generation ends (False)."""
+        trigger = self._trigger
+        assert trigger is not None
+        if token in trigger.tokens:
+            self._trigger = None
+            if not self._allows(token):
+                return False
+            self._accept(token)
+            return True
+        if token in self._model.eog_ids:
+            return True
+        text = trigger.feed(self._model.special_piece(token))
+        if text is None:
+            return True
+        self._trigger = None
+        return self._feed(text)
+
+    def _feed(self, text: bytes) -> bool:
+        """Accept `text` into the grammar one byte token at a time, each checked."""
+        for byte in text:
+            token = self._model.byte_tokens.get(byte)
+            if token is None or not self._allows(token):
+                return False
+            C.llama_sampler_accept(self.grammar, token)
+        return True
 
     def _pick(self, logits: np.ndarray, *, constrained: bool) -> int:
         if constrained:

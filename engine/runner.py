@@ -26,7 +26,7 @@ class DecodeError(Exception):
 @dataclass(slots=True)
 class Sampled:
     seq: Sequence
-    token: int
+    token: int | None  # None: the grammar admits nothing more (the sequence ends)
     logprob: TokenLogprob | None
 
 
@@ -121,6 +121,8 @@ class Runner:
             assert seq.sampler is not None
             token = seq.sampler.sample(self.ctx, row)
             top = seq.request.logprobs
-            logprob = None if top is None else token_logprob(self.ctx.logits_row(row), token, top)
+            logprob = None
+            if top is not None and token is not None:
+                logprob = token_logprob(self.ctx.logits_row(row), token, top)
             sampled.append(Sampled(seq, token, logprob))
         return StepResult(sampled, scored)

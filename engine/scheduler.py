@@ -56,6 +56,10 @@ class KvPlan:
 # a prompt of 64+ tokens are never smaller than 64 rows, only prompt positions (never
 # decoded ones) are reused, and at least the last 64 prompt tokens are computed again.
 EXACT_MIN_ROWS = 64
+# The least prefill room per step that exact mode needs: a prompt of 65..127 pending
+# tokens cannot be cut into two chunks of EXACT_MIN_ROWS+ rows, so it must fit whole.
+# With less room such a prompt would wait for ever (refused at construction instead).
+EXACT_MIN_CHUNK = 2 * EXACT_MIN_ROWS
 
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
 # ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
@@ -109,8 +113,14 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig):
         if config.step_tokens < config.num_slots:
             raise ValueError("step_tokens must be at least the number of slots")
-        if config.exact and min(config.prefill_chunk, config.step_tokens) < EXACT_MIN_ROWS:
-            raise ValueError(f"exact reuse needs prefill chunks of {EXACT_MIN_ROWS}+ tokens")
+        if config.exact and config.prefill_chunk < EXACT_MIN_CHUNK:
+            raise ValueError(f"exact reuse needs prefill chunks of {EXACT_MIN_CHUNK}+ tokens")
+        # The oldest prefilling sequence shares the step with at most num_slots - 1
+        # decode rows: it always gets EXACT_MIN_CHUNK rows, so every prompt progresses.
+        if config.exact and config.step_tokens < EXACT_MIN_CHUNK + config.num_slots - 1:
+            raise ValueError(
+                f"exact reuse needs step_tokens of at least {EXACT_MIN_CHUNK} + slots - 1"
+            )
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order

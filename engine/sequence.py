@@ -52,6 +52,7 @@ class Sequence:
         "t_scheduled",
         "t_prompt_done",
         "t_first_token",
+        "t_last_token",
     )
 
     def __init__(
@@ -85,6 +86,7 @@ class Sequence:
         self.t_scheduled: float | None = None
         self.t_prompt_done: float | None = None
         self.t_first_token: float | None = None
+        self.t_last_token: float | None = None  # for the between-tokens time limit
 
     @property
     def request_id(self) -> str:

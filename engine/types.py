@@ -198,6 +198,9 @@ class EngineStats:
     batch_size_bounds: tuple[int, ...] = ()
     batch_size_counts: tuple[int, ...] = ()
     batch_size_sum: int = 0
+    num_decode_aborts: int = 0  # decodes interrupted past their time budget
+    num_timeouts: int = 0  # sequences ended by a per-request time limit
+    num_rebuilds: int = 0  # times the engine thread died and was rebuilt in place
 
 
 class EngineError(Exception):
@@ -226,6 +229,10 @@ class EngineNotReadyError(EngineError):
     """The model is still loading (or failed to load)."""
 
 
+class EngineRecoveringError(EngineNotReadyError):
+    """The engine thread died and its context is being rebuilt (a moment)."""
+
+
 class SessionNotFoundError(EngineError):
     """No such session for this tenant (another tenant's sessions are not found either)."""
 
@@ -240,6 +247,35 @@ class SessionBusyError(EngineError):
 
 class NoSlotError(EngineError):
     """Every slot is busy with a request in flight: nothing can be forked into."""
+
+
+# Codes of the errors that end a sequence on the engine's side (in `SeqOutput.error`,
+# written "<code>: <message>"): a time limit (HTTP 504), or the engine thread died and
+# was rebuilt (500).
+TIME_LIMIT_CODES = ("prefill_timeout", "token_timeout", "total_timeout", "decode_timeout")
+ENGINE_RESTARTED = "engine_restarted"
+
+
+def coded_error(code: str, message: str) -> str:
+    return f"{code}: {message}"
+
+
+def error_code(error: str | None) -> str | None:
+    """The code of a `coded_error` text, or None."""
+    head = (error or "").split(":", 1)[0]
+    return head if head in (*TIME_LIMIT_CODES, ENGINE_RESTARTED) else None
+
+
+@dataclass(frozen=True, slots=True)
+class TimeLimits:
+    """Per-request time limits in seconds (0: none). prefill: from arrival to the first
+    token; token: between two tokens; total: arrival to the end; decode: one
+    llama_decode (interrupted through llama.cpp's abort callback past it)."""
+
+    prefill_s: float = 600.0
+    token_s: float = 120.0
+    total_s: float = 3600.0
+    decode_s: float = 120.0
 
 
 class GenerationError(EngineError):

@@ -24,11 +24,12 @@ from cache import PrefixCache
 from engine.embedder import Embedder, EmbedJob
 from engine.kvledger import KvLedger, KvMismatch
 from engine.llama import Context, Model
+from engine.recovery import abandon_seq, enforce_limits
 from engine.runner import DecodeError, Runner, Sampled, StepResult
 from engine.scheduler import Chunk, Scheduler
 from engine.sequence import SeqStatus, Sequence
 from engine.slots import Copy, Drop, KvOp, Restore, Save
-from engine.types import EngineStats, FinishReason, SeqOutput
+from engine.types import EngineStats, FinishReason, SeqOutput, TimeLimits, coded_error
 
 log = logging.getLogger("kvserve.engine")
 
@@ -92,8 +93,12 @@ class Worker:
         embedder: Embedder | None,
         deliver: Deliver,
         cache: PrefixCache | None = None,
+        limits: TimeLimits | None = None,
     ):
         self.model = model
+        self.limits = limits or TimeLimits()
+        # Written by this thread, read by the watchdog thread (engine/watchdog.py).
+        self.decode_deadline = 0.0
         self.ctx = ctx
         self.kv = KvLedger(ctx, scheduler.config.num_slots)  # every KV op goes through it
         self.check_kv = False  # tests: check the ledger against the scheduler every loop
@@ -122,6 +127,9 @@ class Worker:
         self.hit_sources: dict[str, int] = {}  # none / slot / ram / disk
         self.batch_size_counts = [0] * (len(BATCH_SIZE_BOUNDS) + 1)
         self.batch_size_sum = 0
+        self.num_decode_aborts = 0  # decodes interrupted past limits.decode_s
+        self.num_timeouts = 0  # sequences ended by a time limit
+        self.num_rebuilds = 0  # times the engine thread died and was rebuilt
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -135,11 +143,13 @@ class Worker:
                 if self.embedder is not None and self.embedder.has_work:
                     self.embedder.step()
                 if self.scheduler.has_work:
+                    enforce_limits(self)
                     self.step()
                 if self.check_kv:
                     self.check_integrity()
             except Exception as exc:  # a bug must cost its requests, never the engine thread
                 log.exception("engine step failed")
+                # If this raises too, the thread ends: the engine rebuilds it (engine.py).
                 self._fail_everything(f"internal engine error: {type(exc).__name__}: {exc}")
             if self._outbox:
                 out, self._outbox = self._outbox, []
@@ -191,11 +201,15 @@ class Worker:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)
             return
         started = time.monotonic()
+        if self.limits.decode_s:
+            self.decode_deadline = started + self.limits.decode_s
         try:
             result = self.runner.run(chunks)
         except DecodeError as exc:
             self._decode_failed(chunks, exc)
             return
+        finally:
+            self.decode_deadline = 0.0
         for chunk in chunks:  # stage times for the metrics
             if chunk.seq.t_scheduled is None:
                 chunk.seq.t_scheduled = started
@@ -328,10 +342,14 @@ class Worker:
 
     def _append(self, item: Sampled) -> None:
         seq, token = item.seq, item.token
+        if token is None:  # the grammar is complete (or admits nothing): it ends here
+            self._finish(seq, FinishReason.STOP, seq.detokenizer.flush())
+            return
         seq.tokens.append(token)
         self.num_generated_tokens += 1
+        seq.t_last_token = time.monotonic()
         if seq.t_first_token is None:
-            seq.t_first_token = time.monotonic()
+            seq.t_first_token = seq.t_last_token
         request = seq.request
         if token in self._eog and not request.sampling.ignore_eos:
             self._finish(seq, FinishReason.STOP, seq.detokenizer.flush())
@@ -415,14 +433,25 @@ class Worker:
             self.kv.remove_seq(self.scheduler.preempt_newest())
             log.warning("KV cache full; preempted the newest sequence")
             return
-        self.num_decode_failures += 1
-        log.error("%s; failing %d sequence(s)", exc, len(chunks))
+        error = str(exc)
+        if exc.code == 2:  # interrupted by the watchdog: the context stays usable
+            self.num_decode_aborts += 1
+            error = coded_error(
+                "decode_timeout", f"a model step ran past {self.limits.decode_s:g} s"
+            )
+        else:
+            self.num_decode_failures += 1
+        log.error("%s; failing %d sequence(s)", error, len(chunks))
         for seq in {id(c.seq): c.seq for c in chunks}.values():
-            self._finish(seq, FinishReason.ERROR, "", error=str(exc))
+            self._finish(seq, FinishReason.ERROR, "", error=error)
 
     def _fail_everything(self, error: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self._finish(seq, FinishReason.ERROR, "", error=error)
+            try:
+                self._finish(seq, FinishReason.ERROR, "", error=error)
+            except Exception:  # the bookkeeping itself is broken: still tell the caller
+                log.exception("failing %s cleanly failed", seq.request_id)
+                abandon_seq(self, seq, error)
         if self.embedder is not None:
             while self.embedder.jobs:
                 job = self.embedder.jobs.popleft()
@@ -443,7 +472,10 @@ class Worker:
             self._outbox = []
 
     def stats(self) -> EngineStats:
-        """Safe to call from another thread: reads plain ints and list lengths only."""
+        """Safe to call from another thread: reads plain ints, list lengths and copies
+        of the dicts (a copy is one C call under the GIL; iterating a dict the engine
+        thread grows could fail mid-way)."""
+        hits, sources = self.hits.copy(), self.hit_sources.copy()
         return EngineStats(
             num_slots=self.scheduler.config.num_slots,
             num_running=len(self.scheduler.running),
@@ -459,10 +491,13 @@ class Worker:
             num_reclaims=self.scheduler.slots.num_reclaims,
             num_restore_failures=self.num_restore_failures,
             num_reused_tokens=self.num_reused_tokens,
-            hits=tuple(sorted(self.hits.items())),
-            hit_sources=tuple(sorted(self.hit_sources.items())),
+            hits=tuple(sorted(hits.items())),
+            hit_sources=tuple(sorted(sources.items())),
             cache=self.cache.stats() if self.cache is not None else None,
             batch_size_bounds=BATCH_SIZE_BOUNDS,
             batch_size_counts=tuple(self.batch_size_counts),
             batch_size_sum=self.batch_size_sum,
+            num_decode_aborts=self.num_decode_aborts,
+            num_timeouts=self.num_timeouts,
+            num_rebuilds=self.num_rebuilds,
         )

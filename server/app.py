@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from engine.engine import CacheConfig, Engine, EngineConfig, SessionLimits
-from engine.types import EngineNotReadyError
+from engine.types import EngineNotReadyError, TimeLimits
 from server import errors
 from server.config import ModelSection, Settings, chat_template_source
 from server.deps import EngineLike, require_api_key
@@ -53,6 +53,9 @@ def engine_config(model: ModelSection, settings: Settings | None = None) -> Engi
         embed_n_ctx=e.embed_n_ctx,
         embed_chunk=e.embed_chunk,
         exact_reuse=e.exact_reuse,
+        limits=TimeLimits(
+            e.prefill_timeout_s, e.token_timeout_s, e.total_timeout_s, e.decode_timeout_s
+        ),
         cache=cache,
         sessions=SessionLimits(
             sessions.default_ttl_s,
@@ -77,7 +80,15 @@ def _served_models(
     served = []
     for model_id, the_engine in engines.items():
         cfg = configured.get(model_id, ModelSection(id=model_id))
-        served.append(ServedModel(model_id, cfg.aliases, the_engine, chat_template_source(cfg)))
+        served.append(
+            ServedModel(
+                model_id,
+                cfg.aliases,
+                the_engine,
+                chat_template_source(cfg),
+                context_overflow=cfg.context_overflow,
+            )
+        )
     return ModelRegistry(served)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.scheduler import EXACT_MIN_ROWS
+from engine.scheduler import EXACT_MIN_CHUNK
 from server.config_values import ConfigError, coerce
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -70,6 +70,11 @@ class EngineSection:
     embed_n_ctx: int = 4096
     embed_chunk: int = 256
     exact_reuse: bool = True
+    # Per-request time limits in seconds (0: none); past one the request ends with 504.
+    prefill_timeout_s: float = 600.0
+    token_timeout_s: float = 120.0
+    total_timeout_s: float = 3600.0
+    decode_timeout_s: float = 120.0  # one llama_decode, interrupted past it
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,9 @@ class ModelSection:
     aliases: tuple[str, ...] = ()
     path: str = ""  # empty: the bundled SmolLM2-135M-Instruct
     chat_template: str = ""  # empty: the template in the GGUF
+    # A chat prompt too long for the context: "error" (400 context_length_exceeded) or
+    # "drop_oldest" (drop the oldest turns after the system messages until it fits).
+    context_overflow: str = "error"
     engine: EngineSection = field(default_factory=EngineSection)
 
     @property
@@ -170,7 +178,7 @@ SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "logging": LoggingSection,
 }
-_MODEL_KEYS = ("id", "aliases", "path", "chat_template")
+_MODEL_KEYS = ("id", "aliases", "path", "chat_template", "context_overflow")
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -300,6 +308,8 @@ def _validate(s: Settings, labels: list[str]) -> None:
             )
         if not os.path.isfile(m.model_path):
             raise ConfigError(f"{label}.path: file not found: {m.model_path}")
+        if m.context_overflow not in ("error", "drop_oldest"):
+            raise ConfigError(f"{label}.context_overflow: must be 'error' or 'drop_oldest'")
         tpl = m.chat_template
         if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):
             raise ConfigError(f"{label}.chat_template: file not found: {tpl}")
@@ -328,16 +338,20 @@ def _validate_engine(label: str, e: EngineSection) -> None:
             raise ConfigError(f"{label}.{key}: must be at least 1")
     if e.n_batch < e.n_seq_max:
         raise ConfigError(f"{label}.n_batch: must be at least n_seq_max ({e.n_seq_max})")
-    for key in ("max_queue", "n_threads"):
+    for key in (
+        "max_queue", "n_threads", "prefill_timeout_s", "token_timeout_s", "total_timeout_s",
+        "decode_timeout_s",
+    ):  # fmt: skip
         if getattr(e, key) < 0:
             raise ConfigError(f"{label}.{key}: must not be negative")
-    if e.exact_reuse and e.prefill_chunk < EXACT_MIN_ROWS:
+    # Below these a prompt of 65..127 tokens could never be scheduled (see scheduler.py).
+    if e.exact_reuse and e.prefill_chunk < EXACT_MIN_CHUNK:
         raise ConfigError(
-            f"{label}.prefill_chunk: must be at least {EXACT_MIN_ROWS} with exact_reuse"
+            f"{label}.prefill_chunk: must be at least {EXACT_MIN_CHUNK} with exact_reuse"
         )
-    if e.exact_reuse and e.n_batch < EXACT_MIN_ROWS + e.n_seq_max:
+    if e.exact_reuse and e.n_batch < EXACT_MIN_CHUNK + e.n_seq_max:
         raise ConfigError(
-            f"{label}.n_batch: must be at least {EXACT_MIN_ROWS} + n_seq_max with exact_reuse"
+            f"{label}.n_batch: must be at least {EXACT_MIN_CHUNK} + n_seq_max with exact_reuse"
         )
 
 

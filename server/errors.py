@@ -12,12 +12,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.types import (
+    TIME_LIMIT_CODES,
     EngineNotReadyError,
+    EngineRecoveringError,
     InvalidRequestError,
     NoSlotError,
     QueueFullError,
     SessionBusyError,
     SessionNotFoundError,
+    error_code,
 )
 
 log = logging.getLogger("kvserve.server")
@@ -102,6 +105,21 @@ class ServiceUnavailable(APIError):
     type = "service_unavailable"
 
 
+class GatewayTimeout(APIError):
+    status = 504
+    type = "timeout"
+
+
+def generation_failure(error: str | None) -> APIError:
+    """The error for a sequence the engine ended with an error: 504 naming the time
+    limit it ran past, else 500 naming the cause (`engine_restarted` when the engine
+    thread died and was rebuilt, `engine_error` for a failed decode, say)."""
+    code = error_code(error)
+    if code in TIME_LIMIT_CODES:
+        return GatewayTimeout(error or code, code=code)
+    return ServerError(f"generation failed: {error}", code=code or "engine_error")
+
+
 def error_body(message: str, type_: str, param: str | None, code: str | None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -123,6 +141,8 @@ def from_engine_error(exc: Exception) -> APIError:
         return Conflict(str(exc), param="session_id", code="session_busy")
     if isinstance(exc, NoSlotError):
         return TooManyRequests(str(exc), code="no_free_slot", headers={"Retry-After": "1"})
+    if isinstance(exc, EngineRecoveringError):
+        return ServiceUnavailable(str(exc), code="engine_recovering", headers={"Retry-After": "1"})
     if isinstance(exc, EngineNotReadyError):
         return ServiceUnavailable(str(exc), code="model_loading", headers={"Retry-After": "1"})
     return ServerError(f"{type(exc).__name__}: {exc}")

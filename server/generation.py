@@ -25,7 +25,7 @@ from engine.engine import Generation
 from engine.types import FinishReason, SeqOutput, TokenLogprob
 from server.access import current_record
 from server.deps import EngineLike
-from server.errors import BadRequest, ServerError
+from server.errors import APIError, BadRequest, generation_failure
 
 T = TypeVar("T")
 
@@ -129,9 +129,9 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     raise ClientDisconnected()
 
 
-def engine_failure(error: str | None) -> ServerError:
-    """The 500 for a sequence the engine failed (a decode error, say), naming the cause."""
-    return ServerError(f"generation failed: {error}", code="engine_error")
+def engine_failure(error: str | None) -> APIError:
+    """The error for a sequence the engine failed (server/errors.py decides which)."""
+    return generation_failure(error)
 
 
 def check_n(n: int, n_seq_max: int) -> None:

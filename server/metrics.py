@@ -144,6 +144,15 @@ def _counters(s: EngineStats) -> dict[str, tuple[str, float]]:
         "kvserve_sampled_tokens": ("Tokens sampled by the engine.", s.num_generated_tokens),
         "kvserve_preemptions": ("Sequences preempted for KV space.", s.num_preemptions),
         "kvserve_decode_failures": ("Failed llama_decode calls.", s.num_decode_failures),
+        "kvserve_decode_aborts": (
+            "llama_decode calls interrupted past the decode time limit.", s.num_decode_aborts
+        ),
+        "kvserve_request_timeouts": (
+            "Sequences ended by a per-request time limit.", s.num_timeouts
+        ),
+        "kvserve_engine_rebuilds": (
+            "Times the engine thread died and was rebuilt in place.", s.num_rebuilds
+        ),
     }
 
 

@@ -58,6 +58,7 @@ class FakeEngine:
         self.load_progress = 1.0 if ready else 0.25
         self.load_error: str | None = None
         self.fail_next = False
+        self.fail_error = "llama_decode failed with code -3 (fake)"  # what the failure says
         self.cached = 0  # reported as num_cached_tokens with every finish
         self.capacity = n_seq_max + max_queue
         self.outstanding = 0
@@ -196,7 +197,7 @@ class FakeEngine:
                             "",
                             (),
                             finish_reason=FinishReason.ERROR,
-                            error="llama_decode failed with code -3 (fake)",
+                            error=self.fail_error,
                         ),
                     )
                     return

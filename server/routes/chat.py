@@ -7,14 +7,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
-from chat.plan import ChatPlan, plan_chat
+from chat.plan import ChatPlan
 from chat.template import TemplateError
 from chat.tools import ChatInputError
 from engine.engine import Generation
 from engine.types import FinishReason, TokenLogprob
 from server.chat_tools import chat_messages, chat_options, grammar_fields, message, stream_deltas
+from server.context_fit import DROPPED_HEADER, plan_within_context
 from server.deps import CallerDep, EngineLike, resolve_model
 from server.errors import BadRequest, from_engine_error
 from server.generation import (
@@ -30,7 +31,6 @@ from server.generation import (
     increments,
     new_id,
     now,
-    tokenize,
     until_disconnect,
     usage,
 )
@@ -53,7 +53,7 @@ def logprob_entry(engine: EngineLike, lp: TokenLogprob) -> dict[str, Any]:
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(
-    body: ChatCompletionRequest, request: Request, caller: CallerDep
+    body: ChatCompletionRequest, request: Request, response: Response, caller: CallerDep
 ) -> Any:
     """Create a model response for the given chat conversation."""
     body.log_unknown("chat.completions")
@@ -62,15 +62,17 @@ async def create_chat_completion(
     engine, template = served.engine, served.template
     info = engine.info
     check_n(body.n, info.n_seq_max)
+    max_tokens = body.max_completion_tokens or body.max_tokens
     try:
-        plan = plan_chat(template, chat_messages(body), chat_options(body))
+        plan, prompt, dropped = await plan_within_context(
+            engine, template, chat_messages(body), chat_options(body), max_tokens,
+            served.context_overflow,
+        )  # fmt: skip
     except TemplateError as exc:
         raise BadRequest(str(exc), param="messages") from exc
     except ChatInputError as exc:
         raise BadRequest(exc.message, param=exc.param) from exc
-    rendered = plan.prompt
-    prompt = await tokenize(engine, rendered.text, add_special=rendered.add_bos, parse_special=True)
-    max_tokens = body.max_completion_tokens or body.max_tokens
+    response.headers[DROPPED_HEADER] = str(dropped)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     requests = generate_requests(
         prompt,
@@ -101,7 +103,9 @@ async def create_chat_completion(
         events = _stream(
             engine, generation, plan, body.n, len(prompt), response_id, created, include_usage
         )
-        return event_stream(events, on_close=generation.abort)
+        stream = event_stream(events, on_close=generation.abort)
+        stream.headers[DROPPED_HEADER] = str(dropped)
+        return stream
 
     try:
         choices = await until_disconnect(request, collect(generation, body.n))

@@ -20,6 +20,8 @@ def _model_state(engine: EngineLike) -> dict[str, Any]:
         return {"status": "error", "error": engine.load_error}
     if engine.state is EngineState.STOPPED:
         return {"status": "stopped"}
+    if engine.state is EngineState.RECOVERING:  # its thread died; being rebuilt
+        return {"status": "recovering"}
     return {"status": "loading", "progress": round(engine.load_progress, 3)}
 
 
@@ -38,6 +40,12 @@ async def health(request: Request) -> JSONResponse:
     if "error" in states:
         body: dict[str, Any] = {"status": "error", "models": models}
         return JSONResponse(body, status_code=503)
+    if "recovering" in states:
+        return JSONResponse(
+            {"status": "recovering", "models": models},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
     if "stopped" in states:
         return JSONResponse({"status": "stopped", "models": models}, status_code=503)
     progress = sum(1.0 if m.engine.ready else m.engine.load_progress for m in served) / len(models)

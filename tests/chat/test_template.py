@@ -53,7 +53,6 @@ def test_raise_exception_becomes_template_error() -> None:
     [
         "{{ ''.__class__.__mro__[1].__subclasses__() }}",
         "{{ messages.__class__.__init__.__globals__ }}",
-        "{% set x = messages.append(1) %}",
         "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
     ],
 )

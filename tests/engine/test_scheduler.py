@@ -402,11 +402,12 @@ def test_exact_prefill_chunks_are_never_under_64_rows() -> None:
     s.add(seq_of("a", list(range(1, 301))))
     assert apply(s) == [("a", 0, 236, False)]  # not 256: that would leave a 44-row chunk
     assert apply(s) == [("a", 236, 64, True)]
-    t = exact(chunk=256, step=100)
-    t.add(seq_of("b", list(range(1, 61))))  # 60 rows: all of it, in one chunk
+    t = exact(chunk=256, step=140)
+    t.add(seq_of("b", list(range(1, 101))))  # 100 rows: all of it, in one chunk
     t.add(seq_of("c", list(range(1, 201))))
-    assert apply(t) == [("b", 0, 60, True)]  # 40 rows left for c: it waits a step
-    assert [p[:3] for p in apply(t)] == [("b", 60, 1), ("c", 0, 99)]
+    assert apply(t) == [("b", 0, 100, True)]  # 40 rows left for c: it waits a step
+    # 139 rows of room would leave 61: c takes 136 and leaves a 64-row last chunk.
+    assert [p[:3] for p in apply(t)] == [("b", 100, 1), ("c", 0, 136)]
 
 
 def test_exact_reuse_keeps_prompt_positions_only_and_recomputes_64() -> None:

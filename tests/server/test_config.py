@@ -83,6 +83,11 @@ def test_several_models_with_their_own_engine_settings(tmp_path: Path) -> None:
         ('[[models]]\nid = "a"\n[[models]]\naliases = ["a"]\n', {}, "models[1]: the name 'a' is used by two models"),
         ('[model]\nid = "a"\n[[models]]\nid = "b"\n', {}, "not both"),
         ("[model]\nn_batch = 2\n", {}, "model.n_batch"),
+        # a 65..127-token prompt could never be scheduled (issue 10)
+        ("[model]\nprefill_chunk = 100\n", {}, "model.prefill_chunk: must be at least 128"),
+        ("[model]\nn_batch = 130\nn_seq_max = 8\n", {}, "model.n_batch: must be at least 128"),
+        ("[engine]\ntoken_timeout_s = -1\n", {}, "token_timeout_s: must not be negative"),
+        ('[model]\ncontext_overflow = "truncate"\n', {}, "model.context_overflow"),
         ("[engine]\nn_ctx = 0\n", {}, "engine.n_ctx: must be at least 1"),
         ("[auth]\napi_keys = [1]\n", {}, "auth.api_keys: expected a list of strings"),
         ('[logging]\nlevel = "loud"\n', {}, "logging.level"),
