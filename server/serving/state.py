@@ -23,6 +23,7 @@ class Choice:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    stop_sequence: str = ""
 
     def add(self, out: SeqOutput) -> None:
         if out.text:
@@ -36,6 +37,7 @@ class Choice:
             self.num_cached_tokens = out.num_cached_tokens
             self.num_output_tokens = out.num_output_tokens
             self.error = out.error
+            self.stop_sequence = out.stop_sequence
 
 
 @dataclass(slots=True)
