@@ -28,7 +28,7 @@ from server.protocol_messages import CountTokensRequest, MessagesRequest
 from server.serving import sse
 from server.serving.drive import ClientDisconnected, client_gone, collect, steps, until_disconnect
 from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens
-from server.serving.state import Choice
+from server.serving.state import Choice, coalesced
 
 log = logging.getLogger("kvserve.server")
 
@@ -117,7 +117,7 @@ class Blocks:
         self._args = ""
 
     def feed(self, deltas: list[Delta]) -> None:
-        for d in deltas:
+        for d in coalesced(deltas):
             if d.kind == "start":
                 self._begin("tool_use", {"type": "tool_use", "id": _id("toolu"),
                                          "name": d.text, "input": {}})  # fmt: skip

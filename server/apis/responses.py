@@ -19,7 +19,7 @@ from fastapi import Request
 from sse_starlette import ServerSentEvent
 
 from engine.engine import Generation
-from engine.types import FinishReason, GenerateRequest, SessionBusyError
+from engine.types import FinishReason, GenerateRequest, InvalidRequestError, SessionBusyError
 from server.apis.responses_input import chat_param, input_messages, response_options
 from server.apis.responses_output import OutputBuilder, assistant_turn
 from server.apis.responses_store import ResponseStore
@@ -103,11 +103,15 @@ async def _generate(
     one response at once) or none is free, run without one (the prefix cache still
     serves the shared head)."""
     try:
-        return await engine.generate(requests), requests[0].session_id
-    except SessionBusyError:
-        if requests[0].session_id is None:
-            raise
-    return await engine.generate([replace(r, session_id=None) for r in requests]), None
+        try:
+            return await engine.generate(requests), requests[0].session_id
+        except SessionBusyError:
+            if requests[0].session_id is None:
+                raise
+        return await engine.generate([replace(r, session_id=None) for r in requests]), None
+    except InvalidRequestError as exc:  # the engine names chat's fields: name ours
+        param = {"max_tokens": "max_output_tokens", "messages": "input"}.get(exc.param or "")
+        raise BadRequest(exc.message, param=param or exc.param, code=exc.code) from exc
 
 
 def _skeleton(body: ResponsesRequest, model: str) -> dict[str, Any]:

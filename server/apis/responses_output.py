@@ -13,6 +13,7 @@ import secrets
 from typing import Any
 
 from chat.callstream import Delta
+from server.serving.state import coalesced
 
 Event = tuple[str, dict[str, Any]]
 
@@ -41,7 +42,7 @@ class OutputBuilder:
         )
 
     def feed(self, deltas: list[Delta]) -> None:
-        for d in deltas:
+        for d in coalesced(deltas):
             if d.kind == "start":
                 self._close("completed")
                 self._open_item({"id": item_id("fc"), "type": "function_call",

@@ -36,7 +36,7 @@ def data(payload: dict[str, Any]) -> str:
 def named(event: str, payload: dict[str, Any]) -> ServerSentEvent:
     """A named event whose data repeats the name as its `type` (Responses, Messages)."""
     return ServerSentEvent(data=json.dumps({"type": event, **payload}, ensure_ascii=False),
-                           event=event)  # fmt: skip
+                           event=event, sep="\n")  # fmt: skip
 
 
 def openai_error_tail(err: APIError) -> str:
@@ -45,7 +45,7 @@ def openai_error_tail(err: APIError) -> str:
 
 
 def anthropic_error_tail(err: APIError) -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps(err.anthropic_body()), event="error")
+    return ServerSentEvent(data=json.dumps(err.anthropic_body()), event="error", sep="\n")
 
 
 def chunk_framing(

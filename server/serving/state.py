@@ -70,6 +70,18 @@ class ChoiceState:
         return Step(self.index, pieces, inc.logprobs, inc.finish_reason, self.parser.num_calls)
 
 
+def coalesced(deltas: list[Delta]) -> list[Delta]:
+    """Adjacent pieces of the same kind (and call) as one: fewer, larger stream events."""
+    out: list[Delta] = []
+    for d in deltas:
+        last = out[-1] if out else None
+        if last is not None and d.kind != "start" and (last.kind, last.index) == (d.kind, d.index):
+            out[-1] = Delta(d.kind, last.text + d.text, d.index, last.call_id)
+        else:
+            out.append(d)
+    return out
+
+
 def usage(choices: list[Choice], num_prompt_tokens: int) -> dict[str, Any]:
     """OpenAI usage: the prompt counted once, completion tokens summed over choices."""
     completion = sum(c.num_output_tokens for c in choices)
