@@ -25,6 +25,16 @@ class Thinking(_Open):
     budget_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
+class OutputFormat(_Open):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] | bool = Field(alias="schema")
+
+
+class OutputConfig(_Open):
+    effort: str | None = None
+    format: OutputFormat | None = None
+
+
 class Metadata(_Open):
     user_id: Annotated[str, Field(max_length=256)] | None = None
 
@@ -40,9 +50,15 @@ class CountTokensRequest(_Open):
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict[str, Any] | None = None  # a caching hint: kvserve caches every prefix
 
     def refuse_unsupported(self) -> None:
         extra = self.model_extra or {}
+        if self.output_config is not None and self.output_config.effort is not None:
+            raise Unsupported("output_config.effort", "the effort of local models is fixed")
+        if extra.get("speed") not in (None, "standard"):
+            raise Unsupported("speed", "only 'standard'")
         for name in MESSAGES_UNSUPPORTED:
             if extra.get(name) not in (None, [], {}):
                 raise Unsupported(name, "not implemented by this server")

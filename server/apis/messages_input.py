@@ -151,10 +151,13 @@ def message_options(body: CountTokensRequest) -> ChatOptions:
     kwargs: dict[str, Any] = {}
     if body.thinking is not None:  # templates that can think take this switch (Qwen 3)
         kwargs["enable_thinking"] = body.thinking.type == "enabled"
+    fmt = body.output_config.format if body.output_config else None
     return ChatOptions(
         tools=message_tools(body),
         tool_choice=tool_choice,
         parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
+        response_format="json_schema" if fmt is not None else "text",
+        json_schema=fmt.schema_ if fmt is not None else None,
         template_kwargs=kwargs,
     )
 
@@ -164,4 +167,4 @@ def chat_param(param: str | None) -> str | None:
     if param is None:
         return None
     param = param.replace(".function.parameters", ".input_schema").replace(".function.", ".")
-    return param
+    return param.replace("response_format.json_schema.schema", "output_config.format.schema")

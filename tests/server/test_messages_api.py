@@ -112,6 +112,16 @@ async def test_tool_result_round_trip(client: httpx.AsyncClient, fake: FakeEngin
     assert '"city": "Paris"' in prompt
 
 
+async def test_output_config_format_is_a_grammar(
+    client: httpx.AsyncClient, fake: FakeEngine
+) -> None:
+    fmt = {"type": "json_schema", "schema": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}}
+    r = await post(client, req(output_config={"format": fmt}, cache_control={"type": "ephemeral"}))
+    assert r.status_code == 200, r.text
+    assert fake.submitted[0].sampling.grammar is not None
+
+
 async def test_stop_reasons(client: httpx.AsyncClient) -> None:
     cut = (await post(client, req(max_tokens=3))).json()
     assert cut["stop_reason"] == "max_tokens" and cut["content"][0]["text"] == REPLY[:3]
@@ -218,6 +228,13 @@ BAD: list[tuple[dict[str, Any], str]] = [
     (req(mcp_servers=[{"url": "x"}]), "mcp_servers"),
     (req(container="c"), "container"),
     (req(service_tier="priority"), "service_tier"),
+    (req(output_config={"effort": "high"}), "output_config.effort"),
+    (req(output_config={"format": {"type": "xml", "schema": {}}}), "output_config.format.type"),
+    (req(output_config={"format": {"type": "json_schema"}}), "output_config.format.schema"),
+    (req(output_config={"format": {"type": "json_schema", "schema": {"type": 5}}}),
+     "output_config.format.schema"),
+    (req(speed="fast"), "speed"),
+    (req(cache_control="yes"), "cache_control"),
 ]  # fmt: skip
 
 
