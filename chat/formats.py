@@ -49,8 +49,14 @@ class ToolFormat:
     trigger: str  # lazy trigger regex (std::regex ECMAScript, whole-output match)
     trigger_word: str = ""
 
-    def grammar(self, tools: list[Tool], choice: ToolChoice, parallel: bool) -> GrammarSpec:
-        return _grammar(self, _tools_key(tools), choice.mode, parallel)
+    def grammar(
+        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
+    ) -> GrammarSpec:
+        """The calls grammar; with `document` (a JSON schema), in `auto` mode the answer is
+        either calls or one document matching it (tools together with a response format)."""
+        doc_key = "" if document is None or choice.mode != "auto" else json.dumps(
+            document, sort_keys=True)  # fmt: skip
+        return _grammar(self, _tools_key(tools), choice.mode, parallel, doc_key)
 
     def parser(self) -> ToolParser:
         return ToolParser(self)
@@ -94,7 +100,9 @@ def _tools_key(tools: list[Tool]) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _grammar(fmt: ToolFormat, tools_key: str, mode: str, parallel: bool) -> GrammarSpec:
+def _grammar(
+    fmt: ToolFormat, tools_key: str, mode: str, parallel: bool, doc_key: str = ""
+) -> GrammarSpec:
     """Cached on the canonical JSON of the tools: agents resend them every turn."""
     rules = RuleSet()
     ws = rules.primitive("ws")
@@ -116,6 +124,13 @@ def _grammar(fmt: ToolFormat, tools_key: str, mode: str, parallel: bool) -> Gram
     calls = f"{call} ({fmt.separator} {call})*" if parallel else call
     root = " ".join(p for p in (fmt.prefix, calls, fmt.suffix) if p)
     lazy = mode == "auto"
+    if doc_key:  # calls | the document: no longer free text, so not lazy
+        document = json.loads(doc_key)
+        try:
+            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        root, lazy = f"({root}) | {value}", False
     return GrammarSpec(
         rules.text(root),
         lazy=lazy,

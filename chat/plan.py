@@ -20,7 +20,7 @@ from chat.formats import (
     tool_system_prompt,
 )
 from chat.reasoning import ReasoningSplitter, has_thinking, starts_inside
-from chat.schema import SchemaError, json_object_gbnf, schema_to_gbnf
+from chat.schema import SchemaError, check_schema, json_object_gbnf, schema_to_gbnf
 from chat.template import ChatTemplate, RenderedPrompt
 from chat.tools import ChatInputError, Tool, ToolChoice, check_tools, parse_arguments
 
@@ -112,9 +112,6 @@ def plan_chat(
     offered = check_tools(list(opts.tools), opts.tool_choice)
     if opts.tool_choice.mode == "none":
         offered = []
-    if offered and opts.response_format == "json_schema":
-        raise ChatInputError("'tools' cannot be combined with a json_schema response_format",
-                             param="response_format")  # fmt: skip
     rendered_messages = _history(messages, fmt)
     tools_var = None
     if offered and fmt.native:
@@ -131,7 +128,8 @@ def plan_chat(
     )
     grammar = None
     if offered:
-        grammar = fmt.grammar(offered, opts.tool_choice, opts.parallel_tool_calls)
+        grammar = fmt.grammar(offered, opts.tool_choice, opts.parallel_tool_calls,
+                              _document(opts))  # fmt: skip
     elif opts.response_format == "json_object":
         grammar = GrammarSpec(json_object_gbnf())
     elif opts.response_format == "json_schema":
@@ -147,6 +145,19 @@ def plan_chat(
         split,
         split and starts_inside(prompt_text.text),
     )
+
+
+def _document(opts: ChatOptions) -> Any:
+    """The schema a final answer must match beside tool calls (None: free text)."""
+    if opts.response_format == "json_object":
+        return {"type": "object"}
+    if opts.response_format == "json_schema":
+        try:
+            check_schema(opts.json_schema)
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        return opts.json_schema
+    return None
 
 
 def _history(messages: list[dict[str, Any]], fmt: ToolFormat) -> list[dict[str, Any]]:

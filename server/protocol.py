@@ -265,11 +265,6 @@ class ChatCompletionRequest(SamplingExtras):
                 "'grammar' cannot be combined with tools or a JSON response_format",
                 param="grammar",
             )
-        if has_tools and fmt == "json_schema":
-            raise BadRequest(
-                "'tools' cannot be combined with a json_schema response_format",
-                param="response_format",
-            )
 
 
 # Non-empty throughout, as the schema says (token ids are range-checked per model).
