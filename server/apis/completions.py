@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -95,24 +96,7 @@ async def serve_completion(body: CompletionRequest, request: Request, caller: Ca
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse.event_stream(_echo_stream(whole, include_usage), on_close=lambda: None)
 
-    generations: list[Generation] = []
-    try:
-        for prompt in prompts:
-            requests = generate_requests(
-                prompt,
-                body,
-                info,
-                max_tokens=body.max_tokens,
-                logprobs=body.logprobs,
-                prompt_logprobs=body.logprobs if scores_prompt else None,
-                caller=caller,
-            )
-            generations.append(await engine.generate(requests))
-    except BaseException:  # the engine error itself is answered by its handler
-        for generation in generations:
-            generation.abort()
-        raise
-
+    generations = await _start(engine, prompts, body, caller, scores_prompt)
     num_prompt_tokens = sum(len(p) for p in prompts)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -150,6 +134,34 @@ async def serve_completion(body: CompletionRequest, request: Request, caller: Ca
         for i, c in enumerate(per_prompt)
     ]
     return _response(response_id, created, info.model_id, choices, usage(flat, num_prompt_tokens))
+
+
+async def _start(
+    engine: EngineLike,
+    prompts: list[list[int]],
+    body: CompletionRequest,
+    caller: Caller,
+    scores_prompt: bool,
+) -> list[Generation]:
+    """One generation (of n choices) per prompt; all or none are started."""
+    generations: list[Generation] = []
+    try:
+        for prompt in prompts:
+            requests = generate_requests(
+                prompt,
+                body,
+                engine.info,
+                max_tokens=body.max_tokens,
+                logprobs=body.logprobs,
+                prompt_logprobs=body.logprobs if scores_prompt else None,
+                caller=caller,
+            )
+            generations.append(await engine.generate(requests))
+    except BaseException:  # the engine error itself is answered by its handler
+        for generation in generations:
+            generation.abort()
+        raise
+    return generations
 
 
 async def _echo_stream(whole: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
@@ -233,8 +245,11 @@ async def _stream(
     model = engine.info.model_id
     head, tail = sse.chunk_framing("text_completion", response_id, created, model, include_usage)
     queue: asyncio.Queue[tuple[int, list[tuple[int, Choice]]] | None] = asyncio.Queue()
-    offsets = [len(echoes[p]) for p in range(len(generations)) for _ in range(body.n)]
-    totals: list[Choice] = [Choice() for _ in range(len(generations) * body.n)]
+    states = [
+        _TextChoice(p * body.n + i, len(echoes[p]))
+        for p in range(len(generations))
+        for i in range(body.n)
+    ]
 
     async def pump(p: int, generation: Generation) -> None:
         try:
@@ -267,29 +282,19 @@ async def _stream(
             parts: list[dict[str, Any]] = []
             finals: list[dict[str, Any]] = []
             for i, inc in increment:
-                index = p * body.n + i
                 if inc.finish_reason is FinishReason.ERROR:
                     yield sse.openai_error_tail(engine_failure(inc.error))
                     return
-                if inc.finish_reason is not None:
-                    totals[index].num_output_tokens = inc.num_output_tokens
-                text = "".join(inc.text)
-                lp = None
-                if body.logprobs is not None and inc.logprobs:
-                    lp, offsets[index] = completion_logprobs(engine, inc.logprobs, offsets[index])
-                if text or lp is not None:
-                    parts.append({"index": index, "text": text, "logprobs": lp,
-                                  "finish_reason": None})  # fmt: skip
-                finish = finish_reason_text(inc.finish_reason)
-                if finish is not None:  # in a chunk of its own, after the last text
-                    finals.append({"index": index, "text": "", "logprobs": None,
-                                   "finish_reason": finish})  # fmt: skip
+                part, final = states[p * body.n + i].advance(engine, inc, body.logprobs)
+                parts += [part] if part else []
+                finals += [final] if final else []
             for chunk in (parts, finals):
                 if chunk:
                     yield head + json.dumps(chunk, ensure_ascii=False) + tail
         if include_usage:
             yield json.dumps(
-                _response(response_id, created, model, [], usage(totals, num_prompt_tokens))
+                _response(response_id, created, model, [],
+                          usage([s.total for s in states], num_prompt_tokens))  # fmt: skip
             )
         yield sse.DONE
     finally:
@@ -297,3 +302,33 @@ async def _stream(
             task.cancel()
         for generation in generations:
             generation.abort()
+
+
+@dataclass(slots=True)
+class _TextChoice:
+    """One streamed completion choice: its index, the text offset its legacy logprobs
+    count from, and its totals (set by the finish)."""
+
+    index: int
+    offset: int
+    total: Choice = field(default_factory=Choice)
+
+    def advance(
+        self, engine: EngineLike, inc: Choice, logprobs: int | None
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """This increment's text part, and its finish part (a chunk of its own, after the
+        last text, as OpenAI sends it)."""
+        if inc.finish_reason is not None:
+            self.total = inc
+        text = "".join(inc.text)
+        lp = None
+        if logprobs is not None and inc.logprobs:
+            lp, self.offset = completion_logprobs(engine, inc.logprobs, self.offset)
+        part = None
+        if text or lp is not None:
+            part = {"index": self.index, "text": text, "logprobs": lp, "finish_reason": None}
+        finish = finish_reason_text(inc.finish_reason)
+        final = None
+        if finish is not None:
+            final = {"index": self.index, "text": "", "logprobs": None, "finish_reason": finish}
+        return part, final
