@@ -165,7 +165,7 @@ def _finished(
         status = "incomplete"
     else:
         status = "completed"
-    builder.close("incomplete" if status == "incomplete" else "completed")
+    builder.close("completed" if status == "completed" else "incomplete")
     reasoning = "".join(
         p["text"] for i in builder.items if i["type"] == "reasoning" for p in i["content"]
     )
