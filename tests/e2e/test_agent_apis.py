@@ -191,7 +191,13 @@ def test_agents_runner_calls_the_tool(server: str, api: str) -> None:
     agent = Agent(name="weather", instructions="Answer weather questions.", tools=[get_weather],
                   model=model, model_settings=ModelSettings(tool_choice="required",
                                                             max_tokens=160))  # fmt: skip
-    result = asyncio.run(Runner.run(agent, "What is the weather in Oslo?", max_turns=4))
+    async def run() -> Any:
+        try:
+            return await Runner.run(agent, "What is the weather in Oslo?", max_turns=4)
+        finally:  # in this loop: a client closed after it would leak its sockets
+            await client.close()
+
+    result = asyncio.run(run())
     assert seen, "the tool was not called"
     assert any(isinstance(i, ToolCallItem) for i in result.new_items)
     assert any(isinstance(i, ToolCallOutputItem) for i in result.new_items)

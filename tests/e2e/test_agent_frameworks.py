@@ -64,7 +64,8 @@ def get_weather(city: str) -> str:
     "choice", ["auto", "required", {"type": "function", "function": {"name": "register_pet"}}]
 )
 def test_pydantic_tool_schema_in_every_mode(server: str, choice: Any) -> None:
-    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+    # Grammar-constrained decoding of a long schema on a loaded 2-core machine is slow.
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=1800)
     tools: Any = [{"type": "function", "function": {"name": "register_pet",
                    "description": "Register a pet", "parameters": PET_SCHEMA}}]  # fmt: skip
     reply = client.chat.completions.create(
@@ -87,7 +88,13 @@ def test_openai_agents_tool_and_output_type(server: str) -> None:
                   tools=[function_tool(get_weather)], output_type=Capital,
                   model=OpenAIResponsesModel(MODEL, client),
                   model_settings=ModelSettings(max_tokens=120))  # fmt: skip
-    result = asyncio.run(Runner.run(agent, "What is the capital of France?", max_turns=4))
+    async def run() -> Any:
+        try:
+            return await Runner.run(agent, "What is the capital of France?", max_turns=4)
+        finally:  # in this loop: a client closed after it would leak its sockets
+            await client.close()
+
+    result = asyncio.run(run())
     assert isinstance(result.final_output, Capital)
 
 
