@@ -49,10 +49,17 @@ class ToolFormat:
     trigger: str  # lazy trigger regex (std::regex ECMAScript, whole-output match)
     trigger_word: str = ""
 
-    def grammar(self, tools: list[Tool], choice: ToolChoice, parallel: bool) -> GrammarSpec:
+    def grammar(
+        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
+    ) -> GrammarSpec:
+        """The calls grammar; with `document` (a JSON schema), in `auto` mode the answer is
+        either calls or one document matching it (tools together with a response format).
+        Memoized (bounded by bytes): agents resend the same tools every turn."""
+        doc_key = "" if document is None or choice.mode != "auto" else json.dumps(
+            document, sort_keys=True)  # fmt: skip
         key = _tools_key(tools)
-        memo_key = f"{self.name}|{choice.mode}|{parallel}|{key}"
-        return _GRAMMARS.get(memo_key, lambda: _grammar(self, key, choice.mode, parallel))
+        memo_key = f"{self.name}|{choice.mode}|{parallel}|{key}|{doc_key}"
+        return _GRAMMARS.get(memo_key, lambda: _grammar(self, key, choice.mode, parallel, doc_key))
 
     def parser(self) -> ToolParser:
         return ToolParser(self)
@@ -99,12 +106,14 @@ def _spec_bytes(spec: GrammarSpec) -> int:
     return len(spec.gbnf) + sum(map(len, spec.trigger_patterns + spec.trigger_words))
 
 
-# (format, mode, parallel, canonical tools JSON) -> grammar: agents resend the tools
-# every turn. Bounded by bytes (see chat/memo.py).
+# (format, mode, parallel, canonical tools JSON, document schema) -> grammar: agents
+# resend the tools every turn. Bounded by bytes (see chat/memo.py).
 _GRAMMARS: ByteMemo[GrammarSpec] = ByteMemo(16 << 20, _spec_bytes)
 
 
-def _grammar(fmt: ToolFormat, tools_key: str, mode: str, parallel: bool) -> GrammarSpec:
+def _grammar(
+    fmt: ToolFormat, tools_key: str, mode: str, parallel: bool, doc_key: str = ""
+) -> GrammarSpec:
     rules = RuleSet()
     ws = rules.primitive("ws")
     alternatives = []
@@ -125,6 +134,13 @@ def _grammar(fmt: ToolFormat, tools_key: str, mode: str, parallel: bool) -> Gram
     calls = f"{call} ({fmt.separator} {call})*" if parallel else call
     root = " ".join(p for p in (fmt.prefix, calls, fmt.suffix) if p)
     lazy = mode == "auto"
+    if doc_key:  # calls | the document: no longer free text, so not lazy
+        document = json.loads(doc_key)
+        try:
+            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        root, lazy = f"({root}) | {value}", False
     return GrammarSpec(
         rules.text(root),
         lazy=lazy,

@@ -20,7 +20,7 @@ from chat.formats import (
     tool_system_prompt,
 )
 from chat.reasoning import ReasoningSplitter, has_thinking, starts_inside
-from chat.schema import SchemaError, json_object_gbnf, schema_to_gbnf
+from chat.schema import SchemaError, check_schema, json_object_gbnf, schema_to_gbnf
 from chat.template import ChatTemplate, RenderedPrompt
 from chat.tools import ChatInputError, Tool, ToolChoice, check_tools, parse_arguments
 
@@ -38,11 +38,18 @@ class ChatOptions:
 
 class OutputParser:
     """Generated text -> content / reasoning / tool-call deltas, incrementally. Feeding
-    the text whole or one character at a time gives the same calls and text."""
+    the text whole or one character at a time gives the same calls and text.
+
+    A call is released only once its arguments are complete: from its start on, the
+    output is held back until the call closes. A call cut off by the end of the output
+    (max_tokens) is therefore never reported; `num_truncated` counts it, and its text is
+    dropped (a fragment of JSON is neither content nor a call)."""
 
     def __init__(self, reasoning: ReasoningSplitter | None, tools: ToolParser | None):
         self._reasoning = reasoning
         self._tools = tools
+        self._held: list[Delta] = []
+        self.num_truncated = 0
 
     def feed(self, text: str) -> list[Delta]:
         return self._route(
@@ -51,15 +58,32 @@ class OutputParser:
 
     def finish(self) -> list[Delta]:
         deltas = self._route(self._reasoning.finish()) if self._reasoning else []
-        return deltas + (self._tools.finish() if self._tools else [])
+        if self._tools is None:
+            return deltas
+        tail = self._held + self._tools.finish()
+        self._held = []
+        complete = self._tools.num_calls
+        cut = {d.index for d in tail if d.kind in ("start", "args") and d.index >= complete}
+        self.num_truncated = len(cut)
+        return deltas + [d for d in tail if d.kind not in ("start", "args") or d.index < complete]
 
     def _route(self, deltas: list[Delta]) -> list[Delta]:
         out = []
         for delta in deltas:
             if delta.kind == "content" and self._tools is not None:
-                out += self._tools.feed(delta.text)
+                out += self._release(self._tools.feed(delta.text))
             elif delta.text:
                 out.append(delta)
+        return out
+
+    def _release(self, deltas: list[Delta]) -> list[Delta]:
+        """Hold output from an open call's start on, until that call is complete."""
+        assert self._tools is not None
+        self._held += deltas
+        complete = self._tools.num_calls
+        if any(d.kind in ("start", "args") and d.index >= complete for d in self._held):
+            return []
+        out, self._held = self._held, []
         return out
 
     @property
@@ -88,9 +112,6 @@ def plan_chat(
     offered = check_tools(list(opts.tools), opts.tool_choice)
     if opts.tool_choice.mode == "none":
         offered = []
-    if offered and opts.response_format == "json_schema":
-        raise ChatInputError("'tools' cannot be combined with a json_schema response_format",
-                             param="response_format")  # fmt: skip
     rendered_messages = _history(messages, fmt)
     tools_var = None
     if offered and fmt.native:
@@ -107,7 +128,8 @@ def plan_chat(
     )
     grammar = None
     if offered:
-        grammar = fmt.grammar(offered, opts.tool_choice, opts.parallel_tool_calls)
+        grammar = fmt.grammar(offered, opts.tool_choice, opts.parallel_tool_calls,
+                              _document(opts))  # fmt: skip
     elif opts.response_format == "json_object":
         grammar = GrammarSpec(json_object_gbnf())
     elif opts.response_format == "json_schema":
@@ -125,6 +147,19 @@ def plan_chat(
     )
 
 
+def _document(opts: ChatOptions) -> Any:
+    """The schema a final answer must match beside tool calls (None: free text)."""
+    if opts.response_format == "json_object":
+        return {"type": "object"}
+    if opts.response_format == "json_schema":
+        try:
+            check_schema(opts.json_schema)
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        return opts.json_schema
+    return None
+
+
 def _history(messages: list[dict[str, Any]], fmt: ToolFormat) -> list[dict[str, Any]]:
     """Check tool history and put it in the form the template (or format) expects."""
     names: dict[str, str] = {}
@@ -136,7 +171,7 @@ def _history(messages: list[dict[str, Any]], fmt: ToolFormat) -> list[dict[str, 
             for j, call in enumerate(message["tool_calls"]):
                 where = f"messages[{i}].tool_calls[{j}]"
                 fn = call["function"]
-                args = parse_arguments(fn["arguments"], f"{where}.function.arguments")
+                args = _history_arguments(fn["arguments"], f"{where}.function.arguments")
                 names[call["id"]] = fn["name"]
                 calls.append({**call, "function": {"name": fn["name"], "arguments": args}})
             item = {**message, "tool_calls": calls}
@@ -154,6 +189,59 @@ def _history(messages: list[dict[str, Any]], fmt: ToolFormat) -> list[dict[str, 
         else:
             out.append(message)
     return [{k: v for k, v in m.items() if k != "_tool_results"} for m in out]
+
+
+def _history_arguments(text: str, param: str) -> Any:
+    """A past call's arguments as a JSON value. A call cut off by max_tokens (from a
+    server that returned it, or an older kvserve) has arguments that are empty or not
+    JSON: they are kept as the text they are, so that sending such history back does
+    not break the conversation (the template renders them as a string)."""
+    if not text.strip():
+        return {}
+    try:
+        return parse_arguments(text, param)
+    except ChatInputError:
+        if _is_json_prefix(text):
+            return text
+        raise
+
+
+# What may complete a cut-off JSON text before its open brackets are closed.
+_COMPLETIONS = ("", "null", ":null", "0", '"', '":null', "rue", "ue", "e", "alse", "lse",
+                "se", "ull", "ll", "l")  # fmt: skip
+
+
+def _is_json_prefix(text: str) -> bool:
+    """Whether `text` is the beginning of some JSON document (a cut-off call's arguments),
+    as opposed to text that no continuation makes valid."""
+    stack: list[str] = []
+    in_string = escape = False
+    for ch in text:
+        if in_string:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            stack.append("]" if ch == "[" else "}")
+        elif ch in "]}" and (not stack or stack.pop() != ch):
+            return False
+    head = text.rstrip()
+    head = head[:-1] if head.endswith(",") and not in_string else head
+    closers = "".join(reversed(stack))
+    for more in _COMPLETIONS:
+        if in_string != more.startswith('"'):
+            continue
+        try:
+            json.loads(head + more + closers)
+            return True
+        except ValueError:
+            continue
+    return False
 
 
 def _generic_tool_result(out: list[dict[str, Any]], name: str, content: str) -> dict[str, Any]:

@@ -1,10 +1,16 @@
 """JSON schema -> GBNF, our own converter (chat/ cannot import llama_cpp).
 
-Supported: object (properties, required, additionalProperties false/true/schema), array
-(items, minItems, maxItems), string (enum, const, minLength, maxLength, format
-date/time/date-time/uuid, pattern: see chat.regex), number/integer, boolean, null,
-enum/const of any JSON value, anyOf/oneOf, type lists, $ref to #/$defs and
-#/definitions. Anything else raises SchemaError naming the keyword.
+Enforced: object (properties, required, additionalProperties false/true/schema), array
+(items, prefixItems / tuple-form items, minItems, maxItems), string (enum, const,
+minLength, maxLength, format date/time/date-time/uuid, pattern: see chat.regex),
+number/integer, boolean, null, enum/const of any JSON value, anyOf/oneOf, allOf (merged),
+type lists, $ref to #/$defs and #/definitions.
+
+Accepted but NOT enforced (valid JSON Schema the grammar cannot express; agents' schemas
+carry them, Pydantic emits several for everyday types): `NOT_ENFORCED` below, a pattern
+the regex subset cannot express (any string), a pattern's length bounds, `discriminator`
+(an annotation beside oneOf). Only a schema that is not valid JSON Schema, or a $ref
+that cannot be resolved locally, raises SchemaError.
 
 Choices made so the output is always valid *and* bounded:
 - Properties come out in the schema's order, required ones first. A missing
@@ -13,8 +19,9 @@ Choices made so the output is always valid *and* bounded:
 - Number bounds: integers with both bounds and at most 256 values are enumerated, and
   `minimum >= 0` (or 1 for integers) forbids the sign (and zero). Other bounds are NOT
   enforced by the grammar (accepted, since agents' tool schemas carry them; the README
-  says so); `multipleOf` and the like are refused.
+  says so).
 - `oneOf` is treated as `anyOf`: exclusivity is not enforced.
+- `allOf` branches are merged into one schema (properties and required united).
 """
 
 from __future__ import annotations
@@ -42,6 +49,15 @@ _SUPPORTED = {
     "type", "properties", "required", "additionalProperties", "items", "minItems",
     "maxItems", "enum", "const", "minLength", "maxLength", "format", "pattern", "anyOf",
     "oneOf", "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "prefixItems", "additionalItems", "allOf", "discriminator",
+}  # fmt: skip
+# Valid keywords the grammar does not enforce (listed in the README).
+NOT_ENFORCED = {
+    "uniqueItems", "multipleOf", "propertyNames", "patternProperties", "minProperties",
+    "maxProperties", "not", "if", "then", "else", "contains", "minContains", "maxContains",
+    "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties",
+    "unevaluatedItems", "contentEncoding", "contentMediaType", "contentSchema", "$anchor",
+    "$dynamicAnchor", "$vocabulary",
 }  # fmt: skip
 _FORMATS = {"date": '"\\"" date "\\""', "time": '"\\"" time "\\""', "uuid": '"\\"" uuid "\\""'}
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -82,9 +98,11 @@ class SchemaConverter:
             raise SchemaError(f"'{name}' admits no value (schema false)")
         if not isinstance(schema, dict):
             raise SchemaError(f"'{name}': a schema must be an object or a boolean")
-        unknown = set(schema) - _SUPPORTED - _ANNOTATIONS
+        unknown = set(schema) - _SUPPORTED - _ANNOTATIONS - NOT_ENFORCED
         if unknown:
             raise SchemaError(f"unsupported JSON schema keyword(s) {sorted(unknown)} at '{name}'")
+        if "allOf" in schema:
+            return self._expr(_merged(schema), name)
         if "$ref" in schema:
             return self._ref(schema["$ref"])
         if "const" in schema:
@@ -169,24 +187,42 @@ class SchemaConverter:
 
     def _array(self, schema: dict[str, Any], name: str) -> str:
         ws = self.rules.primitive("ws")
-        item = self._rule(schema.get("items", True), f"{name}-item")
+        items = schema.get("items", True)
+        prefix: list[Any] = schema.get("prefixItems", [])
+        if isinstance(items, list):  # the tuple form of drafts before 2020-12
+            prefix, items = items, schema.get("additionalItems", True)
         low, high = int(schema.get("minItems", 0)), schema.get("maxItems")
+        if prefix:
+            return self._tuple(prefix, items, low, high, name)
+        item = self._rule(items, f"{name}-item")
         if high is not None and high < max(low, 1):
             return f'"[" {ws} "]"' if high == 0 else '""'
         rest = repeat(f'{ws} "," {ws} {item}', max(low - 1, 0), None if high is None else high - 1)
         body = f"{item} {rest}"
         return f'"[" {ws} {body if low else f"({body})?"} {ws} "]"'
 
+    def _tuple(self, prefix: list[Any], items: Any, low: int, high: Any, name: str) -> str:
+        """Positional items first (all of them, unless maxItems cuts them short: an array
+        may be shorter than its prefix, but never needs to be), then the rest."""
+        ws = self.rules.primitive("ws")
+        count = len(prefix) if high is None else min(len(prefix), high)
+        parts = [self._rule(p, f"{name}-{i}") for i, p in enumerate(prefix[:count])]
+        body = f' {ws} "," {ws} '.join(parts)
+        more_high = None if high is None else high - count
+        if items is not False and more_high != 0 and count == len(prefix):
+            item = self._rule(items, f"{name}-item")
+            extra = repeat(f'{ws} "," {ws} {item}', max(low - count, 0), more_high)
+            body = f"{body} {extra}" if body else f"({item} {extra})?"
+        return f'"[" {ws} {body} {ws} "]"'
+
     def _string(self, schema: dict[str, Any], name: str) -> str:
         fmt = schema.get("format")
         if "pattern" in schema:
-            if {"minLength", "maxLength"} & set(schema):
-                raise SchemaError(f"'{name}': pattern together with min/maxLength is unsupported")
-            try:
+            try:  # the pattern is enforced; length bounds beside it are not
                 self.rules.primitive("string")
                 return f'"\\"" {pattern_to_gbnf(schema["pattern"])} "\\""'
-            except PatternError as exc:
-                raise SchemaError(f"unsupported pattern at '{name}': {exc}") from None
+            except PatternError:  # beyond the regex subset: not enforced (see module doc)
+                schema = {k: v for k, v in schema.items() if k != "pattern"}
         if fmt == "date-time":
             self.rules.primitive("date"), self.rules.primitive("time")
             return '"\\"" date "T" time "\\""'
@@ -241,6 +277,25 @@ class SchemaConverter:
 
     def _null(self, schema: dict[str, Any], name: str) -> str:
         return self.rules.primitive("null")
+
+
+def _merged(schema: dict[str, Any]) -> Any:
+    """An allOf folded into one schema: properties and required united, other keywords
+    from later branches winning (exact for the object shapes generators emit)."""
+    out: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
+    for branch in schema["allOf"]:
+        if branch is False:
+            return False
+        if not isinstance(branch, dict):
+            continue
+        for key, value in branch.items():
+            if key == "properties":
+                out["properties"] = {**out.get("properties", {}), **value}
+            elif key == "required":
+                out["required"] = [*out.get("required", []), *value]
+            else:
+                out[key] = value
+    return out
 
 
 _GRAMMARS: ByteMemo[str] = ByteMemo(16 << 20, len)  # canonical schema -> GBNF

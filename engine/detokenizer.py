@@ -39,7 +39,7 @@ def held_stop_prefix(text: str, stops: Sequence[str]) -> int:
 class IncrementalDetokenizer:
     """Turns a token stream into text increments that are safe to send."""
 
-    __slots__ = ("_pieces", "_raw", "_held", "_stops", "_include_stop", "stopped")
+    __slots__ = ("_pieces", "_raw", "_held", "_stops", "_include_stop", "stopped", "matched")
 
     def __init__(
         self, pieces: Sequence[bytes], stops: Sequence[str] = (), include_stop: bool = False
@@ -50,6 +50,7 @@ class IncrementalDetokenizer:
         self._stops = tuple(s for s in stops if s)
         self._include_stop = include_stop
         self.stopped = False
+        self.matched = ""  # the stop string that ended the text, once `stopped`
 
     def push(self, token: int) -> str:
         """Add one token; return the text that can be released now."""
@@ -72,6 +73,7 @@ class IncrementalDetokenizer:
                 first, matched = at, stop
         if first != -1:
             self.stopped = True
+            self.matched = matched
             self._held = ""
             return text[: first + len(matched)] if self._include_stop else text[:first]
         hold = held_stop_prefix(text, self._stops)

@@ -138,6 +138,7 @@ class SeqOutput:
     error: str | None = None
     # Set on the final output only:
     hit_kind: str = ""  # how the prompt was found: cold, partial, exact or session
+    stop_sequence: str = ""  # the stop string that ended a STOP finish ("": an EOG token)
     num_kv_tokens: int = 0  # tokens whose KV the slot keeps after the request
     timings: Timings | None = None  # with the finish only
 

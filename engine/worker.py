@@ -418,6 +418,7 @@ class Worker:
                 num_output_tokens=seq.num_output_tokens,
                 error=error,
                 hit_kind=seq.hit_kind,
+                stop_sequence=seq.detokenizer.matched,
                 num_kv_tokens=num_kv,
                 timings=seq.timings(),
             ),

@@ -2,7 +2,7 @@
 
 `AccessMiddleware` opens an `AccessRecord` for every HTTP request and makes it the
 current one (a context variable, so tasks the request starts, such as an SSE stream's,
-see the same record). Handlers and `server.generation` fill it in: the model
+see the same record). Handlers and `server.serving.drive` fill it in: the model
 (`deps.resolve_model`), the generations and each output as it reaches the HTTP layer
 (TTFT, inter-token latency, token counts, engine stage timings, session, how the prompt
 was found in the cache). When the response is done the middleware

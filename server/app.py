@@ -13,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from engine.engine import CacheConfig, Engine, EngineConfig, SessionLimits
 from engine.types import EngineNotReadyError, TimeLimits
 from server import errors
+from server.apis.responses_store import ResponseStore
 from server.config import ModelSection, Settings, chat_template_source
 from server.deps import EngineLike, require_api_key
 from server.lifecycle import Lifecycle
@@ -20,7 +21,18 @@ from server.metrics import make_registry
 from server.metrics import router as metrics_router
 from server.middleware import AccessMiddleware, BodyLimit
 from server.registry import ModelRegistry, ServedModel
-from server.routes import cache, chat, completions, embeddings, health, models, sessions, tokenize
+from server.routes import (
+    cache,
+    chat,
+    completions,
+    embeddings,
+    health,
+    messages,
+    models,
+    responses,
+    sessions,
+    tokenize,
+)
 
 log = logging.getLogger("kvserve.server")
 
@@ -126,6 +138,7 @@ def create_app(
     app.state.models = served
     app.state.started = int(time.time())
     app.state.lifecycle = Lifecycle()
+    app.state.responses = ResponseStore(settings.responses.max_stored, settings.responses.ttl_s)
     app.state.registry, app.state.metrics = make_registry(served)
     errors.install(app)
 
@@ -136,6 +149,8 @@ def create_app(
     for router in (
         chat.router,
         completions.router,
+        responses.router,
+        messages.router,
         embeddings.router,
         models.router,
         tokenize.router,

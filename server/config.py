@@ -99,6 +99,14 @@ class SessionsSection:
 
 
 @dataclass(frozen=True)
+class ResponsesSection:
+    """Stored Responses-API responses (store: true), per server."""
+
+    max_stored: int = 1000
+    ttl_s: float = 3600.0
+
+
+@dataclass(frozen=True)
 class AuthSection:
     api_keys: tuple[str, ...] = ()  # empty (and no admin keys): no authentication
     admin_api_keys: tuple[str, ...] = ()  # also accepted; see the whole cache, purge it
@@ -154,6 +162,7 @@ class Settings:
     models: tuple[ModelSection, ...] = (ModelSection(),)
     cache: CacheSection = field(default_factory=CacheSection)
     sessions: SessionsSection = field(default_factory=SessionsSection)
+    responses: ResponsesSection = field(default_factory=ResponsesSection)
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
@@ -174,6 +183,7 @@ SECTIONS: dict[str, type] = {
     "engine": EngineSection,
     "cache": CacheSection,
     "sessions": SessionsSection,
+    "responses": ResponsesSection,
     "auth": AuthSection,
     "metrics": MetricsSection,
     "logging": LoggingSection,
@@ -294,6 +304,8 @@ def _validate(s: Settings, labels: list[str]) -> None:
             raise ConfigError(f"logging.{key}: one of {', '.join(LOG_LEVELS)}")
     _validate_engine("engine", s.engine)
     _validate_cache(s.cache, s.sessions)
+    if s.responses.max_stored < 0 or s.responses.ttl_s <= 0:
+        raise ConfigError("responses: max_stored must be >= 0 and ttl_s above 0")
     seen: set[str] = set()
     for label, m in zip(labels, s.models, strict=True):
         for name in m.names:
@@ -390,6 +402,7 @@ __all__ = [
     "LoggingSection",
     "MetricsSection",
     "ModelSection",
+    "ResponsesSection",
     "ServerSection",
     "Settings",
     "chat_template_source",

@@ -109,15 +109,23 @@ def get_engine(request: Request) -> EngineLike:
     return ready_engine(served.engine)
 
 
+def presented_key(request: Request) -> str:
+    """The API key a request carries: `Authorization: Bearer <key>`, or Anthropic's
+    `x-api-key: <key>` ("" if neither)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key", "").strip()
+
+
 def require_api_key(request: Request) -> None:
     keys: tuple[str, ...] = request.app.state.settings.auth.all_keys
     if not keys:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = presented_key(request)
+    if not token:
         raise Unauthorized()
-    presented = token.strip().encode()
+    presented = token.encode()
     # Compare against every key, without an early exit, in constant time per key.
     matched = False
     for key in keys:
@@ -149,7 +157,7 @@ def get_caller(request: Request) -> Caller:
     auth = request.app.state.settings.auth
     if not auth.enabled:
         return Caller("", request.headers.get("x-session-id"), admin=True)
-    token = request.headers.get("authorization", "").partition(" ")[2].strip()
+    token = presented_key(request)
     tenant = hashlib.sha256(token.encode()).hexdigest()[:16]
     admin = False
     for key in auth.admin_api_keys:  # (already authenticated: no timing to hide here)

@@ -1,4 +1,9 @@
-"""Every error leaves in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+"""Every error leaves in its API's shape: OpenAI's {"error": {"message", "type", "param",
+"code"}}, or Anthropic's {"type": "error", "error": {"type", "message"}} on /v1/messages.
+
+The handlers are registered once (`install`): an APIError a handler raises, an engine
+error (the EngineError family, mapped by `from_engine_error`), a validation error, and
+anything unexpected (logged with its traceback, answered 500)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.types import (
     TIME_LIMIT_CODES,
+    EngineError,
     EngineNotReadyError,
     EngineRecoveringError,
     InvalidRequestError,
@@ -49,8 +55,29 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else
+                                    "invalid_request_error")  # fmt: skip
+        message = self.message if self.param is None else f"{self.param}: {self.message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def response(self, anthropic: bool = False) -> JSONResponse:
+        body = self.anthropic_body() if anthropic else self.body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+# Anthropic's error types by status (its API reference, "Errors").
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+}
 
 
 class BadRequest(APIError):
@@ -73,7 +100,8 @@ class Unauthorized(APIError):
 
     def __init__(self) -> None:
         super().__init__(
-            "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.",
+            "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' "
+            "(or 'x-api-key: <key>').",
             code="invalid_api_key",
         )
 
@@ -180,37 +208,54 @@ def _most_specific(errors: Sequence[Any]) -> Any:
     return errors[0]
 
 
+def speaks_anthropic(request: Request) -> bool:
+    """Whether this request came in on an Anthropic-shaped route."""
+    return request.url.path.startswith("/v1/messages")
+
+
+def render(request: Request, err: APIError) -> JSONResponse:
+    return err.response(anthropic=speaks_anthropic(request))
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    param = _param_of(tuple(first.get("loc", ())))
+    if errors:  # the field as the first error names it, the reason from the best one
+        first = {**_most_specific(errors), "loc": first["loc"]}
+    if first.get("type") == "json_invalid":
+        message = "the request body is not valid JSON"
+        param = None
+    elif first.get("type") == "missing":
+        message = f"'{param}' is required"
+    elif param is None:  # the body itself: not a JSON object, say
+        message = f"invalid request body: {first.get('msg')}"
+    else:
+        message = f"invalid value for '{param}': {first.get('msg')}"
+    return BadRequest(message, param=param)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return render(request, exc)
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
+        return render(request, from_engine_error(exc))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        param = _param_of(tuple(first.get("loc", ())))
-        if errors:  # the field as the first error names it, the reason from the best one
-            first = {**_most_specific(errors), "loc": first["loc"]}
-        if first.get("type") == "json_invalid":
-            message = "the request body is not valid JSON"
-            param = None
-        elif first.get("type") == "missing":
-            message = f"'{param}' is required"
-        elif param is None:  # the body itself: not a JSON object, say
-            message = f"invalid request body: {first.get('msg')}"
-        else:
-            message = f"invalid value for '{param}': {first.get('msg')}"
-        return BadRequest(message, param=param).response()
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return render(request, _validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         cls = {404: NotFound, 405: BadRequest}.get(exc.status_code, BadRequest)
         err = cls(str(exc.detail))
         err.status = exc.status_code
-        return err.response()
+        return render(request, err)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return ServerError(f"internal error: {type(exc).__name__}").response()
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return render(request, ServerError(f"internal error: {type(exc).__name__}"))

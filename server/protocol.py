@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from server.errors import BadRequest, Unsupported
 
@@ -48,6 +48,17 @@ def _has_lone_surrogate(value: Any) -> bool:
 class _Open(BaseModel):
     # NaN and Infinity are JSON extensions Python accepts; no field of ours means them.
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        """An explicit null for a field means "not set", as OpenAI and its SDKs treat it:
+        the field takes its default (a required field is then reported missing)."""
+        if not isinstance(data, dict):
+            return data
+        names = set(cls.model_fields)
+        names |= {f.alias for f in cls.model_fields.values() if f.alias}
+        return {k: v for k, v in data.items() if v is not None or k not in names}
 
     @field_validator("*")
     @classmethod
@@ -253,11 +264,6 @@ class ChatCompletionRequest(SamplingExtras):
             raise BadRequest(
                 "'grammar' cannot be combined with tools or a JSON response_format",
                 param="grammar",
-            )
-        if has_tools and fmt == "json_schema":
-            raise BadRequest(
-                "'tools' cannot be combined with a json_schema response_format",
-                param="response_format",
             )
 
 

@@ -21,7 +21,7 @@ class ServedModel:
     aliases: tuple[str, ...]
     engine: EngineLike
     template_override: str | None = None  # configured Jinja; None: the GGUF's own
-    context_overflow: str = "error"  # or "drop_oldest" (server/context_fit.py)
+    context_overflow: str = "error"  # or "drop_oldest" (server/serving/context_fit.py)
     _template: ChatTemplate | None = None
 
     @property

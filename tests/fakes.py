@@ -225,7 +225,8 @@ class FakeEngine:
                 if detok.stopped:
                     gen.put(
                         index,
-                        SeqOutput(text, (token,), lp, finish_reason=FinishReason.STOP, **done),
+                        SeqOutput(text, (token,), lp, finish_reason=FinishReason.STOP,
+                                  stop_sequence=detok.matched, **done),
                     )
                     return
                 if request.max_tokens is not None and produced >= request.max_tokens:

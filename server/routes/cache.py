@@ -14,8 +14,8 @@ from chat.template import TemplateError
 from engine.types import GenerateRequest
 from server.deps import Caller, CallerDep, EngineLike, ready_engine, registry, resolve_model
 from server.errors import BadRequest, from_engine_error
-from server.generation import tokenize
 from server.protocol import _Open
+from server.serving.drive import tokenize
 
 router = APIRouter()
 

@@ -9,10 +9,10 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server.deps import resolve_engine
-from server.errors import BadRequest, from_engine_error
-from server.generation import ClientDisconnected, client_gone, until_disconnect
+from server.errors import BadRequest
 from server.protocol import EmbeddingRequest
-from server.routes.completions import prompt_token_lists
+from server.serving.drive import ClientDisconnected, client_gone, until_disconnect
+from server.serving.prompts import prompt_token_lists
 
 router = APIRouter()
 
@@ -32,8 +32,6 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Any:
         vectors = await until_disconnect(request, engine.embed(inputs))
     except ClientDisconnected:
         return client_gone()
-    except Exception as exc:
-        raise from_engine_error(exc) from exc
     data = []
     for i, vector in enumerate(vectors):
         if body.dimensions is not None:

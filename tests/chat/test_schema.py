@@ -43,6 +43,19 @@ SCHEMAS: list[Any] = [
         "required": ["v"]}}, "$ref": "#/$defs/tree"},
     {"definitions": {"p": {"type": "string"}}, "type": "object",
      "properties": {"p": {"$ref": "#/definitions/p"}}},
+    # accepted; enforced in part or not at all (the README lists which)
+    {"type": "string", "pattern": "(?=x)"},
+    {"type": "string", "pattern": "a*?"},
+    {"type": "string", "pattern": "(a)\\1"},
+    {"type": "string", "pattern": "^[a-z]+$", "minLength": 2},
+    {"not": {"type": "string"}},
+    {"allOf": [{"type": "string"}]},
+    {"type": "array", "prefixItems": [{"type": "string"}]},
+    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+     "items": [{"type": "string"}, {"type": "integer"}], "additionalItems": False},
+    {"type": "array", "uniqueItems": True, "items": {"type": "integer", "multipleOf": 3}},
+    {"type": "object", "propertyNames": {"maxLength": 3}, "minProperties": 1,
+     "additionalProperties": {"type": "integer"}},
 ]  # fmt: skip
 
 
@@ -74,19 +87,13 @@ def test_small_integer_ranges_are_enumerated() -> None:
 @pytest.mark.parametrize(
     "schema",
     [
-        {"type": "string", "pattern": "(?=x)"},
-        {"type": "string", "pattern": "a*?"},
-        {"type": "string", "pattern": "(a)\\1"},
-        {"not": {"type": "string"}},
-        {"allOf": [{"type": "string"}]},
-        {"type": "array", "prefixItems": [{"type": "string"}]},
         {"$ref": "https://example.com/schema"},
         {"$ref": "#/$defs/missing"},
         {"type": "objekt"},
         {"type": "object", "required": ["x"], "additionalProperties": False},
     ],
 )
-def test_unsupported_or_invalid_schemas_raise(schema: Any) -> None:
+def test_invalid_or_unresolvable_schemas_raise(schema: Any) -> None:
     with pytest.raises(SchemaError):
         schema_to_gbnf(schema)
 
@@ -96,3 +103,33 @@ def test_pattern_expression() -> None:
     assert pattern_to_gbnf("a").startswith("char* ")
     with pytest.raises(PatternError):
         pattern_to_gbnf('["]')
+
+
+# What Pydantic emits for a tuple, a set and a discriminated union (pydantic 2.x).
+PYDANTIC_SCHEMA: Any = {
+    "$defs": {
+        "Cat": {"properties": {"kind": {"const": "cat", "title": "Kind", "type": "string"},
+                               "lives": {"title": "Lives", "type": "integer", "multipleOf": 1}},
+                "required": ["kind", "lives"], "title": "Cat", "type": "object"},
+        "Dog": {"properties": {"kind": {"const": "dog", "title": "Kind", "type": "string"},
+                               "good": {"title": "Good", "type": "boolean"}},
+                "required": ["kind", "good"], "title": "Dog", "type": "object"},
+    },
+    "properties": {
+        "point": {"maxItems": 2, "minItems": 2, "prefixItems": [{"type": "number"},
+                  {"type": "number"}], "title": "Point", "type": "array"},
+        "tags": {"items": {"type": "string"}, "title": "Tags", "type": "array",
+                 "uniqueItems": True},
+        "pet": {"discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"},
+                                  "propertyName": "kind"},
+                "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "title": "Pet"},
+    },
+    "required": ["point", "tags", "pet"], "title": "Args", "type": "object",
+}  # fmt: skip
+
+
+def test_pydantic_tuple_set_and_discriminated_union_convert() -> None:
+    grammar = schema_to_gbnf(PYDANTIC_SCHEMA)
+    point = next(line for line in grammar.splitlines() if line.startswith("root-value-point ::="))
+    assert point.count("root-value-point-0") == 2 and "*" not in point  # two numbers, no more
+    assert "def-cat ::=" in grammar and "def-dog ::=" in grammar

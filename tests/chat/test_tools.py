@@ -173,7 +173,7 @@ def test_generic_history_merges_tool_results_into_one_user_turn() -> None:
         ((WEATHER,), ToolChoice("named", "nope"), "tool_choice"),
         ((WEATHER, WEATHER), ToolChoice("auto"), "tools[1].function.name"),
         ((Tool("f", "", {"type": 5}),), ToolChoice("auto"), "tools[0].function.parameters"),
-        ((Tool("f", "", {"type": "object", "not": {}}),), ToolChoice("auto"), "tools[0].function.parameters"),
+        ((Tool("f", "", {"type": "object", "$ref": "https://x.org/s"}),), ToolChoice("auto"), "tools[0].function.parameters"),
     ],
 )  # fmt: skip
 def test_bad_tools_name_the_field(tools: tuple[Tool, ...], choice: ToolChoice, param: str) -> None:

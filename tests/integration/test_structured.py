@@ -13,13 +13,15 @@ import httpx
 import jsonschema
 import pytest
 
+from chat.formats import GENERIC, HERMES, LLAMA3, MISTRAL
 from chat.schema import json_object_gbnf, schema_to_gbnf
+from chat.tools import Tool, ToolChoice
 from engine.engine import Engine
 from engine.llama import Model, Sampler
 from engine.types import SamplingParams
 from server.app import create_app
 from server.config import Settings, default_model_path
-from tests.chat.test_schema import SCHEMAS
+from tests.chat.test_schema import PYDANTIC_SCHEMA, SCHEMAS
 from tests.chat.test_tools import HERMES_TEMPLATE
 from tests.integration.test_engine import start
 
@@ -87,6 +89,12 @@ def test_generated_grammars_compile_in_llama_cpp() -> None:
         for schema in [*SCHEMAS, *RESPONSE_SCHEMAS]:
             Sampler(model, SamplingParams(grammar=schema_to_gbnf(schema)), 1, 64).close()
         Sampler(model, SamplingParams(grammar=json_object_gbnf()), 1, 64).close()
+        Sampler(model, SamplingParams(grammar=schema_to_gbnf(PYDANTIC_SCHEMA)), 1, 64).close()
+        # tools together with a document (calls | document), in every call format
+        tools = [Tool("pets", "", PYDANTIC_SCHEMA), Tool("f", "", {"type": "object"})]
+        for fmt in (GENERIC, HERMES, LLAMA3, MISTRAL):
+            spec = fmt.grammar(tools, ToolChoice("auto"), True, RESPONSE_SCHEMAS[0])
+            Sampler(model, SamplingParams(grammar=spec.gbnf), 1, 64).close()
     finally:
         model.close()
 

@@ -54,6 +54,19 @@ def aim_at_the_model(case: Case, model: str) -> None:
         return
     if body.get("top_logprobs") is not None:
         body["logprobs"] = True
+    label = case.operation.label
+    if label == "POST /v1/responses":  # a made-up id is a 404; JSON items are free-form
+        body.pop("previous_response_id", None)
+        if not isinstance(body.get("input"), str):
+            body["input"] = "hi"
+        body.pop("tools", None)
+    if label.startswith("POST /v1/messages"):  # blocks and tools are free-form JSON
+        body["messages"] = [{"role": "user", "content": "hi"}]
+        body.pop("tools", None)
+        body.pop("system", None)
+        if body.get("thinking") and body["thinking"].get("type") == "enabled":
+            body["thinking"] = None
+        return
     for message in body.get("messages") or []:
         if message.get("role") == "tool":
             message["role"] = "user"
@@ -78,6 +91,8 @@ def test_in_process_totals_and_the_app_still_serves() -> None:
     # generation reached the engine, not only the validators
     assert STATUSES[("POST /v1/chat/completions", 200)] >= 20, STATUSES
     assert STATUSES[("POST /v1/completions", 200)] >= 20, STATUSES
+    assert STATUSES[("POST /v1/responses", 200)] >= 5, STATUSES
+    assert STATUSES[("POST /v1/messages", 200)] >= 5, STATUSES
     assert not FAKE.running and FAKE.outstanding == 0
     from starlette.testclient import TestClient
 
@@ -102,6 +117,9 @@ def test_real_engine_never_5xx(case: Case, server: Server) -> None:
         # Short outputs keep a few hundred generations affordable; the engine path is
         # the same for 8 tokens as for 200 (max_tokens itself is attacked elsewhere).
         case.body["max_tokens"] = 8
+        if case.operation.label == "POST /v1/responses":
+            del case.body["max_tokens"]
+            case.body["max_output_tokens"] = 8
     response = case.call(base_url=server.url, timeout=120)
     REAL_STATUSES[(case.operation.label, response.status_code)] += 1
     assert response.status_code < 500, (case.body, response.text)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.context_fit import drop_oldest_turn
+from server.serving.context_fit import drop_oldest_turn
 
 
 def m(role: str, text: str = "") -> dict:

@@ -9,57 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse
-from starlette.background import BackgroundTask
 
 from engine.engine import Generation
-from engine.types import FinishReason, SeqOutput, TokenLogprob
+from engine.types import FinishReason, SeqOutput
 from server.access import current_record
 from server.deps import EngineLike
 from server.errors import APIError, BadRequest, generation_failure
+from server.serving.state import Choice, ChoiceState, Step
 
 T = TypeVar("T")
 
 
 class ClientDisconnected(Exception):
     pass
-
-
-@dataclass(slots=True)
-class Choice:
-    """One sequence's accumulated result."""
-
-    text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_output_tokens: int = 0
-    error: str | None = None
-
-    def add(self, out: SeqOutput) -> None:
-        if out.text:
-            self.text.append(out.text)
-        self.token_ids.extend(out.token_ids)
-        self.logprobs.extend(out.logprobs)
-        self.prompt_logprobs.extend(out.prompt_logprobs)
-        if out.finish_reason is not None:
-            self.finish_reason = out.finish_reason
-            self.num_prompt_tokens = out.num_prompt_tokens
-            self.num_cached_tokens = out.num_cached_tokens
-            self.num_output_tokens = out.num_output_tokens
-            self.error = out.error
 
 
 # Texts longer than this are tokenized on a worker thread, so that one huge prompt does
@@ -83,24 +52,6 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
-
-
-def usage(choices: list[Choice], num_prompt_tokens: int) -> dict[str, Any]:
-    """OpenAI usage: the prompt counted once, completion tokens summed over choices."""
-    completion = sum(c.num_output_tokens for c in choices)
-    cached = min((c.num_cached_tokens for c in choices), default=0)
-    return {
-        "prompt_tokens": num_prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": num_prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def finish_reason_text(reason: FinishReason | None) -> str | None:
-    if reason is None or reason is FinishReason.ABORT:
-        return None
-    return reason.value
 
 
 async def _watch_disconnect(request: Request) -> None:
@@ -130,7 +81,8 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 
 def engine_failure(error: str | None) -> APIError:
-    """The error for a sequence the engine failed (server/errors.py decides which)."""
+    """The error for a sequence the engine failed: 504 naming a time limit, else 500
+    naming the cause (server/errors.py decides which)."""
     return generation_failure(error)
 
 
@@ -142,12 +94,6 @@ def check_n(n: int, n_seq_max: int) -> None:
 def client_gone() -> JSONResponse:
     """What a handler returns when its client disconnected: nobody reads it."""
     return JSONResponse({}, status_code=499)
-
-
-def event_stream(events: AsyncIterator[str], on_close: Callable[[], None]) -> EventSourceResponse:
-    """SSE in OpenAI's framing ("data: ...\n\n"). `on_close` runs after the stream in
-    every case, also when the client left before the first event."""
-    return EventSourceResponse(events, sep="\n", ping=15, background=BackgroundTask(on_close))
 
 
 async def collect(generation: Generation, n: int) -> list[Choice]:
@@ -191,18 +137,15 @@ async def increments(generation: Generation) -> AsyncIterator[list[tuple[int, Ch
             yield merged(item, rest)
 
 
-def chunk_framing(
-    obj: str, response_id: str, created: int, model: str, include_usage: bool
-) -> tuple[str, str]:
-    """The constant JSON before and after the "choices" of every stream chunk, so
-    that a chunk costs one json.dumps of its choices and nothing else."""
-    head = json.dumps(
-        {
-            "id": response_id,
-            "object": obj,
-            "created": created,
-            "model": model,
-            "system_fingerprint": None,
-        }
-    )
-    return head[:-1] + ',"choices":', (',"usage":null}' if include_usage else "}")
+
+
+async def steps(generation: Generation, states: list[ChoiceState]) -> AsyncIterator[list[Step]]:
+    """The parsed steps of each increment. A choice the engine failed raises the
+    ServerError naming the cause (a stream turns it into its error tail)."""
+    async for increment in increments(generation):
+        out = []
+        for index, inc in increment:
+            if inc.finish_reason is FinishReason.ERROR:
+                raise engine_failure(inc.error)
+            out.append(states[index].advance(inc))
+        yield out

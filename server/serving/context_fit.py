@@ -9,7 +9,7 @@ from typing import Any
 
 from chat import ChatOptions, ChatPlan, ChatTemplate, plan_chat
 from server.deps import EngineLike
-from server.generation import tokenize
+from server.serving.drive import tokenize
 
 DROPPED_HEADER = "X-Kvserve-Dropped-Messages"
 OVERFLOW_MODES = ("error", "drop_oldest")

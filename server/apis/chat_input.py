@@ -1,15 +1,12 @@
-"""Chat requests -> chat/ plans, and parsed output -> OpenAI message / delta shapes."""
+"""OpenAI chat requests -> chat/ messages and options; parsed output -> message / delta shapes."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from chat.callstream import Delta
-from chat.formats import GrammarSpec
 from chat.plan import ChatOptions, OutputParser
 from chat.tools import Tool, ToolChoice
-from server.deps import EngineLike
 from server.protocol import ChatCompletionRequest
 
 
@@ -65,27 +62,6 @@ def chat_options(body: ChatCompletionRequest) -> ChatOptions:
         reasoning_format="none" if body.reasoning_format == "none" else "auto",
         template_kwargs=dict(body.chat_template_kwargs or {}),
     )
-
-
-def grammar_fields(spec: GrammarSpec | None, engine: EngineLike) -> dict[str, object]:
-    """SamplingParams fields for a grammar. A trigger word that is one special token of
-    this vocabulary triggers on that token; any other word becomes a pattern."""
-    if spec is None:
-        return {}
-    patterns = list(spec.trigger_patterns)
-    tokens = []
-    for word in spec.trigger_words:
-        ids = engine.tokenize(word, add_special=False, parse_special=True)
-        if len(ids) == 1:
-            tokens.append(ids[0])
-        else:
-            patterns.append(r"[\s\S]*?(" + re.escape(word) + r")[\s\S]*")
-    return {
-        "grammar": spec.gbnf,
-        "grammar_lazy": spec.lazy,
-        "grammar_trigger_patterns": tuple(patterns),
-        "grammar_trigger_tokens": tuple(tokens),
-    }
 
 
 def stream_deltas(deltas: list[Delta]) -> list[dict[str, Any]]:

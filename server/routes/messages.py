@@ -1,0 +1,25 @@
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic Messages API)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from server.apis.messages import count_tokens, serve_messages
+from server.deps import CallerDep
+from server.protocol_messages import CountTokensRequest, MessagesRequest
+
+router = APIRouter()
+
+
+@router.post("/v1/messages")
+async def create_message(body: MessagesRequest, request: Request, caller: CallerDep) -> Any:
+    """Create a message (Anthropic's shapes; x-api-key or Bearer auth)."""
+    return await serve_messages(body, request, caller)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_message_tokens(body: CountTokensRequest, request: Request) -> Any:
+    """The number of input tokens the same /v1/messages request would have."""
+    return await count_tokens(body, request)

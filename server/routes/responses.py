@@ -1,0 +1,31 @@
+"""POST /v1/responses, GET and DELETE /v1/responses/{id} (OpenAI Responses API)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from server.apis.responses import delete_response, get_response, serve_response
+from server.deps import CallerDep
+from server.protocol_responses import ResponsesRequest
+
+router = APIRouter()
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request, caller: CallerDep) -> Any:
+    """Create a model response (text, function calls), optionally continuing a stored one."""
+    return await serve_response(body, request, caller)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request, caller: CallerDep) -> Any:
+    """A stored response of this API key."""
+    return get_response(request, caller, response_id)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def remove_response(response_id: str, request: Request, caller: CallerDep) -> Any:
+    """Delete a stored response of this API key."""
+    return delete_response(request, caller, response_id)

@@ -1,0 +1,13 @@
+"""The serving core every API shares: request -> plan -> engine -> per-choice state -> events.
+
+- `prepare`: chat messages and options -> the plan (prompt, grammar, parser) and the
+  engine requests; template and tool errors become 400s naming the field.
+- `drive`: run a `Generation` to its end or as increments; disconnect -> abort.
+- `state`: one choice's accumulated result and its incremental parse state.
+- `events`: increments -> parsed steps per choice (content, reasoning, complete calls,
+  the finish), which each API adapter turns into its own shapes.
+- `sse`: the wire framing of every stream (data lines, named events, [DONE], error tail).
+- `prompts`: raw prompts (strings, token ids) -> token lists, for completions/embeddings.
+
+The API adapters (`server/apis/`) and the thin routes (`server/routes/`) sit on top.
+"""

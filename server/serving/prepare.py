@@ -1,0 +1,105 @@
+"""A chat-shaped request -> its plan (prompt, grammar, parser) and its engine requests.
+
+Every chat-like API (chat completions, Responses, Messages) reduces its request to
+OpenAI-chat message dicts, `ChatOptions` and sampling fields, and comes through here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from chat.formats import GrammarSpec
+from chat.plan import ChatOptions, ChatPlan, plan_chat
+from chat.template import ChatTemplate, TemplateError
+from chat.tools import ChatInputError
+from engine.types import GenerateRequest
+from server.deps import Caller, EngineLike
+from server.errors import BadRequest
+from server.protocol import SamplingExtras
+from server.sampling import generate_requests
+from server.serving.context_fit import plan_within_context
+from server.serving.drive import tokenize
+from server.serving.state import ChoiceState
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    plan: ChatPlan
+    prompt: list[int]
+    requests: list[GenerateRequest]
+    dropped: int = 0  # messages left out to fit the context (context_overflow drop_oldest)
+
+    def states(self) -> list[ChoiceState]:
+        return [ChoiceState(i, self.plan.parser()) for i in range(len(self.requests))]
+
+
+def make_plan(
+    template: ChatTemplate, messages: list[dict[str, Any]], options: ChatOptions
+) -> ChatPlan:
+    """The chat plan; what the template or tool checks refuse is a 400 naming the field."""
+    try:
+        return plan_chat(template, messages, options)
+    except TemplateError as exc:
+        raise BadRequest(str(exc), param="messages") from exc
+    except ChatInputError as exc:
+        raise BadRequest(exc.message, param=exc.param) from exc
+
+
+async def prompt_tokens(engine: EngineLike, plan: ChatPlan) -> list[int]:
+    rendered = plan.prompt
+    return await tokenize(engine, rendered.text, add_special=rendered.add_bos, parse_special=True)
+
+
+async def prepare_chat(
+    engine: EngineLike,
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    options: ChatOptions,
+    sampling: SamplingExtras,
+    caller: Caller,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None = None,
+    overflow: str = "error",
+) -> Prepared:
+    try:
+        plan, prompt, dropped = await plan_within_context(
+            engine, template, messages, options, max_tokens, overflow
+        )
+    except TemplateError as exc:
+        raise BadRequest(str(exc), param="messages") from exc
+    except ChatInputError as exc:
+        raise BadRequest(exc.message, param=exc.param) from exc
+    requests = generate_requests(
+        prompt,
+        sampling,
+        engine.info,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        caller=caller,
+        overrides=grammar_fields(plan.grammar, engine),
+    )
+    return Prepared(plan, prompt, requests, dropped)
+
+
+def grammar_fields(spec: GrammarSpec | None, engine: EngineLike) -> dict[str, object]:
+    """SamplingParams fields for a grammar. A trigger word that is one special token of
+    this vocabulary triggers on that token; any other word becomes a pattern."""
+    if spec is None:
+        return {}
+    patterns = list(spec.trigger_patterns)
+    tokens = []
+    for word in spec.trigger_words:
+        ids = engine.tokenize(word, add_special=False, parse_special=True)
+        if len(ids) == 1:
+            tokens.append(ids[0])
+        else:
+            patterns.append(r"[\s\S]*?(" + re.escape(word) + r")[\s\S]*")
+    return {
+        "grammar": spec.gbnf,
+        "grammar_lazy": spec.lazy,
+        "grammar_trigger_patterns": tuple(patterns),
+        "grammar_trigger_tokens": tuple(tokens),
+    }

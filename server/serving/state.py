@@ -1,0 +1,107 @@
+"""One choice's state: what it has produced so far and how its output is being parsed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from chat.callstream import Delta
+from chat.plan import OutputParser
+from engine.types import FinishReason, SeqOutput, TokenLogprob
+
+
+@dataclass(slots=True)
+class Choice:
+    """One sequence's accumulated result (or one increment of it, see `drive.merged`)."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+    stop_sequence: str = ""
+
+    def add(self, out: SeqOutput) -> None:
+        if out.text:
+            self.text.append(out.text)
+        self.token_ids.extend(out.token_ids)
+        self.logprobs.extend(out.logprobs)
+        self.prompt_logprobs.extend(out.prompt_logprobs)
+        if out.finish_reason is not None:
+            self.finish_reason = out.finish_reason
+            self.num_prompt_tokens = out.num_prompt_tokens
+            self.num_cached_tokens = out.num_cached_tokens
+            self.num_output_tokens = out.num_output_tokens
+            self.error = out.error
+            self.stop_sequence = out.stop_sequence
+
+
+@dataclass(slots=True)
+class Step:
+    """What one increment of one choice means: parsed pieces (calls only once their
+    arguments are complete), the token logprobs behind them, and maybe the finish."""
+
+    index: int
+    deltas: list[Delta]
+    logprobs: list[TokenLogprob]
+    finish: FinishReason | None
+    num_calls: int
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    """A chat choice being streamed: its parser, its totals (set by the finish) and the
+    logprob text offset (for completions' legacy logprobs)."""
+
+    index: int
+    parser: OutputParser
+    total: Choice = field(default_factory=Choice)
+    offset: int = 0
+
+    def advance(self, inc: Choice) -> Step:
+        pieces = self.parser.feed("".join(inc.text))
+        if inc.finish_reason is not None:
+            self.total = inc  # the counts come with the finish
+            pieces += self.parser.finish()
+        return Step(self.index, pieces, inc.logprobs, inc.finish_reason, self.parser.num_calls)
+
+
+def coalesced(deltas: list[Delta]) -> list[Delta]:
+    """Adjacent pieces of the same kind (and call) as one: fewer, larger stream events."""
+    out: list[Delta] = []
+    for d in deltas:
+        last = out[-1] if out else None
+        if last is not None and d.kind != "start" and (last.kind, last.index) == (d.kind, d.index):
+            out[-1] = Delta(d.kind, last.text + d.text, d.index, last.call_id)
+        else:
+            out.append(d)
+    return out
+
+
+def usage(choices: list[Choice], num_prompt_tokens: int) -> dict[str, Any]:
+    """OpenAI usage: the prompt counted once, completion tokens summed over choices."""
+    completion = sum(c.num_output_tokens for c in choices)
+    cached = min((c.num_cached_tokens for c in choices), default=0)
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": num_prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def finish_reason_text(reason: FinishReason | None) -> str | None:
+    if reason is None or reason is FinishReason.ABORT:
+        return None
+    return reason.value
+
+
+def chat_finish_text(reason: FinishReason | None, num_calls: int) -> str | None:
+    """OpenAI chat's finish_reason: a natural end with calls is 'tool_calls'."""
+    if reason is FinishReason.STOP and num_calls:
+        return "tool_calls"
+    return finish_reason_text(reason)
