@@ -46,6 +46,13 @@ class DiskTier:
         self.corrupt_removed = 0
         os.makedirs(self.dir, exist_ok=True)  # a bad disk_dir fails at start, loudly
         self._scan()
+        log.info(
+            "cache: disk tier at %s, budget %.1f GiB, %d entries (%.1f MiB) found",
+            self.dir,
+            budget / (1 << 30),
+            len(self._infos),
+            self._policy.total_bytes / (1 << 20),
+        )
 
     def _path(self, key: str) -> str:
         return os.path.join(self.dir, key + SUFFIX)
