@@ -40,6 +40,10 @@ def engine_config(model: ModelSection, settings: Settings | None = None) -> Engi
             disk_bytes=c.disk_bytes,
             writer_queue=c.writer_queue,
             min_tokens=c.min_tokens,
+            shared_url=c.shared_url,
+            shared_timeout_s=c.shared_timeout_s,
+            shared_retry_s=c.shared_retry_s,
+            shared_ttl_s=c.shared_ttl_s,
         )
     return EngineConfig(
         model_path=model.model_path,

@@ -29,6 +29,7 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 AUTO_DISK_DIR = "auto"
+SHARED_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def default_cache_dir() -> str:
@@ -87,6 +88,10 @@ class CacheSection:
     disk_bytes: int = 8 << 30
     writer_queue: int = 4
     min_tokens: int = 64
+    shared_url: str = ""  # redis://host:port/db: the tier every replica shares; empty: none
+    shared_timeout_s: float = 1.0
+    shared_retry_s: float = 2.0
+    shared_ttl_s: float = 86400.0
 
     @property
     def disk_path(self) -> str:
@@ -326,6 +331,13 @@ def _validate_cache(c: CacheSection, s: SessionsSection) -> None:
     for key in ("ram_bytes", "disk_bytes", "min_tokens"):
         if getattr(c, key) < 0:
             raise ConfigError(f"cache.{key}: must not be negative")
+    if c.shared_url and not c.shared_url.startswith(SHARED_SCHEMES):
+        raise ConfigError(f"cache.shared_url: must start with {', '.join(SHARED_SCHEMES)}")
+    for key in ("shared_timeout_s", "shared_ttl_s"):
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"cache.{key}: must be above 0")
+    if c.shared_retry_s < 0:
+        raise ConfigError("cache.shared_retry_s: must not be negative")
     path = c.disk_path
     if path and os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"cache.disk_dir: not a directory: {path}")
