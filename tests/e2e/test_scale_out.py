@@ -10,7 +10,9 @@ config), sharing one redis-server as the cache's shared tier.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.test_nginx_affinity import NGINX, _stop_nginx, main_config, template
 from tests.kvserve_process import MODEL, Server, free_port, metrics, running, wait_ready
@@ -29,6 +32,7 @@ from tests.redis_process import Redis, running_redis
 pytestmark = pytest.mark.model
 
 GENERATED = "kvserve_generated_tokens_total"
+DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "dashboards" / "kvserve.json"
 RETRY_S = 1.0  # cache.shared_retry_s of the replicas
 
 
@@ -167,6 +171,43 @@ def test_redis_stopped_mid_run_costs_warmth_not_requests(cluster: Cluster) -> No
     warm, _, cached, _ = chat(two.url, messages)
     assert warm == cold and cached >= 0.9 * prompt_tokens
     assert shared(two)["hits"] == hits + 1
+
+
+def exposed_names(url: str) -> set[str]:
+    """Every sample name /metrics offers, including those of families that have no
+    sample yet (a labelled counter that never counted still has its # TYPE line)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+    names: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        names |= {sample.name for sample in family.samples}
+        names |= {family.name + s for s in suffixes.get(family.type, ("",))}
+    return names
+
+
+def test_the_dashboard_names_only_metrics_the_replicas_expose(cluster: Cluster) -> None:
+    """Every PromQL expression of deploy/'s Grafana dashboard, against /metrics after the
+    traffic above (warm, cold, shared hits, Redis errors)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(exprs) >= 10
+    used: set[str] = set()
+    for expr in exprs:
+        names = set(re.findall(r"\b(kvserve_[a-z0-9_]+)", expr))
+        assert names, f"no kvserve metric in {expr!r}"
+        used |= names
+    for replica in cluster.replicas:
+        missing = used - exposed_names(replica.url)
+        assert not missing, missing
+    text = httpx.get(f"{cluster.replicas[1].url}/metrics", timeout=10).text
+    shared_hits = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "kvserve_cache_lookups_total" and s.labels.get("tier") == "shared"
+        and s.labels.get("result") == "hit"
+    ]
+    assert shared_hits and shared_hits[0] >= 2  # replica 2 was warm from Redis twice
 
 
 def test_a_session_survives_the_sigkill_of_its_replica(cluster: Cluster) -> None:
