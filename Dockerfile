@@ -56,9 +56,10 @@ VOLUME ["/var/cache/kvserve"]
 USER kvserve:kvserve
 WORKDIR /home/kvserve
 EXPOSE 8080
-# /health is 503 while the model loads and 200 once it serves.
+# /health is 503 while the model loads and 200 once it serves; asked on the port the
+# server listens on (KVSERVE_SERVER_PORT may move it, e.g. with host networking).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4).status != 200)"]
+  CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('KVSERVE_SERVER_PORT', '8080'); sys.exit(urllib.request.urlopen(f'http://127.0.0.1:{port}/health', timeout=4).status != 200)"]
 # `kvserve` runs exactly one uvicorn worker: the engine and its KV cache live in that
 # process, so a second worker would load a second model and split the cache.
 ENTRYPOINT ["kvserve"]
