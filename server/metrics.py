@@ -189,7 +189,7 @@ def cache_and_session_metrics(model: str, stats: EngineStats) -> Iterator[Metric
     sources = family(
         CounterMetricFamily,
         "kvserve_cache_request_sources",
-        "Requests by where their reused tokens came from (none/slot/ram/disk).",
+        "Requests by where their reused tokens came from (none/slot/ram/disk/shared).",
         ("source",),
     )
     for source, count in stats.hit_sources:

@@ -176,3 +176,16 @@ def test_a_disk_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "kvserve").write_text("not a directory")
     with pytest.raises(ConfigError, match="cache.disk_dir: not a directory"):
         load_settings(env={"KVSERVE_CACHE_DISK_DIR": str(tmp_path / "kvserve")})
+
+
+def test_shared_tier_settings_are_checked() -> None:
+    ok = load_settings(env={"KVSERVE_CACHE_SHARED_URL": "redis://cache:6379/0"})
+    assert ok.cache.shared_url == "redis://cache:6379/0"
+    for env, message in (
+        ({"KVSERVE_CACHE_SHARED_URL": "http://cache:6379"}, "cache.shared_url: must start with"),
+        ({"KVSERVE_CACHE_SHARED_TIMEOUT_S": "0"}, "cache.shared_timeout_s: must be above 0"),
+        ({"KVSERVE_CACHE_SHARED_TTL_S": "-1"}, "cache.shared_ttl_s: must be above 0"),
+        ({"KVSERVE_CACHE_SHARED_RETRY_S": "-1"}, "cache.shared_retry_s: must not be negative"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_settings(env=env)
