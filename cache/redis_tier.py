@@ -20,14 +20,14 @@ call is bounded by the socket timeout, and the client never retries on its own.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cache import record
-from cache.types import Entry, EntryInfo
+from cache.types import Entry
 
 KEY_PREFIX = "kvserve"
 MAX_POINTERS = 4  # entries tried, deepest boundary first, when newer ones have expired
@@ -36,7 +36,8 @@ ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)  # store d
 
 class RedisTier:
     """The SharedStore of cache/shared.py on Redis: find() turns a prompt's block hashes
-    into the keys of its longest stored prefixes; get/put/touch/delete/clear by key."""
+    into the keys of its longest stored prefixes; get/put/touch/delete/clear by key. No
+    listing of entries (other replicas write here too): they are found by hash only."""
 
     name = "shared"
 
@@ -106,9 +107,6 @@ class RedisTier:
         """A hit renews the entry's TTL."""
         self._client.pexpire(self._entry_key(key), self._ttl_ms)
 
-    def contains(self, key: str) -> bool:
-        return bool(self._client.exists(self._entry_key(key)))
-
     def delete(self, key: str) -> bool:
         return bool(self._client.unlink(self._entry_key(key)))
 
@@ -125,9 +123,6 @@ class RedisTier:
         if batch:
             self._client.unlink(*batch)
         return entries
-
-    def infos(self) -> Iterator[EntryInfo]:
-        return iter(())  # found through find(), never listed: other replicas write here
 
     def close(self) -> None:
         self._client.close()

@@ -215,3 +215,19 @@ def test_purge_drops_the_shared_entries_of_its_namespace_only(
             fresh.close(timeout=10)
     finally:
         other.close(timeout=10)
+
+
+def test_close_stores_the_queued_saves_before_letting_go(tmp_path: Path, store: Redis) -> None:
+    """Drain: what the engine saves at shutdown reaches the shared tier before exit."""
+    leaving = PrefixCache(config(disk_dir="", shared_url=store.url), "ns")
+    prompts = [[i, i, i, i, 1, 2, 3, 4] for i in range(8)]
+    for tokens in prompts:
+        assert leaving.save(tokens, state_for(tokens))
+    leaving.close(timeout=30)  # no flush() first
+    other = PrefixCache(config(disk_dir="", shared_url=store.url), "ns")
+    try:
+        for tokens in prompts:
+            hit = other.lookup(tokens)
+            assert hit is not None and hit.tier == "shared" and hit.state == state_for(tokens)
+    finally:
+        other.close(timeout=10)
