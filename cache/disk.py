@@ -56,6 +56,7 @@ class DiskTier:
         self._tmp_names = itertools.count()
         self.evictions = 0
         self.corrupt_removed = 0
+        self.read_errors = 0
         self._io = [0, 0, 0, 0.0]  # bytes read, bytes written, timed ops, their seconds
         os.makedirs(self.dir, exist_ok=True)  # a bad disk_dir fails at start, loudly
         self._seen_mtime = os.stat(self.dir).st_mtime_ns
@@ -122,13 +123,13 @@ class DiskTier:
         over everything known afterwards (victims are listed as gone)."""
         with contextlib.suppress(OSError):
             self._seen_mtime = os.stat(self.dir).st_mtime_ns  # before listing: none missed
+        with self._lock:  # before listing: a file our own writer adds meanwhile is not "gone"
+            known = set(self._infos)
         try:
             names = {n for n in os.listdir(self.dir) if n.endswith(SUFFIX)}
         except OSError as e:
             log.warning("cache: cannot list %s: %s", self.dir, e)
             return [], []
-        with self._lock:
-            known = set(self._infos)
         on_disk = {name[: -len(SUFFIX)] for name in names}
         new = [item for key in on_disk - known if (item := self._read_info(key + SUFFIX))]
         added: list[EntryInfo] = []
@@ -172,6 +173,8 @@ class DiskTier:
             return None
         except OSError as e:  # unreadable now (EIO, EMFILE...): a miss, kept for later
             log.warning("cache: cannot read %s: %s", self._path(key), e)
+            with self._lock:
+                self.read_errors += 1
             return None
         except record.CorruptRecord as e:
             with self._lock:
@@ -278,6 +281,7 @@ class DiskTier:
                 entries=len(self._infos),
                 bytes=self._policy.total_bytes,
                 evictions=self.evictions,
+                errors=self.read_errors,
                 bytes_read=int(self._io[0]),
                 bytes_written=int(self._io[1]),
                 io_ops=int(self._io[2]),

@@ -50,6 +50,14 @@ class _Save:
     generation: int
 
 
+def _disk_stats(stats: TierStats, c: _Counters) -> TierStats:
+    """The disk tier's own figures plus what PrefixCache counts for it (its errors:
+    unreadable files and failed writes)."""
+    return replace(
+        stats, hits=c.disk_hits, misses=c.disk_misses, errors=stats.errors + c.save_errors
+    )
+
+
 @dataclass
 class _Counters:
     ram_hits: int = 0
@@ -315,7 +323,7 @@ class PrefixCache:
             c, disk = self._counts, self._disk
             return CacheStats(
                 ram=replace(self._ram.stats(), hits=c.ram_hits, misses=c.ram_misses),
-                disk=replace(disk.stats(), hits=c.disk_hits, misses=c.disk_misses)
+                disk=_disk_stats(disk.stats(), c)
                 if disk
                 else TierStats(),
                 shared=shared,
