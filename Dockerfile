@@ -5,7 +5,12 @@
 #
 # Stage 1 compiles llama-cpp-python (about 5 minutes on 2 cores) and builds wheels of
 # kvserve and every dependency; stage 2 installs those wheels offline and carries no
-# compiler. Scale by running more containers (replicas), never more workers per container.
+# compiler. Scale by running more containers (replicas), never more workers per container
+# (deploy/docker-compose.yml: two replicas, nginx, Redis as the shared cache tier).
+# Needs BuildKit (the default builder since Docker 23): pip's cache is a cache mount, so a
+# rebuild does not compile llama-cpp-python again. Wheels found in .wheels/ of the build
+# context (ignored by git) are used before anything is compiled; the Docker test hands
+# over the one built on its host that way (tests/e2e/test_docker.py).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -15,7 +20,6 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 # Portable CPU code (no -march=native): the image may run on another CPU than the builder.
 ENV CMAKE_ARGS="-DGGML_NATIVE=OFF" \
-    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -23,7 +27,9 @@ COPY server ./server
 COPY engine ./engine
 COPY cache ./cache
 COPY chat ./chat
-RUN pip wheel --wheel-dir /wheels .
+RUN --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=.,target=/context \
+    pip wheel --wheel-dir /wheels --find-links /context/.wheels .
 
 FROM ${PYTHON_IMAGE} AS runtime
 # libgomp1: llama.cpp's OpenMP threads. No compilers, no curl: the health check is Python.
@@ -50,9 +56,10 @@ VOLUME ["/var/cache/kvserve"]
 USER kvserve:kvserve
 WORKDIR /home/kvserve
 EXPOSE 8080
-# /health is 503 while the model loads and 200 once it serves.
+# /health is 503 while the model loads and 200 once it serves; asked on the port the
+# server listens on (KVSERVE_SERVER_PORT may move it, e.g. with host networking).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=4).status != 200)"]
+  CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('KVSERVE_SERVER_PORT', '8080'); sys.exit(urllib.request.urlopen(f'http://127.0.0.1:{port}/health', timeout=4).status != 200)"]
 # `kvserve` runs exactly one uvicorn worker: the engine and its KV cache live in that
 # process, so a second worker would load a second model and split the cache.
 ENTRYPOINT ["kvserve"]

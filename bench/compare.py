@@ -52,6 +52,7 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             str(parallel),
             "--log-level",
             "warning",
+            "--no-disk-cache",  # each run starts cold, not warm from the last run's disk
         ]
         model_id = "SmolLM2-135M-Instruct"
     elif name == "llama_cpp.server":

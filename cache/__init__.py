@@ -1,7 +1,8 @@
 """The tiered KV prefix cache: RAM, then disk, keyed by chained hashes of token blocks.
 
-A leaf package (standard library only). It stores opaque KV state blobs with the exact
-token ids they cover; the engine decides what to save and how to restore it.
+A leaf package (the standard library, and redis-py for the tier that replicas share:
+cache/shared.py). It stores opaque KV state blobs with the exact token ids they cover;
+the engine decides what to save and how to restore it.
 """
 
 from cache.keys import model_fingerprint, namespace

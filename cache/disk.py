@@ -10,6 +10,15 @@ load is a miss. Names that are neither `.kv` nor `.tmp` are not ours and are lef
 
 Thread-safe: the lock covers the bookkeeping; reads and writes of file contents happen
 outside it (an unlinked file stays readable through a handle already open).
+
+Safe on a directory that several processes (replicas) share: a file appears whole or
+not at all (rename), a file evicted by another process is a miss for a reader that had
+not opened it yet and stays readable for one that had, and refresh() picks up the files
+others wrote when the directory's mtime moves. A temporary file is named after its
+writer (host and pid): it is a leftover when that writer was on this host and is gone,
+or when it is older than TMP_MAX_AGE_S; otherwise it may be another replica's write in
+flight, and is left alone.
+Each process keeps the budget over the files it knows of (all of them, once refreshed).
 """
 
 from __future__ import annotations
@@ -18,7 +27,9 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import threading
+import time
 from collections.abc import Collection, Iterator
 
 from cache import record
@@ -30,6 +41,7 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".kv"
 TMP_SUFFIX = ".tmp"
+TMP_MAX_AGE_S = 3600.0  # no write takes this long; an older temporary file is a leftover
 
 
 class DiskTier:
@@ -44,36 +56,98 @@ class DiskTier:
         self._tmp_names = itertools.count()
         self.evictions = 0
         self.corrupt_removed = 0
+        self.read_errors = 0
+        self._io = [0, 0, 0, 0.0]  # bytes read, bytes written, timed ops, their seconds
         os.makedirs(self.dir, exist_ok=True)  # a bad disk_dir fails at start, loudly
+        self._seen_mtime = os.stat(self.dir).st_mtime_ns
         self._scan()
+        log.info(
+            "cache: disk tier at %s, budget %.1f GiB, %d entries (%.1f MiB) found",
+            self.dir,
+            budget / (1 << 30),
+            len(self._infos),
+            self._policy.total_bytes / (1 << 20),
+        )
 
     def _path(self, key: str) -> str:
         return os.path.join(self.dir, key + SUFFIX)
 
     def _scan(self) -> None:
+        now = time.time()
         found: list[tuple[float, EntryInfo, int]] = []
         for name in os.listdir(self.dir):
             path = os.path.join(self.dir, name)
             if name.endswith(TMP_SUFFIX):
-                self._remove_corrupt(path, "leftover temporary file")
+                with contextlib.suppress(OSError):
+                    if _is_leftover(name, now - os.stat(path).st_mtime):
+                        self._remove_corrupt(path, "leftover temporary file")
             elif name.endswith(SUFFIX):
-                try:
-                    with open(path, "rb") as f:
-                        st = os.fstat(f.fileno())
-                        head = record.read_head(f, self._namespace, st.st_size)
-                    key = name[: -len(SUFFIX)]
-                    if entry_key(seed(self._namespace, head.salt), head.tokens) != key:
-                        raise record.CorruptRecord("name does not match contents")
-                except (OSError, record.CorruptRecord) as e:
-                    self._remove_corrupt(path, str(e))
-                    continue
-                found.append((st.st_mtime, EntryInfo(key, head.salt, head.tokens), st.st_size))
+                item = self._read_info(name)
+                if item is not None:
+                    found.append(item)
         for _, info, size in sorted(found, key=lambda item: item[0]):  # oldest least recent
             self._infos[info.key] = info
             self._policy.add(info.key, size)
         for key in self._policy.victims():  # the budget may have shrunk since
             self._unlink_tracked(key)
             self.evictions += 1
+
+    def _read_info(self, name: str) -> tuple[float, EntryInfo, int] | None:
+        """(mtime, info, size) from a file's header; None if it vanished or is corrupt
+        (then removed)."""
+        path = os.path.join(self.dir, name)
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                head = record.read_head(f, self._namespace, st.st_size)
+            key = name[: -len(SUFFIX)]
+            if entry_key(seed(self._namespace, head.salt), head.tokens) != key:
+                raise record.CorruptRecord("name does not match contents")
+        except FileNotFoundError:  # another process evicted it meanwhile
+            return None
+        except (OSError, record.CorruptRecord) as e:
+            self._remove_corrupt(path, str(e))
+            return None
+        return st.st_mtime, EntryInfo(key, head.salt, head.tokens), st.st_size
+
+    def changed(self) -> bool:
+        """Whether the directory changed since the last refresh (one stat)."""
+        try:
+            return os.stat(self.dir).st_mtime_ns != self._seen_mtime
+        except OSError:
+            return False
+
+    def refresh(self) -> tuple[list[EntryInfo], list[str]]:
+        """Pick up what other processes did to the directory: (infos of files new to us,
+        keys of files gone). Headers are read outside the lock; the budget is enforced
+        over everything known afterwards (victims are listed as gone)."""
+        with contextlib.suppress(OSError):
+            self._seen_mtime = os.stat(self.dir).st_mtime_ns  # before listing: none missed
+        with self._lock:  # before listing: a file our own writer adds meanwhile is not "gone"
+            known = set(self._infos)
+        try:
+            names = {n for n in os.listdir(self.dir) if n.endswith(SUFFIX)}
+        except OSError as e:
+            log.warning("cache: cannot list %s: %s", self.dir, e)
+            return [], []
+        on_disk = {name[: -len(SUFFIX)] for name in names}
+        new = [item for key in on_disk - known if (item := self._read_info(key + SUFFIX))]
+        added: list[EntryInfo] = []
+        with self._lock:
+            gone = [key for key in known - on_disk if key in self._infos]
+            for key in gone:  # unlinked by another process: forget it, nothing to delete
+                self._infos.pop(key, None)
+                self._policy.remove(key)
+            for _, info, size in sorted(new, key=lambda item: item[0]):
+                if info.key not in self._infos:
+                    self._infos[info.key] = info
+                    self._policy.add(info.key, size)
+                    added.append(info)
+            victims = self._policy.victims()
+            for key in victims:
+                self._unlink_tracked(key)
+            self.evictions += len(victims)
+        return added, gone + victims
 
     def _remove_corrupt(self, path: str, why: str) -> None:
         log.warning("cache: removing %s (%s)", path, why)
@@ -87,6 +161,7 @@ class DiskTier:
             info = self._infos.get(key)
         if info is None:
             return None
+        start = time.perf_counter()
         try:
             with open(self._path(key), "rb") as f:
                 head = record.read_head(f, self._namespace, os.fstat(f.fileno()).st_size)
@@ -98,6 +173,8 @@ class DiskTier:
             return None
         except OSError as e:  # unreadable now (EIO, EMFILE...): a miss, kept for later
             log.warning("cache: cannot read %s: %s", self._path(key), e)
+            with self._lock:
+                self.read_errors += 1
             return None
         except record.CorruptRecord as e:
             with self._lock:
@@ -105,8 +182,16 @@ class DiskTier:
                     self._policy.remove(key)
                     self._remove_corrupt(self._path(key), str(e))
             return None
+        self._count_io(start, read=len(state))
         self.touch(key)
         return Entry(key, info.salt, info.tokens, state)
+
+    def _count_io(self, start: float, read: int = 0, written: int = 0) -> None:
+        with self._lock:
+            self._io[0] += read
+            self._io[1] += written
+            self._io[2] += 1
+            self._io[3] += time.perf_counter() - start
 
     def fits(self, entry: Entry) -> bool:
         size = record.encoded_size(self._namespace, entry.salt, len(entry.tokens), len(entry.state))
@@ -115,7 +200,9 @@ class DiskTier:
     def put(self, entry: Entry, protect: Collection[str] = ()) -> list[str]:
         """Write `entry` durably, then delete the least-used files over budget. An OSError
         (disk full, directory gone) propagates with the temporary file removed."""
+        start = time.perf_counter()
         size = self._write(entry)
+        self._count_io(start, written=size)
         with self._lock:
             self._infos[entry.key] = entry.info
             self._policy.add(entry.key, size)
@@ -127,7 +214,7 @@ class DiskTier:
 
     def _write(self, entry: Entry) -> int:
         final = self._path(entry.key)
-        tmp = f"{final}.{os.getpid()}-{next(self._tmp_names)}{TMP_SUFFIX}"
+        tmp = f"{final}.{_WRITER}-{next(self._tmp_names)}{TMP_SUFFIX}"
         os.makedirs(self.dir, exist_ok=True)  # recreated if someone removed it
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         size = 0
@@ -204,7 +291,38 @@ class DiskTier:
                 entries=len(self._infos),
                 bytes=self._policy.total_bytes,
                 evictions=self.evictions,
+                errors=self.read_errors,
+                bytes_read=int(self._io[0]),
+                bytes_written=int(self._io[1]),
+                io_ops=int(self._io[2]),
+                io_seconds=float(self._io[3]),
             )
+
+
+_HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
+_WRITER = f"{_HOST}-{os.getpid()}"  # in temporary names: <key>.kv.<host>-<pid>-<n>.tmp
+
+
+def _is_leftover(name: str, age_s: float) -> bool:
+    """A temporary file no live writer will rename: its writer ran on this host and is
+    gone (pid not alive), or it is too old to be a write in flight."""
+    if age_s > TMP_MAX_AGE_S:
+        return True
+    writer = name[: -len(TMP_SUFFIX)].rsplit(".", 1)[-1].split("-")
+    if len(writer) == 2:  # <pid>-<n>: written before names carried the host
+        writer = [_HOST, *writer]
+    if len(writer) != 3 or writer[0] != _HOST or not writer[1].isdigit():
+        return False  # another host's (a replica sharing the directory), or not ours
+    pid = int(writer[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
 
 
 def _fsync_dir(path: str) -> None:

@@ -11,6 +11,12 @@ warm); while its write is in flight it is protected from RAM eviction, so it is 
 dropped before it is on disk. Later RAM eviction drops only the RAM copy; an entry left
 on no tier leaves the index. purge() bumps a generation, so saves queued or in flight
 before it are discarded rather than landing afterwards.
+
+Several replicas (cache/shared.py): a stored entry is also queued for the shared tier
+(its own writer thread), and a lookup that the local tiers do not serve through the
+prompt's last full block asks the shared tier for a longer prefix; a shared hit is
+promoted to RAM. On a disk directory that other processes write too, such a lookup
+picks up their new files first (DiskTier.refresh: one stat while nothing changed).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from cache.disk import DiskTier
 from cache.index import BlockIndex, IndexedEntry
 from cache.keys import block_hashes, entry_key, seed
 from cache.ram import RamTier
+from cache.shared import SharedTier, connect
 from cache.types import CacheConfig, CacheHit, CacheStats, Entry, Tier, TierStats
 from cache.writer import Writer
 
@@ -41,6 +48,14 @@ class _Save:
     entry: Entry
     hashes: tuple[bytes, ...]
     generation: int
+
+
+def _disk_stats(stats: TierStats, c: _Counters) -> TierStats:
+    """The disk tier's own figures plus what PrefixCache counts for it (its errors:
+    unreadable files and failed writes)."""
+    return replace(
+        stats, hits=c.disk_hits, misses=c.disk_misses, errors=stats.errors + c.save_errors
+    )
 
 
 @dataclass
@@ -71,6 +86,19 @@ class PrefixCache:
         self._disk = (
             DiskTier(config.disk_dir, namespace, config.disk_bytes)
             if config.enabled and config.disk_dir
+            else None
+        )
+        self._shared: SharedTier | None = (
+            connect(
+                config.shared_url,
+                namespace,
+                config.block_tokens,
+                timeout_s=config.shared_timeout_s,
+                retry_s=config.shared_retry_s,
+                ttl_s=config.shared_ttl_s,
+                max_pending=config.writer_queue,
+            )
+            if config.enabled and config.shared_url
             else None
         )
         self._counts = _Counters()
@@ -104,6 +132,50 @@ class PrefixCache:
             return None
         prompt = tuple(tokens)
         hashes = block_hashes(prompt, self._block, seed(self.namespace, salt))
+        full = len(hashes) * self._block
+        self._refresh_disk()
+        hit = self._lookup_local(prompt, hashes)
+        if self._shared is None or (hit is not None and hit.num_matched >= full):
+            return hit
+        found = self._shared.lookup(prompt, hashes, salt, hit.num_matched if hit else 0)
+        if found is None:
+            return hit
+        entry, num_matched = found
+        self._adopt(entry)
+        return CacheHit(entry.tokens, entry.state, num_matched, "shared")
+
+    def _refresh_disk(self) -> None:
+        """Index the files other processes added to a shared disk directory and forget
+        the ones they removed (nothing but a stat while the directory is unchanged)."""
+        disk = self._disk
+        if disk is None or not disk.changed():
+            return
+        added, removed = disk.refresh()
+        with self._lock:
+            for key in removed:
+                self._forget_disk_copy(key)
+            for info in added:
+                indexed = self._index.get(info.key)
+                if indexed is not None:
+                    indexed.on_disk = True
+                    continue
+                hashes = block_hashes(info.tokens, self._block, seed(self.namespace, info.salt))
+                if hashes:
+                    self._index.add(IndexedEntry(info, tuple(hashes), on_disk=True))
+
+    def _adopt(self, entry: Entry) -> None:
+        """A shared hit goes into RAM (the next lookup here is local)."""
+        hashes = tuple(block_hashes(entry.tokens, self._block, seed(self.namespace, entry.salt)))
+        with self._lock:
+            if self._closed or self._index.get(entry.key) is not None or not hashes:
+                return
+            if self._ram.fits(entry):
+                self._index.add(IndexedEntry(entry.info, hashes))
+                protect = [self._writing] if self._writing else []
+                self._drop_ram_copies(self._ram.put(entry, protect))
+
+    def _lookup_local(self, prompt: tuple[int, ...], hashes: list[bytes]) -> CacheHit | None:
+        """RAM, then disk (a disk hit is promoted to RAM)."""
         with self._lock:
             match = self._index.best_match(prompt, hashes, prefer=self._ram.contains)
             if match is None:
@@ -189,6 +261,8 @@ class PrefixCache:
                 self._writing = entry.key
                 self._drop_ram_copies(self._ram.put(entry))
         written, evicted = self._write_to_disk(entry)
+        if self._shared is not None and job.generation == self._generation:
+            self._shared.save(entry, hashes)  # queued: its own writer thread
         with self._lock:
             self._writing = None
             if job.generation != self._generation:  # purged while the file was written
@@ -243,18 +317,21 @@ class PrefixCache:
     # -- admin ----------------------------------------------------------------------------
 
     def stats(self) -> CacheStats:
+        shared = self._shared.stats() if self._shared is not None else None
+        dropped, corrupt = self._shared.dropped_and_corrupt() if self._shared else (0, 0)
         with self._lock:
             c, disk = self._counts, self._disk
             return CacheStats(
                 ram=replace(self._ram.stats(), hits=c.ram_hits, misses=c.ram_misses),
-                disk=replace(disk.stats(), hits=c.disk_hits, misses=c.disk_misses)
+                disk=_disk_stats(disk.stats(), c)
                 if disk
                 else TierStats(),
+                shared=shared,
                 saves=c.saves,
-                saves_dropped=c.saves_dropped,
+                saves_dropped=c.saves_dropped + dropped,
                 save_errors=c.save_errors,
                 saves_skipped=c.saves_skipped,
-                corrupt_removed=disk.corrupt_removed if disk else 0,
+                corrupt_removed=(disk.corrupt_removed if disk else 0) + corrupt,
             )
 
     def check_integrity(self) -> None:
@@ -285,6 +362,8 @@ class PrefixCache:
             self._ram.clear()
         if self._disk is not None:  # file deletions outside the store's lock
             self._disk.clear()
+        if self._shared is not None:  # every replica's entries of this namespace
+            self._shared.clear()
         return len(keys)
 
     def entries_of(self, owns: Callable[[str], bool]) -> tuple[int, int]:
@@ -295,8 +374,9 @@ class PrefixCache:
             return len(mine), sum(len(e.tokens) for e in mine)
 
     def purge_where(self, owns: Callable[[str], bool]) -> int:
-        """Drop the entries whose salt `owns` accepts, in both tiers; the number dropped.
-        (A save already queued for one of those salts may still land afterwards.)"""
+        """Drop the entries whose salt `owns` accepts, in this replica's tiers; the number
+        dropped. (A save already queued for one of those salts may still land afterwards;
+        the shared tier keeps other replicas' entries of that salt until they expire.)"""
         with self._lock:
             keys = [e.info.key for e in self._index.entries() if owns(e.info.salt)]
             for key in keys:
@@ -305,7 +385,8 @@ class PrefixCache:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted save is stored (or failed); False on timeout."""
-        return self._writer is None or self._writer.flush(timeout)
+        local = self._writer is None or self._writer.flush(timeout)
+        return (self._shared is None or self._shared.flush(timeout)) and local
 
     def close(self, timeout: float | None = None) -> None:
         """Refuse new saves, store the queued ones, and stop the writer thread."""
@@ -313,3 +394,5 @@ class PrefixCache:
             self._closed = True
         if self._writer is not None:
             self._writer.close(timeout)
+        if self._shared is not None:  # after the local writer: it queues shared saves
+            self._shared.close(timeout)

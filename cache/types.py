@@ -19,6 +19,10 @@ class CacheConfig:
     disk_bytes: int = 8 << 30  # disk tier budget
     writer_queue: int = 4  # pending saves; a full queue drops the save (counted)
     min_tokens: int = 64  # don't store shorter prefixes (== one block by default)
+    shared_url: str = ""  # redis://host:port/db of the tier shared by replicas; "" = none
+    shared_timeout_s: float = 1.0  # one shared-store operation; past it, a counted miss
+    shared_retry_s: float = 2.0  # after a shared-store error, skip it this long
+    shared_ttl_s: float = 86400.0  # shared entries expire (the store also evicts, LRU)
 
     def __post_init__(self) -> None:
         checks = {
@@ -27,6 +31,9 @@ class CacheConfig:
             "disk_bytes": self.disk_bytes >= 0,
             "writer_queue": self.writer_queue >= 1,
             "min_tokens": self.min_tokens >= 0,
+            "shared_timeout_s": self.shared_timeout_s > 0,
+            "shared_retry_s": self.shared_retry_s >= 0,
+            "shared_ttl_s": self.shared_ttl_s >= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -38,19 +45,27 @@ class CacheHit:
     tokens: tuple[int, ...]  # the stored entry's full token ids
     state: bytes  # the stored KV state blob
     num_matched: int  # common prefix length between the looked-up prompt and `tokens`
-    tier: str  # "ram" or "disk"
+    tier: str  # "ram", "disk" or "shared"
 
 
 @dataclass(frozen=True)
 class TierStats:
     """One tier's contents and counters. A lookup not served from RAM is a RAM miss; one
-    that then is not served from disk either is also a disk miss (a disk tier exists)."""
+    that then is not served from disk either is also a disk miss (a disk tier exists).
+    One that the local tiers did not serve through its last full block is asked of the
+    shared tier: a longer prefix there is a shared hit, anything else a shared miss (the
+    shared tier's entries/bytes are not known: other replicas write there too)."""
 
     entries: int = 0
     bytes: int = 0
     hits: int = 0
     misses: int = 0
     evictions: int = 0
+    errors: int = 0  # I/O that failed (a miss or a lost save, never an error upstream)
+    bytes_read: int = 0  # entries loaded from this tier (disk, shared)
+    bytes_written: int = 0  # entries stored to it
+    io_ops: int = 0  # timed reads and writes: io_seconds / io_ops is the mean latency
+    io_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,7 @@ class CacheStats:
 
     ram: TierStats
     disk: TierStats
+    shared: TierStats | None = None  # None: no shared tier configured
     saves: int = 0
     saves_dropped: int = 0
     save_errors: int = 0

@@ -42,14 +42,20 @@ def engine_config(model: ModelSection, settings: Settings | None = None) -> Engi
     settings = settings or Settings()
     c, sessions = settings.cache, settings.sessions
     cache = None
+    if c.enabled and not c.disk_path:
+        log.info("cache: disk tier off (cache.disk_dir is empty): a restart starts cold")
     if c.enabled:
         cache = CacheConfig(
             block_tokens=c.block_tokens,
             ram_bytes=c.ram_bytes,
-            disk_dir=c.disk_dir,
+            disk_dir=c.disk_path,
             disk_bytes=c.disk_bytes,
             writer_queue=c.writer_queue,
             min_tokens=c.min_tokens,
+            shared_url=c.shared_url,
+            shared_timeout_s=c.shared_timeout_s,
+            shared_retry_s=c.shared_retry_s,
+            shared_ttl_s=c.shared_ttl_s,
         )
     return EngineConfig(
         model_path=model.model_path,

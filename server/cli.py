@@ -24,6 +24,7 @@ _FLAGS = {
     "parallel": "engine.n_seq_max",
     "threads": "engine.n_threads",
     "max_queue": "engine.max_queue",
+    "no_disk_cache": "cache.disk_dir",
 }
 
 
@@ -47,6 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallel", type=int, help="slots: sequences decoded together")
     p.add_argument("--threads", type=int, help="CPU threads (0: all cores)")
     p.add_argument("--max-queue", type=int, help="requests that may wait for a slot")
+    p.add_argument(
+        "--no-disk-cache",
+        action="store_const",
+        const="",
+        help="no disk tier (cache.disk_dir = \"\"): the prefix cache lives in RAM only",
+    )
     return p.parse_args(argv)
 
 

@@ -29,6 +29,15 @@ from server.config_values import ConfigError, coerce
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+AUTO_DISK_DIR = "auto"
+SHARED_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def default_cache_dir() -> str:
+    """Where the disk tier lives unless configured: the user's cache directory (XDG), so
+    a plain restart is warm. The Docker image sets /var/cache/kvserve instead."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kvserve")
 
 
 def default_model_path() -> str:
@@ -84,10 +93,19 @@ class CacheSection:
     enabled: bool = True
     block_tokens: int = 64
     ram_bytes: int = 1 << 30
-    disk_dir: str = ""  # empty: RAM only (nothing survives a restart)
+    disk_dir: str = AUTO_DISK_DIR  # "auto": default_cache_dir(); empty: RAM only
     disk_bytes: int = 8 << 30
     writer_queue: int = 4
     min_tokens: int = 64
+    shared_url: str = ""  # redis://host:port/db: the tier every replica shares; empty: none
+    shared_timeout_s: float = 1.0
+    shared_retry_s: float = 2.0
+    shared_ttl_s: float = 86400.0
+
+    @property
+    def disk_path(self) -> str:
+        """The disk tier's directory, "auto" resolved; "" when the tier is off."""
+        return default_cache_dir() if self.disk_dir == AUTO_DISK_DIR else self.disk_dir
 
 
 @dataclass(frozen=True)
@@ -174,6 +192,7 @@ class Settings:
         data["auth"]["admin_api_keys"] = ["***"] * len(self.auth.admin_api_keys)
         for entry, model in zip(data["models"], self.models, strict=True):
             entry["path"] = model.model_path
+        data["cache"]["disk_dir"] = self.cache.disk_path
         return data
 
 
@@ -374,8 +393,16 @@ def _validate_cache(c: CacheSection, s: SessionsSection) -> None:
     for key in ("ram_bytes", "disk_bytes", "min_tokens"):
         if getattr(c, key) < 0:
             raise ConfigError(f"cache.{key}: must not be negative")
-    if c.disk_dir and os.path.exists(c.disk_dir) and not os.path.isdir(c.disk_dir):
-        raise ConfigError(f"cache.disk_dir: not a directory: {c.disk_dir}")
+    if c.shared_url and not c.shared_url.startswith(SHARED_SCHEMES):
+        raise ConfigError(f"cache.shared_url: must start with {', '.join(SHARED_SCHEMES)}")
+    for key in ("shared_timeout_s", "shared_ttl_s"):
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"cache.{key}: must be above 0")
+    if c.shared_retry_s < 0:
+        raise ConfigError("cache.shared_retry_s: must not be negative")
+    path = c.disk_path
+    if path and os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"cache.disk_dir: not a directory: {path}")
     if not 0 < s.default_ttl_s <= s.max_ttl_s:
         raise ConfigError("sessions.default_ttl_s: must be above 0 and at most max_ttl_s")
     if s.max_sessions < 1:

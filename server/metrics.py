@@ -198,7 +198,7 @@ def cache_and_session_metrics(model: str, stats: EngineStats) -> Iterator[Metric
     sources = family(
         CounterMetricFamily,
         "kvserve_cache_request_sources",
-        "Requests by where their reused tokens came from (none/slot/ram/disk).",
+        "Requests by where their reused tokens came from (none/slot/ram/disk/shared).",
         ("source",),
     )
     for source, count in stats.hit_sources:
@@ -215,14 +215,38 @@ def cache_and_session_metrics(model: str, stats: EngineStats) -> Iterator[Metric
     cache = stats.cache
     if cache is None:
         return
+    tiers = [("ram", cache.ram), ("disk", cache.disk)]
+    if cache.shared is not None:
+        tiers.append(("shared", cache.shared))
     per_tier = {
         "kvserve_cache_entries": (GaugeMetricFamily, "Entries stored.", "entries"),
         "kvserve_cache_bytes": (GaugeMetricFamily, "Bytes stored.", "bytes"),
         "kvserve_cache_evictions": (CounterMetricFamily, "Entries evicted.", "evictions"),
+        "kvserve_cache_tier_errors": (
+            CounterMetricFamily,
+            "Tier I/O that failed (a miss or a lost save, never a failed request).",
+            "errors",
+        ),
+        "kvserve_cache_tier_read_bytes": (CounterMetricFamily, "Bytes loaded.", "bytes_read"),
+        "kvserve_cache_tier_written_bytes": (
+            CounterMetricFamily,
+            "Bytes stored.",
+            "bytes_written",
+        ),
+        "kvserve_cache_tier_io_operations": (
+            CounterMetricFamily,
+            "Timed reads and writes.",
+            "io_ops",
+        ),
+        "kvserve_cache_tier_io_seconds": (
+            CounterMetricFamily,
+            "Time in reads and writes (divided by the operations: the mean latency).",
+            "io_seconds",
+        ),
     }
     for name, (metric_type, doc, field_name) in per_tier.items():
         metric = family(metric_type, name, doc, ("tier",))
-        for tier, tier_stats in (("ram", cache.ram), ("disk", cache.disk)):
+        for tier, tier_stats in tiers:
             metric.add_metric([model, tier], getattr(tier_stats, field_name))  # type: ignore[attr-defined]
         yield metric
     lookups = family(
@@ -231,7 +255,7 @@ def cache_and_session_metrics(model: str, stats: EngineStats) -> Iterator[Metric
         "Lookups by tier and result.",
         ("tier", "result"),
     )
-    for tier, tier_stats in (("ram", cache.ram), ("disk", cache.disk)):
+    for tier, tier_stats in tiers:
         lookups.add_metric([model, tier, "hit"], tier_stats.hits)  # type: ignore[attr-defined]
         lookups.add_metric([model, tier, "miss"], tier_stats.misses)  # type: ignore[attr-defined]
     yield lookups

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -12,6 +13,19 @@ from server.config import AuthSection, ServerSection, Settings
 from tests.fakes import FakeEngine
 
 ClientFactory = Callable[..., httpx.AsyncClient]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The disk tier is on by default ($XDG_CACHE_HOME/kvserve): no test writes to the real
+    home. (tests/kvserve_process.py gives each server process its own directory too.)"""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if old is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
 
 
 @pytest.fixture

@@ -72,15 +72,19 @@ def stop(server: Server) -> None:
 def running(
     args: list[str], log_dir: Path, *, wait: bool = True, env: dict[str, str] | None = None
 ) -> Iterator[Server]:
-    """`kvserve <args>` on a free port; logs go to log_dir/kvserve-<port>.log."""
+    """`kvserve <args>` on a free port; logs go to log_dir/kvserve-<port>.log. The disk
+    tier is on by default: unless `env` sets XDG_CACHE_HOME, each server gets its own
+    empty cache directory, log_dir/xdg-<port> (never the real home, never another
+    test's entries)."""
     port = free_port()
     log_path = log_dir / f"kvserve-{port}.log"
+    env = {"XDG_CACHE_HOME": str(log_dir / f"xdg-{port}"), **(env or {})}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "server", "--port", str(port), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
         )
         server = Server(f"http://127.0.0.1:{port}", process, log_path)
         try:

@@ -86,7 +86,9 @@ def _exposed_port() -> str:
 def test_healthcheck_asks_health_on_the_exposed_port_with_a_tool_the_image_has() -> None:
     (check,) = RUNTIME.args("HEALTHCHECK")
     assert "CMD" in check
-    assert f"127.0.0.1:{_exposed_port()}/health" in check
+    # the port the server listens on: KVSERVE_SERVER_PORT, else the exposed one
+    assert "http://127.0.0.1:{port}/health" in check
+    assert f"os.environ.get('KVSERVE_SERVER_PORT', '{_exposed_port()}')" in check
     command = json.loads(check[check.index("CMD") + 3 :].strip())
     # python is in the base image; curl or wget would have to be installed in this stage
     assert command[0] == "python" or command[0] in " ".join(RUNTIME.args("RUN"))

@@ -152,6 +152,7 @@ def test_a_write_error_fails_only_that_save(
     saved(cache, A)
     stats = cache.stats()
     assert (stats.save_errors, stats.saves, stats.disk.entries) == (1, 1, 0)
+    assert stats.disk.errors == 1  # the per-tier view counts the failed write too
     hit = cache.lookup(A)
     assert hit is not None and hit.tier == "ram"  # the RAM copy still serves
     if failure == "directory":

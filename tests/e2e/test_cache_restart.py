@@ -48,3 +48,22 @@ def test_a_restarted_server_is_warm_and_answers_as_cold(tmp_path: Path) -> None:
         cache = httpx.get(f"{server.url}/v1/cache").json()["data"][0]
         assert cache["disk"]["hits"] == 1 and cache["requests"] == {"exact": 1}
         assert metrics(server.url)["kvserve_cache_tokens_reused_total"] == cached
+
+
+def test_a_restart_on_the_defaults_is_warm_from_the_users_cache_directory(tmp_path: Path) -> None:
+    """No cache configuration at all: the disk tier is on, under ~/.cache/kvserve (HOME is
+    a temporary directory here), and the start-up log says where and how big."""
+    env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": ""}
+    args = ["--n-ctx", "1024", "--parallel", "2"]
+    where = tmp_path / "home" / ".cache" / "kvserve"
+    with running(args, tmp_path, env=env) as server:
+        cold, prompt_tokens, cached = ask(server.url, "When do parcels for zone 7 leave?")
+        assert cached == 0
+    assert server.process.returncode == 0
+    assert f"cache: disk tier at {where}/" in server.log()
+    assert "budget 8.0 GiB" in server.log()
+    assert list(where.rglob("*.kv")), "nothing was written to the default disk tier"
+    with running(args, tmp_path, env=env) as server:
+        warm, _, cached = ask(server.url, "When do parcels for zone 7 leave?")
+        assert (warm, cached) == (cold, prompt_tokens - 64)
+        assert httpx.get(f"{server.url}/v1/cache").json()["data"][0]["disk"]["hits"] == 1

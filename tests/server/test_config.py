@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -155,3 +156,41 @@ def test_example_config_lists_every_key_with_its_default() -> None:
     assert set(example) == {*SECTIONS, "models"}
     # ... and the example is a valid configuration as it stands.
     assert load_settings(str(Path(__file__).parents[2] / "config.example.toml"), env={}) == Settings()
+
+
+def test_the_disk_tier_is_on_by_default_in_the_users_cache_directory(tmp_path: Path) -> None:
+    base = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "HOME")}
+    xdg = {**base, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path / "home")}
+    shown = json.loads(kvserve("--print-config", env=xdg).stdout)
+    assert shown["cache"]["disk_dir"] == str(tmp_path / "xdg" / "kvserve")
+    # XDG_CACHE_HOME unset (or empty, as the XDG spec reads it): ~/.cache/kvserve
+    home = {**base, "XDG_CACHE_HOME": "", "HOME": str(tmp_path / "home")}
+    shown = json.loads(kvserve("--print-config", env=home).stdout)
+    assert shown["cache"]["disk_dir"] == str(tmp_path / "home" / ".cache" / "kvserve")
+    # --no-disk-cache, or disk_dir = "" in a file or the environment, turns it off
+    shown = json.loads(kvserve("--print-config", "--no-disk-cache", env=xdg).stdout)
+    assert shown["cache"]["disk_dir"] == ""
+    assert load_settings(env={"KVSERVE_CACHE_DISK_DIR": ""}).cache.disk_path == ""
+    cfg = tmp_path / "k.toml"
+    cfg.write_text('[cache]\ndisk_dir = ""\n')
+    assert load_settings(str(cfg), env={}).cache.disk_path == ""
+    assert not (tmp_path / "xdg").exists() and not (tmp_path / "home").exists()  # only read
+
+
+def test_a_disk_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "kvserve").write_text("not a directory")
+    with pytest.raises(ConfigError, match="cache.disk_dir: not a directory"):
+        load_settings(env={"KVSERVE_CACHE_DISK_DIR": str(tmp_path / "kvserve")})
+
+
+def test_shared_tier_settings_are_checked() -> None:
+    ok = load_settings(env={"KVSERVE_CACHE_SHARED_URL": "redis://cache:6379/0"})
+    assert ok.cache.shared_url == "redis://cache:6379/0"
+    for env, message in (
+        ({"KVSERVE_CACHE_SHARED_URL": "http://cache:6379"}, "cache.shared_url: must start with"),
+        ({"KVSERVE_CACHE_SHARED_TIMEOUT_S": "0"}, "cache.shared_timeout_s: must be above 0"),
+        ({"KVSERVE_CACHE_SHARED_TTL_S": "-1"}, "cache.shared_ttl_s: must be above 0"),
+        ({"KVSERVE_CACHE_SHARED_RETRY_S": "-1"}, "cache.shared_retry_s: must not be negative"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_settings(env=env)

@@ -1,0 +1,128 @@
+"""The shared tier's store: Redis, seen by every replica.
+
+Layout, under `kvserve:<namespace>:` (the namespace names the model and KV layout):
+
+    e:<entry key>    the entry as one record (cache/record.py: namespace, salt, token
+                     ids, state, CRC-32), exactly the bytes of a disk file
+    b:<block hash>   the key of the newest entry passing through that block boundary
+
+Block hashes chain over the salt and every earlier block (cache/keys.py), so a prompt's
+longest stored prefix is found with one MGET of its boundaries and one GET of the entry
+behind the deepest pointer. Nothing read is trusted: the record's namespace, salt,
+tokens and checksum are verified, and a corrupt or foreign value is a miss (and deleted).
+Every key has a TTL; the store's own memory limit (maxmemory + an LRU policy) is the
+byte budget, so a pointer may outlive its entry: that is a miss too.
+
+Errors are the caller's business (cache/shared.py counts them and backs off). Every
+call is bounded by the socket timeout, and the client never retries on its own.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from cache import record
+from cache.types import Entry
+
+KEY_PREFIX = "kvserve"
+MAX_POINTERS = 4  # entries tried, deepest boundary first, when newer ones have expired
+ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)  # store down or slow
+
+
+class RedisTier:
+    """The SharedStore of cache/shared.py on Redis: find() turns a prompt's block hashes
+    into the keys of its longest stored prefixes; get/put/touch/delete/clear by key. No
+    listing of entries (other replicas write here too): they are found by hash only."""
+
+    name = "shared"
+
+    def __init__(self, url: str, namespace: str, timeout_s: float, ttl_s: float) -> None:
+        self._client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),  # a down store costs one timeout, not several
+            health_check_interval=0,
+        )
+        self._namespace = namespace
+        self._prefix = f"{KEY_PREFIX}:{namespace}:"
+        self._ttl_ms = int(ttl_s * 1000)
+
+    def _entry_key(self, key: str) -> str:
+        return f"{self._prefix}e:{key}"
+
+    def _pointer_key(self, block_hash: bytes) -> str:
+        return f"{self._prefix}b:{block_hash.hex()}"
+
+    def find(self, hashes: Sequence[bytes], min_depth: int) -> list[tuple[int, str]]:
+        """(depth, entry key) of the entries listed at the deepest boundaries past
+        `min_depth` blocks, deepest first (at most MAX_POINTERS distinct keys)."""
+        depths = list(range(len(hashes), min_depth, -1))
+        if not depths:
+            return []
+        found = self._client.mget([self._pointer_key(hashes[d - 1]) for d in depths])
+        out: list[tuple[int, str]] = []
+        seen: set[str] = set()
+        for depth, raw in zip(depths, found, strict=True):
+            if raw is None:
+                continue
+            key = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+            if key not in seen:
+                seen.add(key)
+                out.append((depth, key))
+            if len(out) == MAX_POINTERS:
+                break
+        return out
+
+    def get(self, key: str) -> Entry | None:
+        """The verified entry, or None when absent. Raises record.CorruptRecord for a
+        value that is not a valid entry of this namespace (the caller deletes it)."""
+        raw = self._client.get(self._entry_key(key))
+        if raw is None:
+            return None
+        if not isinstance(raw, bytes):  # decode_responses is off: never, short of a bug
+            raise record.CorruptRecord("not bytes")
+        f = io.BytesIO(raw)
+        head = record.read_head(f, self._namespace, len(raw))
+        state = record.read_state(f, head)
+        return Entry(key, head.salt, head.tokens, state)
+
+    def put(self, entry: Entry, hashes: Sequence[bytes]) -> int:
+        """Store the entry, then point each of its block boundaries at it (one round trip,
+        entry first: a pointer never names an entry not yet written). Returns the bytes."""
+        data = b"".join(bytes(piece) for piece in record.encode(self._namespace, entry))
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self._entry_key(entry.key), data, px=self._ttl_ms)
+        for h in hashes:
+            pipe.set(self._pointer_key(h), entry.key, px=self._ttl_ms)
+        pipe.execute()
+        return len(data)
+
+    def touch(self, key: str) -> None:
+        """A hit renews the entry's TTL."""
+        self._client.pexpire(self._entry_key(key), self._ttl_ms)
+
+    def delete(self, key: str) -> bool:
+        return bool(self._client.unlink(self._entry_key(key)))
+
+    def clear(self) -> int:
+        """Drop this namespace's entries and pointers (every replica's); the entries."""
+        entries = 0
+        batch: list[bytes] = []
+        for name in self._client.scan_iter(match=f"{self._prefix}*", count=1000):
+            entries += name.startswith(f"{self._prefix}e:".encode())
+            batch.append(name)
+            if len(batch) >= 1000:
+                self._client.unlink(*batch)
+                batch.clear()
+        if batch:
+            self._client.unlink(*batch)
+        return entries
+
+    def close(self) -> None:
+        self._client.close()

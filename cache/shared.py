@@ -1,0 +1,249 @@
+"""The shared tier: a store every replica reads and writes (cache/redis_tier.py), behind
+the local RAM and disk tiers, so a prefix computed on one replica is warm on the others
+and a session's state outlives the replica that served it.
+
+It is never an error and never a stall: every store call is bounded by the store's
+timeout, and a failure is counted (`errors`) and turns into a miss or a lost save. After
+a failure the store is left alone for `retry_s`, so a dead store costs one timeout per
+retry period, not one per request. Saves run on their own writer thread (a full queue
+drops the save, counted), so a slow store never holds up the disk writes or the engine.
+
+Threads: lookup() runs where PrefixCache.lookup runs (a worker thread of the event
+loop, never the engine thread); save() only queues. The lock covers the counters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from cache import record
+from cache.types import Entry, TierStats
+from cache.writer import Writer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class SharedStore(Protocol):
+    """What a shared store offers (Redis: cache/redis_tier.py). Calls may raise the
+    store's errors; get() raises record.CorruptRecord for a value that is not an entry."""
+
+    name: str
+
+    def find(self, hashes: Sequence[bytes], min_depth: int) -> list[tuple[int, str]]: ...
+    def get(self, key: str) -> Entry | None: ...
+    def put(self, entry: Entry, hashes: Sequence[bytes]) -> int: ...
+    def touch(self, key: str) -> None: ...
+    def delete(self, key: str) -> bool: ...
+    def clear(self) -> int: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Put:
+    entry: Entry
+    hashes: tuple[bytes, ...]
+    generation: int
+
+
+@dataclass
+class _Counts:
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    io_ops: int = 0
+    io_seconds: float = 0.0
+    saves: int = 0
+    saves_dropped: int = 0
+    corrupt_removed: int = 0
+
+
+class _Unavailable(Exception):
+    """The store failed just now (counted) or is in its retry pause."""
+
+
+class SharedTier:
+    name = "shared"
+
+    def __init__(
+        self,
+        store: SharedStore,
+        errors: tuple[type[BaseException], ...],
+        block_tokens: int,
+        retry_s: float,
+        max_pending: int,
+    ) -> None:
+        self._store = store
+        self._errors = errors
+        self._block = block_tokens
+        self._retry_s = retry_s
+        self._lock = threading.Lock()
+        self._counts = _Counts()
+        self._down_until = 0.0
+        self._down = False
+        self._generation = 0
+        self._writer: Writer[_Put] = Writer(self._put, self._count_error, max_pending)
+
+    # -- calls to the store ---------------------------------------------------------
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """fn() timed and counted; raises _Unavailable on a store error or during the
+        pause after one."""
+        if time.monotonic() < self._down_until:
+            raise _Unavailable()
+        start = time.perf_counter()
+        try:
+            result = fn()
+        except self._errors as e:
+            with self._lock:
+                self._counts.errors += 1
+                self._down_until = time.monotonic() + self._retry_s
+                was_down, self._down = self._down, True
+            if not was_down:
+                log.warning("cache: shared tier down (%s); next try in %gs", e, self._retry_s)
+            raise _Unavailable() from e
+        with self._lock:
+            self._counts.io_ops += 1
+            self._counts.io_seconds += time.perf_counter() - start
+            was_down, self._down = self._down, False
+        if was_down:
+            log.info("cache: shared tier reachable again")
+        return result
+
+    def _count_error(self) -> None:
+        with self._lock:
+            self._counts.errors += 1
+
+    # -- lookup ---------------------------------------------------------------------
+
+    def lookup(
+        self, prompt: tuple[int, ...], hashes: Sequence[bytes], salt: str, longer_than: int
+    ) -> tuple[Entry, int] | None:
+        """The stored entry sharing more than `longer_than` tokens with `prompt` (the
+        most the local tiers offer), and how many; None (a counted miss) otherwise."""
+        found = self._find(prompt, hashes, salt, longer_than)
+        with self._lock:
+            if found is None:
+                self._counts.misses += 1
+            else:
+                self._counts.hits += 1
+                self._counts.bytes_read += len(found[0].state)
+        return found
+
+    def _find(
+        self, prompt: tuple[int, ...], hashes: Sequence[bytes], salt: str, longer_than: int
+    ) -> tuple[Entry, int] | None:
+        try:
+            candidates = self._call(lambda: self._store.find(hashes, longer_than // self._block))
+            for depth, key in candidates:
+                entry = self._load(key)
+                shared = depth * self._block
+                if entry is None or entry.salt != salt or entry.tokens[:shared] != prompt[:shared]:
+                    continue  # expired, corrupt, or (never seen) a hash collision
+                matched = _common_prefix(entry.tokens, prompt, shared)
+                if matched > longer_than:
+                    self._renew(key)
+                    return entry, matched
+        except _Unavailable:
+            pass
+        return None
+
+    def _renew(self, key: str) -> None:
+        """A hit keeps the entry longer; failing that costs nothing but a count."""
+        with contextlib.suppress(_Unavailable):
+            self._call(lambda: self._store.touch(key))
+
+    def _load(self, key: str) -> Entry | None:
+        try:
+            return self._call(lambda: self._store.get(key))
+        except record.CorruptRecord as e:
+            log.warning("cache: removing shared entry %s (%s)", key, e)
+            with self._lock:
+                self._counts.corrupt_removed += 1
+            self._call(lambda: self._store.delete(key))
+            return None
+
+    # -- save -----------------------------------------------------------------------
+
+    def save(self, entry: Entry, hashes: Sequence[bytes]) -> bool:
+        """Queue the entry for the store; never blocks. False (counted as dropped) when
+        the queue is full or the store is in its pause after an error."""
+        with self._lock:
+            job = _Put(entry, tuple(hashes), self._generation)
+            if time.monotonic() >= self._down_until and self._writer.submit(job):
+                return True
+            self._counts.saves_dropped += 1
+            return False
+
+    def _put(self, job: _Put) -> None:
+        if job.generation != self._generation:
+            return  # cleared after it was queued
+        try:
+            size = self._call(lambda: self._store.put(job.entry, job.hashes))
+        except _Unavailable:
+            return
+        with self._lock:
+            self._counts.saves += 1
+            self._counts.bytes_written += size
+
+    # -- admin ----------------------------------------------------------------------
+
+    def clear(self) -> int:
+        """Drop this namespace's shared entries (every replica's); 0 if unreachable."""
+        with self._lock:
+            self._generation += 1
+        try:
+            return self._call(self._store.clear)
+        except _Unavailable:
+            return 0
+
+    def stats(self) -> TierStats:
+        with self._lock:
+            c = self._counts
+            return TierStats(
+                hits=c.hits,
+                misses=c.misses,
+                errors=c.errors,
+                bytes_read=c.bytes_read,
+                bytes_written=c.bytes_written,
+                io_ops=c.io_ops,
+                io_seconds=c.io_seconds,
+            )
+
+    def dropped_and_corrupt(self) -> tuple[int, int]:
+        """Saves dropped and corrupt entries removed (PrefixCache adds them to its own)."""
+        with self._lock:
+            return self._counts.saves_dropped, self._counts.corrupt_removed
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self._writer.flush(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Store what is queued (each put bounded by the store's timeout), then let go."""
+        self._writer.close(timeout)
+        with contextlib.suppress(*self._errors):
+            self._store.close()
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], start: int) -> int:
+    n = min(len(a), len(b))
+    i = start
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def connect(url: str, namespace: str, block_tokens: int, **limits: float) -> SharedTier:
+    """The shared tier on the store `url` names (redis:// or rediss://, unix://)."""
+    from cache.redis_tier import ERRORS, RedisTier
+
+    store = RedisTier(url, namespace, limits["timeout_s"], limits["ttl_s"])
+    return SharedTier(store, ERRORS, block_tokens, limits["retry_s"], int(limits["max_pending"]))

@@ -1,0 +1,162 @@
+"""A Docker daemon of the test's own, and the project's image built on it.
+
+Docker Hub is not reachable from CI, but Debian's packages are: `docker.io` gives
+dockerd (run here as root with --iptables=false --bridge=none --storage-driver=vfs, so
+containers use the host's network), and `debootstrap` a Debian root filesystem that
+`docker import` turns into the base image. The project's Dockerfile is then built FROM a
+test-only layer over it that carries this machine's CA bundle (pip must trust the
+egress proxy); the Dockerfile's own default base stays the public python image.
+
+The daemon's data root persists (KVSERVE_DOCKER_ROOT, default /var/tmp/kvserve-docker)
+so the base image and BuildKit's cache (pip's cache mount) survive between runs; the
+llama-cpp-python wheel the host already built is handed to the build in .wheels/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERD = shutil.which("dockerd")
+# Debian's docker.io CLI: it drives the daemon's built-in BuildKit without buildx.
+DOCKER = "/usr/bin/docker" if os.access("/usr/bin/docker", os.X_OK) else shutil.which("docker")
+DEBOOTSTRAP = shutil.which("debootstrap")
+DATA_ROOT = Path(os.environ.get("KVSERVE_DOCKER_ROOT", "/var/tmp/kvserve-docker"))
+DEBOOTSTRAP_IMAGE = "kvserve-debootstrap:bookworm"
+BASE_IMAGE = "kvserve-test-base:bookworm"
+IMAGE = "kvserve:test"
+DEBIAN_PACKAGES = "python3,python3-venv,python3-pip,python-is-python3,ca-certificates"
+MIRROR = os.environ.get("KVSERVE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+
+
+def missing_tools() -> str | None:
+    """Why the Docker tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "dockerd needs root"
+    for name, path in (("dockerd (docker.io)", DOCKERD), ("docker", DOCKER),
+                       ("debootstrap", DEBOOTSTRAP)):
+        if path is None:
+            return f"{name} is not installed (.ci/run installs it)"
+    return None
+
+
+class Docker:
+    def __init__(self, socket: Path) -> None:
+        self.env = {**os.environ, "DOCKER_HOST": f"unix://{socket}", "DOCKER_BUILDKIT": "1"}
+
+    def run(self, *args: str, timeout: float = 120, check: bool = True,
+            **kwargs: object) -> subprocess.CompletedProcess[str]:
+        assert DOCKER is not None
+        result = subprocess.run(
+            [DOCKER, *args], env=self.env, capture_output=True, text=True, timeout=timeout,
+            **kwargs,  # type: ignore[call-overload]
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"docker {' '.join(args)}: {result.stdout}{result.stderr}")
+        return result  # type: ignore[no-any-return]
+
+    def has_image(self, name: str) -> bool:
+        return self.run("image", "inspect", name, check=False).returncode == 0
+
+    def inspect(self, container: str, template: str) -> str:
+        return self.run("inspect", "-f", template, container).stdout.strip()
+
+
+@contextlib.contextmanager
+def daemon(log_dir: Path) -> Iterator[Docker]:
+    """dockerd on a private socket; stopped (its containers with it) on exit."""
+    assert DOCKERD is not None
+    DATA_ROOT.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="kvd-", dir="/var/tmp"))  # short: socket paths
+    socket = run_dir / "docker.sock"
+    with open(log_dir / "dockerd.log", "wb") as log:
+        process = subprocess.Popen(
+            [DOCKERD, "--iptables=false", "--bridge=none", "--storage-driver=vfs",
+             "--data-root", str(DATA_ROOT), "--exec-root", str(run_dir / "exec"),
+             "--pidfile", str(run_dir / "docker.pid"), "-H", f"unix://{socket}"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    docker = Docker(socket)
+    try:
+        deadline = time.monotonic() + 60
+        while docker.run("info", check=False, timeout=10).returncode != 0:
+            assert process.poll() is None, (log_dir / "dockerd.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "dockerd did not come up"
+            time.sleep(0.5)
+        yield docker
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def ensure_base(docker: Docker, work: Path) -> None:
+    """The debootstrapped Debian (once per data root), then the CA layer over it."""
+    if not docker.has_image(DEBOOTSTRAP_IMAGE):
+        rootfs = work / "rootfs"
+        subprocess.run(
+            [str(DEBOOTSTRAP), "--variant=minbase", f"--include={DEBIAN_PACKAGES}",
+             "bookworm", str(rootfs), MIRROR],
+            check=True, capture_output=True, timeout=1200,
+        )
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        docker.run("import", "-", DEBOOTSTRAP_IMAGE, stdin=tar.stdout, timeout=600)
+        assert tar.wait() == 0
+        shutil.rmtree(rootfs, ignore_errors=True)
+    context = work / "base"
+    context.mkdir()
+    shutil.copy(ROOT / "tests" / "e2e" / "docker" / "base.Dockerfile", context / "Dockerfile")
+    shutil.copy(ca_bundle(), context / "ca-certificates.crt")
+    docker.run("build", "--network", "host", "-t", BASE_IMAGE, str(context), timeout=600)
+
+
+def ca_bundle() -> str:
+    """The CA file this machine trusts (its egress proxy's CA included)."""
+    for candidate in (os.environ.get("SSL_CERT_FILE"), ssl.get_default_verify_paths().cafile,
+                      "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and os.path.isfile(candidate):
+            return candidate
+    raise AssertionError("no CA bundle found")
+
+
+def host_wheels() -> list[str]:
+    """llama-cpp-python wheels pip already built on this host (its wheel cache)."""
+    pattern = os.path.expanduser("~/.cache/pip/wheels/**/llama_cpp_python-0.3.36-*.whl")
+    return sorted(glob.glob(pattern, recursive=True))[:1]
+
+
+def build_image(docker: Docker, work: Path) -> float:
+    """Build the project's Dockerfile as it is (base image: the test base); seconds."""
+    context = work / "context"
+    context.mkdir()
+    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, context / name)
+    for package in ("server", "engine", "cache", "chat"):
+        shutil.copytree(ROOT / package, context / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    (context / ".wheels").mkdir()
+    for wheel in host_wheels():
+        shutil.copy(wheel, context / ".wheels")
+    start = time.monotonic()
+    result = docker.run(
+        "build", "--network", "host", "--progress", "plain",
+        "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", "-t", IMAGE, str(context),
+        timeout=2400, check=False,
+    )
+    (work / "build.log").write_text(result.stdout + result.stderr)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return time.monotonic() - start
