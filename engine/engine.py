@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import os
@@ -61,6 +62,9 @@ class EngineConfig:
     exact_reuse: bool = True  # reuse only KV that reproduces the cold output exactly
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
     sessions: SessionLimits = SessionLimits()
+    # Called first on the engine thread when set: fetches the model (a hub download,
+    # reporting its progress 0..1) and returns its local path, used instead of model_path.
+    fetch: Callable[[Callable[[float], None]], str] | None = None
 
     @property
     def threads(self) -> int:
@@ -134,6 +138,7 @@ class Engine:
         self.config = config
         self.state = EngineState.LOADING
         self.load_progress = 0.0
+        self.load_phase = "loading"  # "downloading" while `config.fetch` runs
         self.load_error: str | None = None
         self._model: Model | None = None
         self._worker: Worker | None = None
@@ -181,6 +186,10 @@ class Engine:
         def progress(value: float) -> None:
             self.load_progress = value
 
+        if cfg.fetch is not None:
+            self.load_phase = "downloading"
+            cfg = dataclasses.replace(cfg, model_path=cfg.fetch(progress))
+            self.load_phase, self.load_progress = "loading", 0.0
         model = Model(cfg.model_path, on_progress=progress)
         self._model = model
         total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -10,10 +15,10 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from engine.engine import CacheConfig, Engine, EngineConfig, SessionLimits
+from engine.engine import CacheConfig, Engine, EngineConfig, EngineState, SessionLimits
 from engine.types import EngineNotReadyError
-from server import errors
-from server.config import ModelSection, Settings, chat_template_source
+from server import errors, hub
+from server.config import ModelSection, Settings, chat_template_source, hub_source
 from server.deps import EngineLike, require_api_key
 from server.lifecycle import Lifecycle
 from server.metrics import make_registry
@@ -25,9 +30,14 @@ from server.routes import cache, chat, completions, embeddings, health, models, 
 log = logging.getLogger("kvserve.server")
 
 
-def engine_config(model: ModelSection, settings: Settings | None = None) -> EngineConfig:
+def engine_config(
+    model: ModelSection, settings: Settings | None = None, label: str = "model"
+) -> EngineConfig:
     e = model.engine
     settings = settings or Settings()
+    fetch = None
+    if model.hf_repo:
+        fetch = functools.partial(hub.fetch, hub_source(label, model, settings.hub))
     c, sessions = settings.cache, settings.sessions
     cache = None
     if c.enabled:
@@ -55,6 +65,7 @@ def engine_config(model: ModelSection, settings: Settings | None = None) -> Engi
         exact_reuse=e.exact_reuse,
         cache=cache,
         sessions=SessionLimits(sessions.default_ttl_s, sessions.max_ttl_s, sessions.max_sessions),
+        fetch=fetch,
     )
 
 
@@ -68,12 +79,33 @@ def _served_models(
         except EngineNotReadyError:
             engines = {settings.models[0].id: engine}
     if engines is None:
-        engines = {m.id: Engine(engine_config(m, settings)) for m in settings.models}
+        labels = [f"models[{i}]" for i in range(len(settings.models))]
+        if len(labels) == 1:
+            labels = ["model"]
+        engines = {
+            m.id: Engine(engine_config(m, settings, label))
+            for m, label in zip(settings.models, labels, strict=True)
+        }
     served = []
     for model_id, the_engine in engines.items():
         cfg = configured.get(model_id, ModelSection(id=model_id))
         served.append(ServedModel(model_id, cfg.aliases, the_engine, chat_template_source(cfg)))
     return ModelRegistry(served)
+
+
+async def _exit_if_fetch_fails(app: FastAPI, served: ModelRegistry) -> None:
+    """A model that cannot be fetched from the hub at start stops the process with status
+    2, as a configuration error would (a failed load of a local file keeps serving and
+    says so on /health, as before)."""
+    while any(m.engine.state is EngineState.LOADING for m in served):
+        await asyncio.sleep(0.1)
+    for model in served:
+        engine = model.engine
+        if engine.state is EngineState.FAILED and engine.load_phase == "downloading":
+            print(f"kvserve: {engine.load_error}", file=sys.stderr, flush=True)
+            app.state.exit_code = 2
+            os.kill(os.getpid(), signal.SIGTERM)  # the usual drain and shutdown
+            return
 
 
 def create_app(
@@ -91,9 +123,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for model in served:
             model.engine.start()
+        watcher = asyncio.create_task(_exit_if_fetch_fails(app, served))
         try:
             yield
         finally:
+            watcher.cancel()
             for model in served:  # each engine saves what it keeps (cache, sessions) here
                 try:
                     model.engine.close()
@@ -109,6 +143,7 @@ def create_app(
     app.state.settings = settings
     app.state.models = served
     app.state.started = int(time.time())
+    app.state.exit_code = 0
     app.state.lifecycle = Lifecycle()
     app.state.registry, app.state.metrics = make_registry(served)
     errors.install(app)

