@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import enum
 import logging
+import math
 import os
 import random
 import threading
@@ -34,6 +35,7 @@ from engine.types import (
     EngineStats,
     GenerateRequest,
     InvalidRequestError,
+    LoraAdapter,
     ModelInfo,
     NoSlotError,
     QueueFullError,
@@ -65,6 +67,7 @@ class EngineConfig:
     # Called first on the engine thread when set: fetches the model (a hub download,
     # reporting its progress 0..1) and returns its local path, used instead of model_path.
     fetch: Callable[[Callable[[float], None]], str] | None = None
+    loras: tuple[LoraAdapter, ...] = ()  # loaded with the model; requests pick among them
 
     @property
     def threads(self) -> int:
@@ -192,6 +195,12 @@ class Engine:
             self.load_phase, self.load_progress = "loading", 0.0
         model = Model(cfg.model_path, on_progress=progress)
         self._model = model
+        try:
+            for adapter in cfg.loras:
+                model.load_lora(adapter.id, adapter.path)
+        except BaseException:
+            model.close()
+            raise
         total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
         ctx = Context(
             model,
@@ -231,6 +240,7 @@ class Engine:
             description=model.description(),
             size_bytes=model.size_bytes(),
             n_params=model.n_params(),
+            loras=cfg.loras,
         )
         if cfg.cache is not None and cfg.cache.enabled:
             # Everything that changes the layout of a sequence's KV state.
@@ -346,7 +356,7 @@ class Engine:
             or self.session_slot(request.session_id) is not None
         ):
             return None
-        return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.cache_salt)
+        return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.prefix_salt)
 
     def _validate(self, request: GenerateRequest) -> None:
         info = self.info
@@ -367,6 +377,12 @@ class Engine:
                 param="messages" if request.max_tokens is None else "max_tokens",
                 code="context_length_exceeded",
             )
+        known = {a.id for a in info.loras}
+        for adapter_id, scale in request.lora:
+            if adapter_id not in known:
+                raise InvalidRequestError(f"unknown LoRA adapter '{adapter_id}'", param="lora")
+            if not math.isfinite(scale):
+                raise InvalidRequestError("a LoRA scale must be a finite number", param="lora")
         for token, _ in request.sampling.logit_bias:
             if token < 0 or token >= info.n_vocab:
                 raise InvalidRequestError(

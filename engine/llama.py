@@ -119,6 +119,18 @@ class Model:
         # Piece bytes of every token, rendered without special tokens: the detokenizer
         # concatenates these, so a token costs a list lookup instead of a C call.
         self.pieces: list[bytes] = [self._piece(t, special=False) for t in range(self.n_vocab)]
+        self.loras: dict[str, typing.Any] = {}  # adapter id -> llama_adapter_lora handle
+
+    def load_lora(self, adapter_id: str, path: str) -> None:
+        """Load a LoRA adapter GGUF for this model (freed with the model)."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"LoRA adapter {adapter_id!r}: file not found: {path}")
+        with _CaptureErrors() as errors:
+            handle = C.llama_adapter_lora_init(self.handle, path.encode())
+        if not handle:
+            reason = "; ".join(e for e in errors if e) or "llama.cpp refused it"
+            raise RuntimeError(f"LoRA adapter {adapter_id!r} ({path}): {reason}")
+        self.loras[adapter_id] = handle
 
     def _piece(self, token: int, *, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
@@ -185,6 +197,7 @@ class Model:
 
     def close(self) -> None:
         if self.handle:
+            self.loras.clear()  # llama.cpp frees a model's adapters with the model
             C.llama_model_free(self.handle)
             self.handle = None
 
@@ -277,6 +290,20 @@ class Context:
         self.n_ctx: int = C.llama_n_ctx(handle)  # cells in all
         self.n_ctx_seq: int = C.llama_n_ctx_seq(handle)  # cells one sequence may use
         self.memory = C.llama_get_memory(handle)
+        self._lora: tuple[tuple[str, float], ...] = ()
+
+    def set_loras(self, lora: tuple[tuple[str, float], ...]) -> None:
+        """Apply these adapters (ids of `model.loras`, scales) to the next decodes. llama.cpp
+        holds one adapter set per context: every row of a batch is computed with it."""
+        if lora == self._lora:
+            return
+        handles = (C.llama_adapter_lora_p_ctypes * max(1, len(lora)))(
+            *(self.model.loras[i] for i, _ in lora)
+        )
+        scales = (ctypes.c_float * max(1, len(lora)))(*(s for _, s in lora))
+        if C.llama_set_adapters_lora(self.handle, handles, len(lora), scales) != 0:
+            raise RuntimeError("llama.cpp refused the LoRA adapter set")
+        self._lora = lora
 
     def decode(self, batch: Batch) -> int:
         """Run one llama_decode; 0 is success, 1 means no KV space, other values fail."""

@@ -186,6 +186,7 @@ class Worker:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)
             return
         started = time.monotonic()
+        self.ctx.set_loras(chunks[0].seq.lora)  # one adapter set a step (see the scheduler)
         try:
             result = self.runner.run(chunks)
         except DecodeError as exc:

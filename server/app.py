@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from engine.engine import CacheConfig, Engine, EngineConfig, EngineState, SessionLimits
-from engine.types import EngineNotReadyError
+from engine.types import EngineNotReadyError, LoraAdapter
 from server import errors, hub
 from server.config import ModelSection, Settings, chat_template_source, hub_source
 from server.deps import EngineLike, require_api_key
@@ -66,6 +66,7 @@ def engine_config(
         cache=cache,
         sessions=SessionLimits(sessions.default_ttl_s, sessions.max_ttl_s, sessions.max_sessions),
         fetch=fetch,
+        loras=tuple(LoraAdapter(a.id, a.path, a.scale) for a in model.loras),
     )
 
 
@@ -89,7 +90,10 @@ def _served_models(
     served = []
     for model_id, the_engine in engines.items():
         cfg = configured.get(model_id, ModelSection(id=model_id))
-        served.append(ServedModel(model_id, cfg.aliases, the_engine, chat_template_source(cfg)))
+        loras = tuple((a.id, a.scale) for a in cfg.loras)
+        served.append(
+            ServedModel(model_id, cfg.aliases, the_engine, chat_template_source(cfg), loras)
+        )
     return ModelRegistry(served)
 
 

@@ -116,6 +116,15 @@ class HubSection:
 
 
 @dataclass(frozen=True)
+class LoraSection:
+    """A `[[models.loras]]` entry: a LoRA adapter GGUF for its model."""
+
+    id: str = ""
+    path: str = ""
+    scale: float = 1.0  # applied to requests without a `lora` field (0: only on request)
+
+
+@dataclass(frozen=True)
 class ModelSection:
     """One served model: its names, its file, its template, its own engine."""
 
@@ -126,6 +135,7 @@ class ModelSection:
     hf_file: str = ""  # the GGUF in hf_repo (else the quant tag, else its only GGUF)
     revision: str = ""  # hub branch, tag or commit; empty: the default branch
     chat_template: str = ""  # empty: the template in the GGUF
+    loras: tuple[LoraSection, ...] = ()  # [[models.loras]] entries
     engine: EngineSection = field(default_factory=EngineSection)
 
     @property
@@ -172,11 +182,20 @@ SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "logging": LoggingSection,
 }
-_MODEL_KEYS = ("id", "aliases", "path", "hf_repo", "hf_file", "revision", "chat_template")
+_MODEL_KEYS = (
+    "id",
+    "aliases",
+    "path",
+    "hf_repo",
+    "hf_file",
+    "revision",
+    "chat_template",
+    "loras",
+)
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return {k: v for k, v in typing.get_type_hints(cls).items() if k != "engine"}
+    return {k: v for k, v in typing.get_type_hints(cls).items() if k not in ("engine", "loras")}
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -200,6 +219,20 @@ def _table(name: str, table: Any, hints: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{name}.{key}: unknown key")
         out[key] = coerce(f"{name}.{key}", value, hints[key], from_text=False)
     return out
+
+
+def _loras(label: str, tables: Any) -> tuple[LoraSection, ...]:
+    if not isinstance(tables, list):
+        raise ConfigError(f"{label}.loras: expected [[{label.split('[')[0]}.loras]] tables")
+    out = []
+    for j, table in enumerate(tables):
+        key = f"{label}.loras[{j}]"
+        values = _table(key, table, _hints(LoraSection))
+        for name in ("id", "path"):
+            if not values.get(name):
+                raise ConfigError(f"{key}.{name}: required")
+        out.append(LoraSection(**values))
+    return tuple(out)
 
 
 def _model_entries(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -229,7 +262,12 @@ def load_settings(
             raise ConfigError(f"{name}: unknown section")
     values = {name: _table(name, data.get(name, {}), _hints(cls)) for name, cls in SECTIONS.items()}
     model_hints = {**_hints(ModelSection), **_hints(EngineSection)}
-    entries = [(label, _table(label, t, model_hints)) for label, t in _model_entries(data)]
+    entries = []
+    for label, table in _model_entries(data):
+        loras = table.pop("loras", []) if isinstance(table, dict) else []
+        entry = _table(label, table, model_hints)
+        entry["loras"] = _loras(label, loras)
+        entries.append((label, entry))
 
     # The environment, then the flags: they beat the file, and an engine key set here
     # applies to every model; a model key needs a single model to know which one.
@@ -301,6 +339,13 @@ def _validate(s: Settings, labels: list[str]) -> None:
             )
         elif not os.path.isfile(m.model_path):
             raise ConfigError(f"{label}.path: file not found: {m.model_path}")
+        seen_loras: set[str] = set()
+        for j, lora in enumerate(m.loras):
+            if lora.id in seen_loras:
+                raise ConfigError(f"{label}.loras[{j}].id: {lora.id!r} is used twice")
+            seen_loras.add(lora.id)
+            if not os.path.isfile(lora.path):
+                raise ConfigError(f"{label}.loras[{j}].path: file not found: {lora.path}")
         tpl = m.chat_template
         if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):
             raise ConfigError(f"{label}.chat_template: file not found: {tpl}")
@@ -372,6 +417,7 @@ __all__ = [
     "EngineSection",
     "HubSection",
     "LoggingSection",
+    "LoraSection",
     "MetricsSection",
     "ModelSection",
     "ServerSection",

@@ -21,6 +21,7 @@ class ServedModel:
     aliases: tuple[str, ...]
     engine: EngineLike
     template_override: str | None = None  # configured Jinja; None: the GGUF's own
+    loras: tuple[tuple[str, float], ...] = ()  # configured adapters: (id, default scale)
     _template: ChatTemplate | None = None
 
     @property

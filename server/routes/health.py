@@ -20,11 +20,10 @@ def _model_state(engine: EngineLike) -> dict[str, Any]:
         return {"status": "error", "error": engine.load_error}
     if engine.state is EngineState.STOPPED:
         return {"status": "stopped"}
-    return {
-        "status": "loading",
-        "phase": engine.load_phase,
-        "progress": round(engine.load_progress, 3),
-    }
+    state: dict[str, Any] = {"status": "loading", "progress": round(engine.load_progress, 3)}
+    if engine.load_phase == "downloading":  # a hub fetch: progress is the download's
+        state["phase"] = "downloading"
+    return state
 
 
 @router.get("/health")

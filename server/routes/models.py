@@ -23,7 +23,12 @@ def _card(served: ServedModel, created: int) -> dict[str, Any]:
         "created": created,
         "owned_by": "kvserve",
     }
-    meta: dict[str, Any] = {"aliases": list(served.aliases), "ready": served.engine.ready}
+    meta: dict[str, Any] = {
+        "aliases": list(served.aliases),
+        "ready": served.engine.ready,
+        # llama-server's /lora-adapters shape: the index is what `lora[].id` may also be
+        "loras": [{"id": i, "index": n, "scale": s} for n, (i, s) in enumerate(served.loras)],
+    }
     if served.engine.ready:
         info = served.engine.info
         meta |= {

@@ -50,3 +50,38 @@ def test_bad_hf_repo_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--hf-repo", "a/b/c", "--print-config"]) == 2
     err = capsys.readouterr().err
     assert err == "kvserve: configuration error: model.hf_repo: expected org/name[:QUANT], got 'a/b/c'\n"
+
+
+def test_lora_tables(tmp_path: Path) -> None:
+    adapter = tmp_path / "a.gguf"
+    adapter.write_bytes(b"GGUF")
+    cfg = tmp_path / "k.toml"
+    cfg.write_text(
+        f'[[models]]\nid = "m"\n[[models.loras]]\nid = "a"\npath = "{adapter}"\nscale = 0.5\n'
+    )
+    (m,) = load_settings(str(cfg), env={}).models
+    assert [(a.id, a.path, a.scale) for a in m.loras] == [("a", str(adapter), 0.5)]
+
+
+@pytest.mark.parametrize(
+    ("tables", "message"),
+    [
+        ('[[models.loras]]\npath = "{p}"\n', r"models\[0\]\.loras\[0\]\.id: required"),
+        ('[[models.loras]]\nid = "a"\n', r"models\[0\]\.loras\[0\]\.path: required"),
+        ('[[models.loras]]\nid = "a"\npath = "/nope.gguf"\n', "path: file not found"),
+        ('[[models.loras]]\nid = "a"\npath = "{p}"\nscale = "x"\n', "scale: expected a number"),
+        ('[[models.loras]]\nid = "a"\npath = "{p}"\nrank = 8\n', r"loras\[0\]\.rank: unknown key"),
+        (
+            '[[models.loras]]\nid = "a"\npath = "{p}"\n[[models.loras]]\nid = "a"\npath = "{p}"\n',
+            r"loras\[1\]\.id: 'a' is used twice",
+        ),
+        ("loras = 3\n", r"models\[0\]\.loras: expected"),
+    ],
+)
+def test_bad_lora_tables(tmp_path: Path, tables: str, message: str) -> None:
+    adapter = tmp_path / "a.gguf"
+    adapter.write_bytes(b"GGUF")
+    cfg = tmp_path / "k.toml"
+    cfg.write_text('[[models]]\nid = "m"\n' + tables.replace("{p}", str(adapter)))
+    with pytest.raises(ConfigError, match=message):
+        load_settings(str(cfg), env={})

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from server.hub import HubError, HubSource, choose_file, fetch
+from tests.conftest import ClientFactory
+from tests.fakes import FakeEngine
 from tests.hub_standin import HubFile, StandIn, start
 
 REPO = "kvtest/tiny-GGUF"
@@ -101,3 +103,15 @@ def test_choose_file() -> None:
     for bad in ("noslash", "a/b/c", "/b"):
         with pytest.raises(HubError, match="expected org/name"):
             HubSource.parse("k", bad)
+
+
+async def test_health_shows_the_download(make_client: ClientFactory) -> None:
+    engine = FakeEngine(ready=False)
+    engine.load_phase, engine.load_progress = "downloading", 0.4
+    r = await make_client(engine).get("/health")
+    assert r.status_code == 503
+    assert r.json()["models"]["fake-model"] == {
+        "status": "loading",
+        "progress": 0.4,
+        "phase": "downloading",
+    }
