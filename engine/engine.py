@@ -17,6 +17,7 @@ import math
 import os
 import random
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -79,6 +80,7 @@ class EngineState(enum.StrEnum):
     READY = "ready"
     FAILED = "failed"
     STOPPED = "stopped"
+    UNLOADED = "unloaded"  # model and context freed; the prefix cache and sessions kept
 
 
 class Generation:
@@ -152,36 +154,55 @@ class Engine:
         self._pending_embeds = 0
         self._cache: PrefixCache | None = None
         self.sessions = SessionRegistry(config.sessions)
+        self._unloading = False
+        self.load_seconds = 0.0  # how long the last load took (download included)
+        self._memory_bytes = 0  # weights + KV once loaded (0: not known yet)
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the model and start the engine thread. Returns at once; see `state`."""
+        """Load the model and start the engine thread. Returns at once; see `state`.
+
+        Also loads an unloaded (or failed) engine again; a no-op while one runs."""
+        if self._thread is not None and self._thread.is_alive():
+            return
         self._loop = asyncio.get_running_loop()
+        self.state, self.load_error, self.load_progress = EngineState.LOADING, None, 0.0
+        self._unloading = False
         self._thread = threading.Thread(target=self._main, name="kvserve-engine", daemon=True)
         self._thread.start()
 
     def _main(self) -> None:
+        started = time.monotonic()
         try:
             worker = self._load()
         except Exception as exc:  # reported on /health; the process stays up to say so
             log.exception("model load failed")
+            if self._model is not None:
+                self._model.close()
+                self._model = None
             self.load_error = str(exc)
             self.state = EngineState.FAILED
             return
+        self.load_seconds = time.monotonic() - started
         self._worker = worker
         self.state = EngineState.READY
-        log.info("engine ready: %s", self.info.model_id)
+        log.info("engine ready: %s (%.1fs)", self.info.model_id, self.load_seconds)
         try:
             worker.run()
         finally:
-            self.state = EngineState.STOPPED
+            unloading = self._unloading
+            self.state = EngineState.UNLOADED if unloading else EngineState.STOPPED
+            self._worker = None
+            self._model = None
             worker.ctx.close()
             if worker.embedder is not None:
                 worker.embedder.ctx.close()
             worker.model.close()
-            if worker.cache is not None:
-                worker.cache.close()  # queued saves reach the disk before we exit
+            # Unloading keeps the cache (the slots' states were just saved into it), so
+            # the model comes back warm; a stop closes it: queued saves reach the disk.
+            if worker.cache is not None and not unloading:
+                worker.cache.close()
 
     def _load(self) -> Worker:
         cfg = self.config
@@ -195,6 +216,11 @@ class Engine:
             self.load_phase, self.load_progress = "loading", 0.0
         model = Model(cfg.model_path, on_progress=progress)
         self._model = model
+        total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
+        embed_cells = cfg.embed_n_ctx if cfg.embeddings else 0
+        self._memory_bytes = model.size_bytes() + model.kv_bytes_per_cell() * (
+            total_cells + embed_cells
+        )
         try:
             for adapter in cfg.loras:
                 model.load_lora(adapter.id, adapter.path)
@@ -242,8 +268,9 @@ class Engine:
             n_params=model.n_params(),
             loras=cfg.loras,
         )
-        if cfg.cache is not None and cfg.cache.enabled:
-            # Everything that changes the layout of a sequence's KV state.
+        if cfg.cache is not None and cfg.cache.enabled and self._cache is None:
+            # Everything that changes the layout of a sequence's KV state. Kept across an
+            # unload and the next load (the same file: the same namespace).
             self._cache = PrefixCache(
                 cfg.cache,
                 namespace(model_fingerprint(cfg.model_path), ctx.n_ctx_seq, "f16", "flash"),
@@ -253,8 +280,40 @@ class Engine:
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread: running sequences are aborted, handles freed."""
         if self._worker is not None and self._thread is not None and self._thread.is_alive():
+            self._unloading = False
             self._worker.commands.put(Stop())
             self._thread.join(timeout)
+        elif self.state is EngineState.UNLOADED:
+            self.state = EngineState.STOPPED
+            if self._cache is not None:
+                self._cache.close()
+
+    def unload(self, timeout: float = 30.0) -> bool:
+        """Free the model and its context (blocking: call it off the event loop). What
+        the slots hold is saved to the prefix cache first, and the cache and the sessions
+        stay, so a later `start()` resumes warm. False if nothing was loaded."""
+        worker, thread = self._worker, self._thread
+        if worker is None or thread is None or not thread.is_alive():
+            return False
+        self._unloading = True
+        worker.commands.put(Stop())
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight or queued (an engine is only unloaded when idle)."""
+        return self._outstanding > 0 or self._pending_embeds > 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Weights + KV cache of the loaded model; before the first load, the GGUF's size."""
+        if self._memory_bytes:
+            return self._memory_bytes
+        try:
+            return os.path.getsize(self.config.model_path)
+        except OSError:
+            return 0
 
     # -- facts -----------------------------------------------------------------------
 

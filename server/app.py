@@ -21,9 +21,11 @@ from server import errors, hub
 from server.config import ModelSection, Settings, chat_template_source, hub_source
 from server.deps import EngineLike, require_api_key
 from server.lifecycle import Lifecycle
+from server.loading import ModelLoader
 from server.metrics import make_registry
 from server.metrics import router as metrics_router
 from server.middleware import AccessMiddleware, BodyLimit
+from server.model_gate import ModelGate
 from server.registry import ModelRegistry, ServedModel
 from server.routes import cache, chat, completions, embeddings, health, models, sessions, tokenize
 
@@ -91,9 +93,12 @@ def _served_models(
     for model_id, the_engine in engines.items():
         cfg = configured.get(model_id, ModelSection(id=model_id))
         loras = tuple((a.id, a.scale) for a in cfg.loras)
-        served.append(
-            ServedModel(model_id, cfg.aliases, the_engine, chat_template_source(cfg), loras)
-        )
+        model = ServedModel(model_id, cfg.aliases, the_engine, chat_template_source(cfg), loras)
+        model.on_demand = cfg.load == "on_demand"
+        model.idle_unload_s = cfg.idle_unload_s
+        if model.on_demand:
+            the_engine.state = EngineState.UNLOADED  # until a request needs it
+        served.append(model)
     return ModelRegistry(served)
 
 
@@ -101,9 +106,10 @@ async def _exit_if_fetch_fails(app: FastAPI, served: ModelRegistry) -> None:
     """A model that cannot be fetched from the hub at start stops the process with status
     2, as a configuration error would (a failed load of a local file keeps serving and
     says so on /health, as before)."""
-    while any(m.engine.state is EngineState.LOADING for m in served):
+    at_start = [m for m in served if not m.on_demand]
+    while any(m.engine.state is EngineState.LOADING for m in at_start):
         await asyncio.sleep(0.1)
-    for model in served:
+    for model in at_start:
         engine = model.engine
         if engine.state is EngineState.FAILED and engine.load_phase == "downloading":
             print(f"kvserve: {engine.load_error}", file=sys.stderr, flush=True)
@@ -126,12 +132,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for model in served:
-            model.engine.start()
+            if not model.on_demand:
+                model.engine.start()
         watcher = asyncio.create_task(_exit_if_fetch_fails(app, served))
+        unloader = asyncio.create_task(app.state.loader.run())
         try:
             yield
         finally:
             watcher.cancel()
+            unloader.cancel()
             for model in served:  # each engine saves what it keeps (cache, sessions) here
                 try:
                     model.engine.close()
@@ -150,6 +159,7 @@ def create_app(
     app.state.exit_code = 0
     app.state.lifecycle = Lifecycle()
     app.state.registry, app.state.metrics = make_registry(served)
+    app.state.loader = ModelLoader(served, settings.loading, app.state.registry)
     errors.install(app)
 
     authed = [Depends(require_api_key)]
@@ -174,6 +184,7 @@ def create_app(
             allow_methods=["*"],
             allow_headers=["*"],
         )
+    app.add_middleware(ModelGate, loader=app.state.loader)  # inside the body limit
     app.add_middleware(BodyLimit, limit=settings.server.max_body_bytes)
     app.add_middleware(  # outermost: sees every answer, 413s and CORS included
         AccessMiddleware,

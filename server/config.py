@@ -29,6 +29,7 @@ from server.hub import HubError, HubSource
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOAD_POLICIES = ("startup", "on_demand")
 
 
 def default_model_path() -> str:
@@ -116,6 +117,14 @@ class HubSection:
 
 
 @dataclass(frozen=True)
+class LoadingSection:
+    """On-demand loads and unloads of the models (see server/loading.py)."""
+
+    memory_budget_bytes: int = 0  # weights + KV of loaded models; 0: no budget
+    wait_s: float = 120.0  # how long a request waits for its model to load, then 503
+
+
+@dataclass(frozen=True)
 class LoraSection:
     """A `[[models.loras]]` entry: a LoRA adapter GGUF for its model."""
 
@@ -136,6 +145,8 @@ class ModelSection:
     revision: str = ""  # hub branch, tag or commit; empty: the default branch
     chat_template: str = ""  # empty: the template in the GGUF
     loras: tuple[LoraSection, ...] = ()  # [[models.loras]] entries
+    load: str = "startup"  # or "on_demand": loaded by its first request
+    idle_unload_s: float = 0.0  # unloaded after this long without requests; 0: never
     engine: EngineSection = field(default_factory=EngineSection)
 
     @property
@@ -157,6 +168,7 @@ class Settings:
     models: tuple[ModelSection, ...] = (ModelSection(),)
     cache: CacheSection = field(default_factory=CacheSection)
     hub: HubSection = field(default_factory=HubSection)
+    loading: LoadingSection = field(default_factory=LoadingSection)
     sessions: SessionsSection = field(default_factory=SessionsSection)
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
@@ -177,6 +189,7 @@ SECTIONS: dict[str, type] = {
     "engine": EngineSection,
     "cache": CacheSection,
     "hub": HubSection,
+    "loading": LoadingSection,
     "sessions": SessionsSection,
     "auth": AuthSection,
     "metrics": MetricsSection,
@@ -191,6 +204,8 @@ _MODEL_KEYS = (
     "revision",
     "chat_template",
     "loras",
+    "load",
+    "idle_unload_s",
 )
 
 
@@ -322,6 +337,10 @@ def _validate(s: Settings, labels: list[str]) -> None:
         if getattr(s.logging, key).lower() not in LOG_LEVELS:
             raise ConfigError(f"logging.{key}: one of {', '.join(LOG_LEVELS)}")
     _validate_engine("engine", s.engine)
+    if s.loading.memory_budget_bytes < 0:
+        raise ConfigError("loading.memory_budget_bytes: must not be negative")
+    if s.loading.wait_s <= 0:
+        raise ConfigError("loading.wait_s: must be above 0")
     _validate_cache(s.cache, s.sessions)
     seen: set[str] = set()
     for label, m in zip(labels, s.models, strict=True):
@@ -339,6 +358,10 @@ def _validate(s: Settings, labels: list[str]) -> None:
             )
         elif not os.path.isfile(m.model_path):
             raise ConfigError(f"{label}.path: file not found: {m.model_path}")
+        if m.load not in LOAD_POLICIES:
+            raise ConfigError(f"{label}.load: one of {', '.join(LOAD_POLICIES)}")
+        if m.idle_unload_s < 0:
+            raise ConfigError(f"{label}.idle_unload_s: must not be negative")
         seen_loras: set[str] = set()
         for j, lora in enumerate(m.loras):
             if lora.id in seen_loras:
@@ -416,6 +439,7 @@ __all__ = [
     "ConfigError",
     "EngineSection",
     "HubSection",
+    "LoadingSection",
     "LoggingSection",
     "LoraSection",
     "MetricsSection",

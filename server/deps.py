@@ -54,6 +54,14 @@ class EngineLike(Protocol):
     ) -> Session: ...
     def cache_stats(self) -> CacheStats | None: ...
     def purge_cache(self) -> int: ...
+    # On-demand loading (server/loading.py)
+    load_seconds: float
+
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def memory_bytes(self) -> int: ...
+    def unload(self, timeout: float = ...) -> bool: ...
 
 
 def registry(request: Request) -> ModelRegistry:
@@ -65,6 +73,10 @@ def ready_engine(engine: EngineLike) -> EngineLike:
     if not engine.ready:
         if engine.state is EngineState.FAILED:
             raise ServerError(f"the model failed to load: {engine.load_error}")
+        if engine.state is EngineState.UNLOADED:  # loaded again by a generation request
+            raise ServiceUnavailable(
+                "the model is not loaded", code="model_unloaded", headers={"Retry-After": "5"}
+            )
         raise ServiceUnavailable(
             f"the model is loading ({engine.load_progress:.0%})",
             code="model_loading",

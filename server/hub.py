@@ -97,10 +97,11 @@ def fetch(
 
     `endpoint`/`offline` default to huggingface_hub's (HF_ENDPOINT, HF_HUB_OFFLINE)."""
     import huggingface_hub as hf  # here, not at import: only configs with hf_repo need it
+    from huggingface_hub import constants as hf_constants
     from huggingface_hub import errors as hf_errors
 
     if offline is None:
-        offline = hf.constants.is_offline_mode()
+        offline = hf_constants.is_offline_mode()
     cache_dir = source.cache_dir or None
     revision = source.revision or None
     try:

@@ -57,6 +57,8 @@ class FakeEngine:
         self.load_progress = 1.0 if ready else 0.25
         self.load_error: str | None = None
         self.load_phase = "loading"
+        self.load_seconds = 0.0
+        self.memory_bytes = 0
         self.fail_next = False
         self.cached = 0  # reported as num_cached_tokens with every finish
         self.capacity = n_seq_max + max_queue
@@ -92,6 +94,14 @@ class FakeEngine:
 
     def start(self) -> None:
         pass
+
+    @property
+    def busy(self) -> bool:
+        return self.outstanding > 0
+
+    def unload(self, timeout: float = 0) -> bool:
+        self.state = EngineState.UNLOADED
+        return True
 
     def close(self, timeout: float = 0) -> None:
         for task in self._tasks:

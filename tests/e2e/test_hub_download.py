@@ -41,7 +41,7 @@ def _env(hub: StandIn, cache: Path, offline: bool = False) -> dict[str, str]:
 
 
 def _answer(url: str) -> str:
-    body = {"model": REPO, "prompt": "The capital of France is", "max_tokens": 4}
+    body = {"model": REPO, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
     r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return str(r.json()["choices"][0]["text"])

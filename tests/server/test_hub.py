@@ -115,3 +115,14 @@ async def test_health_shows_the_download(make_client: ClientFactory) -> None:
         "progress": 0.4,
         "phase": "downloading",
     }
+
+
+def test_offline_mode_from_the_environment(
+    hub: StandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubError, match=r"^models\[0\]\.hf_repo: "):
+        fetch(_src(tmp_path), endpoint=hub.url)  # offline: the hub is not asked
+    assert hub.downloads == []
