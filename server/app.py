@@ -96,6 +96,7 @@ def _served_models(
         model = ServedModel(model_id, cfg.aliases, the_engine, chat_template_source(cfg), loras)
         model.on_demand = cfg.load == "on_demand"
         model.idle_unload_s = cfg.idle_unload_s
+        model.last_used = time.monotonic()  # idle time counts from the start
         if model.on_demand:
             the_engine.state = EngineState.UNLOADED  # until a request needs it
         served.append(model)

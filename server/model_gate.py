@@ -16,9 +16,11 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import APIError
+from server.deps import require_api_key
+from server.errors import APIError, Unauthorized
 
 if TYPE_CHECKING:
     from server.loading import ModelLoader
@@ -51,7 +53,9 @@ class ModelGate:
             fields = None
         name = fields.get("model") if isinstance(fields, dict) else None
         served = self.loader.models.get(name) if isinstance(name, str) else None
-        if served is None:  # the route answers (400 for bad JSON, 404 for a bad model)
+        if served is None or not _authorized(scope):
+            # The route answers: 400 for bad JSON, 404 for a bad model, 401 for a bad key
+            # (an anonymous request must not get a model loaded).
             await self.app(scope, replay, send)
             return
         served.in_flight += 1
@@ -98,6 +102,14 @@ class ModelGate:
         if error is not None:
             raise error
         await self.app(scope, receive, _body_only(send))
+
+
+def _authorized(scope: Scope) -> bool:
+    try:
+        require_api_key(Request(scope))
+    except Unauthorized:
+        return False
+    return True
 
 
 async def _read_body(receive: Receive) -> tuple[list[Message], bytes]:

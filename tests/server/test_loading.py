@@ -137,6 +137,8 @@ async def test_load_and_unload_by_hand(pair: Any) -> None:
     assert (await client.post("/v1/models/nope/load")).status_code == 404
     anonymous = {"Authorization": ""}
     assert (await client.post("/v1/models/a/load", headers=anonymous)).status_code == 401
+    r = await client.post("/v1/chat/completions", json=_chat("a"), headers=anonymous)
+    assert r.status_code == 401 and a.state is EngineState.UNLOADED  # nothing loaded for it
 
 
 async def test_budget_refuses_when_nothing_is_idle(pair: Any) -> None:
