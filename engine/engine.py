@@ -223,7 +223,12 @@ class Engine:
         )
         try:
             for adapter in cfg.loras:
-                model.load_lora(adapter.id, adapter.path)
+                path = adapter.path
+                if adapter.fetch is not None:
+                    self.load_phase = "downloading"
+                    path = adapter.fetch(progress)
+                    self.load_phase = "loading"
+                model.load_lora(adapter.id, path)
         except BaseException:
             model.close()
             raise

@@ -7,6 +7,7 @@ engine thread, and never mutated by either side afterwards.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cache import CacheStats  # re-exported: server/ reports it and may not import cache/
@@ -99,6 +100,9 @@ class LoraAdapter:
     id: str
     path: str
     scale: float = 1.0
+    # Called on the engine thread before the adapter loads, when set: fetches it (from a
+    # hub) and returns its local path, used instead of `path`.
+    fetch: Callable[[Callable[[float], None]], str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

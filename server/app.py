@@ -18,7 +18,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from engine.engine import CacheConfig, Engine, EngineConfig, EngineState, SessionLimits
 from engine.types import EngineNotReadyError, LoraAdapter
 from server import errors, hub
-from server.config import ModelSection, Settings, chat_template_source, hub_source
+from server.config import (
+    LoraSection,
+    ModelSection,
+    Settings,
+    chat_template_source,
+    hub_source,
+    lora_source,
+)
 from server.deps import EngineLike, require_api_key
 from server.lifecycle import Lifecycle
 from server.loading import ModelLoader
@@ -68,8 +75,17 @@ def engine_config(
         cache=cache,
         sessions=SessionLimits(sessions.default_ttl_s, sessions.max_ttl_s, sessions.max_sessions),
         fetch=fetch,
-        loras=tuple(LoraAdapter(a.id, a.path, a.scale) for a in model.loras),
+        loras=tuple(
+            _adapter(f"{label}.loras[{j}]", a, settings) for j, a in enumerate(model.loras)
+        ),
     )
+
+
+def _adapter(label: str, lora: LoraSection, settings: Settings) -> LoraAdapter:
+    fetch = None
+    if lora.hf_repo:
+        fetch = functools.partial(hub.fetch, lora_source(label, lora, settings.hub))
+    return LoraAdapter(lora.id, lora.path, lora.scale, fetch)
 
 
 def _served_models(

@@ -130,6 +130,9 @@ class LoraSection:
 
     id: str = ""
     path: str = ""
+    hf_repo: str = ""  # or fetched from a hub: "org/name"
+    hf_file: str = ""  # the adapter GGUF in hf_repo; empty: its only GGUF
+    revision: str = ""
     scale: float = 1.0  # applied to requests without a `lora` field (0: only on request)
 
 
@@ -243,9 +246,10 @@ def _loras(label: str, tables: Any) -> tuple[LoraSection, ...]:
     for j, table in enumerate(tables):
         key = f"{label}.loras[{j}]"
         values = _table(key, table, _hints(LoraSection))
-        for name in ("id", "path"):
-            if not values.get(name):
-                raise ConfigError(f"{key}.{name}: required")
+        if not values.get("id"):
+            raise ConfigError(f"{key}.id: required")
+        if bool(values.get("path")) == bool(values.get("hf_repo")):
+            raise ConfigError(f"{key}.path: give either path or hf_repo")
         out.append(LoraSection(**values))
     return tuple(out)
 
@@ -367,7 +371,12 @@ def _validate(s: Settings, labels: list[str]) -> None:
             if lora.id in seen_loras:
                 raise ConfigError(f"{label}.loras[{j}].id: {lora.id!r} is used twice")
             seen_loras.add(lora.id)
-            if not os.path.isfile(lora.path):
+            if lora.hf_repo:
+                try:
+                    lora_source(f"{label}.loras[{j}]", lora, s.hub)
+                except HubError as exc:
+                    raise ConfigError(str(exc)) from None
+            elif not os.path.isfile(lora.path):
                 raise ConfigError(f"{label}.loras[{j}].path: file not found: {lora.path}")
         tpl = m.chat_template
         if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):
@@ -387,6 +396,13 @@ def _validate_hub(label: str, m: ModelSection, hub: HubSection) -> None:
 def hub_source(label: str, m: ModelSection, hub: HubSection) -> HubSource:
     """Where a model with `hf_repo` is fetched from."""
     return HubSource.parse(f"{label}.hf_repo", m.hf_repo, m.hf_file, m.revision, hub.cache_dir)
+
+
+def lora_source(label: str, lora: LoraSection, hub: HubSection) -> HubSource:
+    """Where an adapter with `hf_repo` is fetched from (`label`: "models[0].loras[1]")."""
+    return HubSource.parse(
+        f"{label}.hf_repo", lora.hf_repo, lora.hf_file, lora.revision, hub.cache_dir
+    )
 
 
 def _validate_engine(label: str, e: EngineSection) -> None:
@@ -449,5 +465,6 @@ __all__ = [
     "chat_template_source",
     "default_model_path",
     "hub_source",
+    "lora_source",
     "load_settings",
 ]

@@ -100,3 +100,37 @@ async def test_a_broken_adapter_fails_the_load(tmp_path: Path) -> None:
         await asyncio.sleep(0.02)
     assert engine.state.value == "failed"
     assert "LoRA adapter 'bad'" in (engine.load_error or "")
+
+
+async def test_an_adapter_from_the_hub(adapters: tuple[LoraAdapter, ...], tmp_path: Path) -> None:
+    from functools import partial
+
+    from server.hub import HubSource, fetch
+    from tests.hub_standin import HubFile, StandIn
+    from tests.hub_standin import start as start_hub
+
+    stand_in, server = start_hub(
+        StandIn({"kv/one-lora": {"one.gguf": HubFile(Path(adapters[0].path))}})
+    )
+    try:
+        source = HubSource.parse(
+            "models[0].loras[0].hf_repo", "kv/one-lora", cache_dir=str(tmp_path)
+        )
+        hub_one = LoraAdapter(
+            "one", "", 0.0, partial(fetch, source, endpoint=stand_in.url, offline=False)
+        )
+        engine = await start(loras=(hub_one,), n_seq_max=1, n_threads=2, embeddings=False)
+        try:
+            assert stand_in.downloads == ["one.gguf"]
+            local = await start(loras=adapters[:1], n_seq_max=1, n_threads=2, embeddings=False)
+            try:
+                assert await text(engine, QUESTIONS[0], lora=A1) == await text(
+                    local, QUESTIONS[0], lora=A1
+                )
+            finally:
+                local.close()
+        finally:
+            engine.close()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -35,7 +35,7 @@ def test_hub_keys_in_a_models_entry(tmp_path: Path) -> None:
         ('[model]\nhf_repo = "noslash"\n', r"model\.hf_repo: expected org/name"),
         ('[model]\nhf_repo = "o/r"\npath = "/x.gguf"\n', "either path or hf_repo"),
         ('[model]\nhf_repo = "o/r:Q4_0"\nhf_file = "a.gguf"\n', "quant tag or hf_file"),
-        ('[[models]]\nhf_repo = 3\n', r"models\[0\]\.hf_repo: expected a string"),
+        ("[[models]]\nhf_repo = 3\n", r"models\[0\]\.hf_repo: expected a string"),
         ('[hub]\nmirror = "x"\n', r"hub\.mirror: unknown key"),
     ],
 )
@@ -49,7 +49,10 @@ def test_bad_hub_keys(tmp_path: Path, toml: str, message: str) -> None:
 def test_bad_hf_repo_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--hf-repo", "a/b/c", "--print-config"]) == 2
     err = capsys.readouterr().err
-    assert err == "kvserve: configuration error: model.hf_repo: expected org/name[:QUANT], got 'a/b/c'\n"
+    assert (
+        err
+        == "kvserve: configuration error: model.hf_repo: expected org/name[:QUANT], got 'a/b/c'\n"
+    )
 
 
 def test_lora_tables(tmp_path: Path) -> None:
@@ -67,7 +70,7 @@ def test_lora_tables(tmp_path: Path) -> None:
     ("tables", "message"),
     [
         ('[[models.loras]]\npath = "{p}"\n', r"models\[0\]\.loras\[0\]\.id: required"),
-        ('[[models.loras]]\nid = "a"\n', r"models\[0\]\.loras\[0\]\.path: required"),
+        ('[[models.loras]]\nid = "a"\n', r"models\[0\]\.loras\[0\]\.path: give either path or hf_repo"),
         ('[[models.loras]]\nid = "a"\npath = "/nope.gguf"\n', "path: file not found"),
         ('[[models.loras]]\nid = "a"\npath = "{p}"\nscale = "x"\n', "scale: expected a number"),
         ('[[models.loras]]\nid = "a"\npath = "{p}"\nrank = 8\n', r"loras\[0\]\.rank: unknown key"),
@@ -76,6 +79,8 @@ def test_lora_tables(tmp_path: Path) -> None:
             r"loras\[1\]\.id: 'a' is used twice",
         ),
         ("loras = 3\n", r"models\[0\]\.loras: expected"),
+        ('[[models.loras]]\nid = "a"\npath = "{p}"\nhf_repo = "o/r"\n', "either path or hf_repo"),
+        ('[[models.loras]]\nid = "a"\nhf_repo = "o"\n', r"loras\[0\]\.hf_repo: expected org/name"),
     ],
 )
 def test_bad_lora_tables(tmp_path: Path, tables: str, message: str) -> None:
