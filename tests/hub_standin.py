@@ -33,6 +33,7 @@ class HubFile:
 class StandIn:
     repos: dict[str, dict[str, HubFile]] = field(default_factory=dict)
     downloads: list[str] = field(default_factory=list)  # file GETs, in order
+    authorizations: list[str] = field(default_factory=list)  # Authorization headers seen
     url: str = ""
 
 
@@ -55,6 +56,8 @@ def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
             self._serve(body=False)
 
         def _serve(self, body: bool) -> None:
+            if self.headers.get("Authorization"):
+                hub.authorizations.append(self.headers["Authorization"])
             path = unquote(urlsplit(self.path).path)
             api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
             if api:

@@ -126,3 +126,9 @@ def test_offline_mode_from_the_environment(
     with pytest.raises(HubError, match=r"^models\[0\]\.hf_repo: "):
         fetch(_src(tmp_path), endpoint=hub.url)  # offline: the hub is not asked
     assert hub.downloads == []
+
+
+def test_hf_token_is_sent(hub: StandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    fetch(_src(tmp_path), endpoint=hub.url, offline=False)
+    assert hub.authorizations and set(hub.authorizations) == {"Bearer hf_test_token"}
