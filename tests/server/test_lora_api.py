@@ -20,14 +20,18 @@ async def setup() -> tuple[httpx.AsyncClient, FakeEngine]:
     fake = FakeEngine()
     fake._info = dataclasses.replace(fake.info, loras=ADAPTERS)
     model = ModelSection(
-        id="fake-model", loras=tuple(LoraSection(a.id, a.path, a.scale) for a in ADAPTERS)
+        id="fake-model",
+        loras=tuple(LoraSection(id=a.id, path=a.path, scale=a.scale) for a in ADAPTERS),
     )
     app = create_app(Settings(models=(model,)), engine=fake)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t"), fake
 
 
 def _chat(lora: object = None) -> dict[str, object]:
-    body: dict[str, object] = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+    body: dict[str, object] = {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     if lora is not None:
         body["lora"] = lora
     return body
