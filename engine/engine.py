@@ -165,7 +165,9 @@ class Engine:
 
         Also loads an unloaded (or failed) engine again; a no-op while one runs."""
         if self._thread is not None and self._thread.is_alive():
-            return
+            if not self._unloading:
+                return
+            self._thread.join()  # an unload still saving: normally waited for off the loop
         self._loop = asyncio.get_running_loop()
         self.state, self.load_error, self.load_progress = EngineState.LOADING, None, 0.0
         self._unloading = False
@@ -293,17 +295,26 @@ class Engine:
             if self._cache is not None:
                 self._cache.close()
 
-    def unload(self, timeout: float = 30.0) -> bool:
-        """Free the model and its context (blocking: call it off the event loop). What
-        the slots hold is saved to the prefix cache first, and the cache and the sessions
-        stay, so a later `start()` resumes warm. False if nothing was loaded."""
+    def unload(self) -> bool:
+        """Begin freeing the model and its context (event loop thread): from now on the
+        engine takes no request (`ready` is False) and its thread stops; `wait_stopped`
+        waits for that. What the slots hold is saved to the prefix cache first, and the
+        cache and the sessions stay, so a later `start()` resumes warm. False if nothing
+        was loaded."""
         worker, thread = self._worker, self._thread
         if worker is None or thread is None or not thread.is_alive():
             return False
         self._unloading = True
+        self.state = EngineState.UNLOADED  # before the thread ends: no request slips in
         worker.commands.put(Stop())
-        thread.join(timeout)
-        return not thread.is_alive()
+        return True
+
+    def wait_stopped(self, timeout: float = 30.0) -> bool:
+        """Block until the engine thread has ended (call it off the event loop)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
 
     @property
     def busy(self) -> bool:

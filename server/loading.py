@@ -102,7 +102,11 @@ class ModelLoader:
             if not engine.ready or served.in_flight or engine.busy:
                 return False
             log.info("unloading model %s", served.id)
-            done = await asyncio.to_thread(engine.unload)
+            self._observe()  # counted as loaded before the state changes
+            if not engine.unload():
+                return False
+            self._seen[served.id] = EngineState.READY
+            done = await asyncio.to_thread(engine.wait_stopped)
             self._observe()
             return done
 
@@ -128,7 +132,10 @@ class ModelLoader:
             victim = min(idle, key=lambda m: m.last_used)
             log.info("memory budget: unloading %s to load %s", victim.id, loading.id)
             async with self._locks[victim.id]:
-                await asyncio.to_thread(victim.engine.unload)
+                self._observe()
+                if victim.engine.unload():
+                    self._seen[victim.id] = EngineState.READY
+                    await asyncio.to_thread(victim.engine.wait_stopped)
             self._observe()
 
     @staticmethod

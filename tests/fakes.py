@@ -99,8 +99,11 @@ class FakeEngine:
     def busy(self) -> bool:
         return self.outstanding > 0
 
-    def unload(self, timeout: float = 0) -> bool:
+    def unload(self) -> bool:
         self.state = EngineState.UNLOADED
+        return True
+
+    def wait_stopped(self, timeout: float = 0) -> bool:
         return True
 
     def close(self, timeout: float = 0) -> None:
