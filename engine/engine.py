@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
+import math
 import os
 import random
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -35,6 +38,7 @@ from engine.types import (
     EngineStats,
     GenerateRequest,
     InvalidRequestError,
+    LoraAdapter,
     ModelInfo,
     NoSlotError,
     QueueFullError,
@@ -67,6 +71,10 @@ class EngineConfig:
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
     sessions: SessionLimits = SessionLimits()
     limits: TimeLimits = TimeLimits()
+    # Called first on the engine thread when set: fetches the model (a hub download,
+    # reporting its progress 0..1) and returns its local path, used instead of model_path.
+    fetch: Callable[[Callable[[float], None]], str] | None = None
+    loras: tuple[LoraAdapter, ...] = ()  # loaded with the model; requests pick among them
 
     @property
     def threads(self) -> int:
@@ -98,6 +106,7 @@ class EngineState(enum.StrEnum):
     FAILED = "failed"
     RECOVERING = "recovering"  # the engine thread died and is being rebuilt (503)
     STOPPED = "stopped"
+    UNLOADED = "unloaded"  # model and context freed; the prefix cache and sessions kept
 
 
 class Generation:
@@ -164,6 +173,7 @@ class Engine:
         self.config = config
         self.state = EngineState.LOADING
         self.load_progress = 0.0
+        self.load_phase = "loading"  # "downloading" while `config.fetch` runs
         self.load_error: str | None = None
         self._model: Model | None = None
         self._worker: Worker | None = None
@@ -177,26 +187,42 @@ class Engine:
         # Per tenant (loop thread only): requests by hit kind, and prompt tokens reused.
         self._tenant_hits: dict[str, dict[str, int]] = {}
         self._tenant_reused: dict[str, int] = {}
+        self._unloading = False
+        self.load_seconds = 0.0  # how long the last load took (download included)
+        self._memory_bytes = 0  # weights + KV once loaded (0: not known yet)
 
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the model and start the engine thread. Returns at once; see `state`."""
+        """Load the model and start the engine thread. Returns at once; see `state`.
+
+        Also loads an unloaded (or failed) engine again; a no-op while one runs."""
+        if self._thread is not None and self._thread.is_alive():
+            if not self._unloading:
+                return
+            self._thread.join()  # an unload still saving: normally waited for off the loop
         self._loop = asyncio.get_running_loop()
+        self.state, self.load_error, self.load_progress = EngineState.LOADING, None, 0.0
+        self._unloading = False
         self._thread = threading.Thread(target=self._main, name="kvserve-engine", daemon=True)
         self._thread.start()
 
     def _main(self) -> None:
+        started = time.monotonic()
         try:
             worker = self._load()
         except Exception as exc:  # reported on /health; the process stays up to say so
             log.exception("model load failed")
+            if self._model is not None:
+                self._model.close()
+                self._model = None
             self.load_error = str(exc)
             self.state = EngineState.FAILED
             return
+        self.load_seconds = time.monotonic() - started
         self._worker = worker
         self.state = EngineState.READY
-        log.info("engine ready: %s", self.info.model_id)
+        log.info("engine ready: %s (%.1fs)", self.info.model_id, self.load_seconds)
         watchdog = Watchdog(lambda: self._worker)
         watchdog.start()
         try:
@@ -212,13 +238,18 @@ class Engine:
                     self.state = EngineState.READY
         finally:
             watchdog.stop()
-            self.state = EngineState.STOPPED
+            unloading = self._unloading
+            self.state = EngineState.UNLOADED if unloading else EngineState.STOPPED
+            self._worker = None
+            self._model = None
             worker.ctx.close()
             if worker.embedder is not None:
                 worker.embedder.ctx.close()
             worker.model.close()
-            if worker.cache is not None:
-                worker.cache.close()  # queued saves reach the disk before we exit
+            # Unloading keeps the cache (the slots' states were just saved into it), so
+            # the model comes back warm; a stop closes it: queued saves reach the disk.
+            if worker.cache is not None and not unloading:
+                worker.cache.close()
 
     def _rebuild(self, old: Worker, cause: str) -> Worker:
         """A new context and scheduler (slots empty) on the same model, embedder and
@@ -253,8 +284,28 @@ class Engine:
         def progress(value: float) -> None:
             self.load_progress = value
 
+        if cfg.fetch is not None:
+            self.load_phase = "downloading"
+            cfg = dataclasses.replace(cfg, model_path=cfg.fetch(progress))
+            self.load_phase, self.load_progress = "loading", 0.0
         model = Model(cfg.model_path, on_progress=progress)
         self._model = model
+        total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
+        embed_cells = cfg.embed_n_ctx if cfg.embeddings else 0
+        self._memory_bytes = model.size_bytes() + model.kv_bytes_per_cell() * (
+            total_cells + embed_cells
+        )
+        try:
+            for adapter in cfg.loras:
+                path = adapter.path
+                if adapter.fetch is not None:
+                    self.load_phase = "downloading"
+                    path = adapter.fetch(progress)
+                    self.load_phase = "loading"
+                model.load_lora(adapter.id, path)
+        except BaseException:
+            model.close()
+            raise
         total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
         ctx = Context(
             model,
@@ -294,9 +345,11 @@ class Engine:
             description=model.description(),
             size_bytes=model.size_bytes(),
             n_params=model.n_params(),
+            loras=cfg.loras,
         )
-        if cfg.cache is not None and cfg.cache.enabled:
-            # Everything that changes the layout of a sequence's KV state.
+        if cfg.cache is not None and cfg.cache.enabled and self._cache is None:
+            # Everything that changes the layout of a sequence's KV state. Kept across an
+            # unload and the next load (the same file: the same namespace).
             self._cache = PrefixCache(
                 cfg.cache,
                 namespace(model_fingerprint(cfg.model_path), ctx.n_ctx_seq, "f16", "flash"),
@@ -306,8 +359,49 @@ class Engine:
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread: running sequences are aborted, handles freed."""
         if self._worker is not None and self._thread is not None and self._thread.is_alive():
+            self._unloading = False
             self._worker.commands.put(Stop())
             self._thread.join(timeout)
+        elif self.state is EngineState.UNLOADED:
+            self.state = EngineState.STOPPED
+            if self._cache is not None:
+                self._cache.close()
+
+    def unload(self) -> bool:
+        """Begin freeing the model and its context (event loop thread): from now on the
+        engine takes no request (`ready` is False) and its thread stops; `wait_stopped`
+        waits for that. What the slots hold is saved to the prefix cache first, and the
+        cache and the sessions stay, so a later `start()` resumes warm. False if nothing
+        was loaded."""
+        worker, thread = self._worker, self._thread
+        if worker is None or thread is None or not thread.is_alive():
+            return False
+        self._unloading = True
+        self.state = EngineState.UNLOADED  # before the thread ends: no request slips in
+        worker.commands.put(Stop())
+        return True
+
+    def wait_stopped(self, timeout: float = 30.0) -> bool:
+        """Block until the engine thread has ended (call it off the event loop)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight or queued (an engine is only unloaded when idle)."""
+        return self._outstanding > 0 or self._pending_embeds > 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Weights + KV cache of the loaded model; before the first load, the GGUF's size."""
+        if self._memory_bytes:
+            return self._memory_bytes
+        try:
+            return os.path.getsize(self.config.model_path)
+        except OSError:
+            return 0
 
     # -- facts -----------------------------------------------------------------------
 
@@ -421,7 +515,7 @@ class Engine:
             )
         ):
             return None
-        return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.cache_salt)
+        return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.prefix_salt)
 
     def _validate(self, request: GenerateRequest) -> None:
         info = self.info
@@ -443,6 +537,12 @@ class Engine:
                 code="context_length_exceeded",
             )
         _check_int32(request)
+        known = {a.id for a in info.loras}
+        for adapter_id, scale in request.lora:
+            if adapter_id not in known:
+                raise InvalidRequestError(f"unknown LoRA adapter '{adapter_id}'", param="lora")
+            if not math.isfinite(scale):
+                raise InvalidRequestError("a LoRA scale must be a finite number", param="lora")
         for token, _ in request.sampling.logit_bias:
             if token < 0 or token >= info.n_vocab:
                 raise InvalidRequestError(

@@ -132,6 +132,18 @@ class Model:
         for t, piece in enumerate(self.pieces):
             if len(piece) == 1:
                 self.byte_tokens.setdefault(piece[0], t)
+        self.loras: dict[str, typing.Any] = {}  # adapter id -> llama_adapter_lora handle
+
+    def load_lora(self, adapter_id: str, path: str) -> None:
+        """Load a LoRA adapter GGUF for this model (freed with the model)."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"LoRA adapter {adapter_id!r}: file not found: {path}")
+        with _CaptureErrors() as errors:
+            handle = C.llama_adapter_lora_init(self.handle, path.encode())
+        if not handle:
+            reason = "; ".join(e for e in errors if e) or "llama.cpp refused it"
+            raise RuntimeError(f"LoRA adapter {adapter_id!r} ({path}): {reason}")
+        self.loras[adapter_id] = handle
 
     def _piece(self, token: int, *, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
@@ -171,6 +183,13 @@ class Model:
     def size_bytes(self) -> int:
         return int(C.llama_model_size(self.handle))
 
+    def kv_bytes_per_cell(self) -> int:
+        """Bytes of f16 K and V one KV cell takes over all layers (for memory budgets)."""
+        n_head = max(1, C.llama_model_n_head(self.handle))
+        head_dim = self.n_embd // n_head
+        n_head_kv = C.llama_model_n_head_kv(self.handle)
+        return 2 * 2 * int(C.llama_model_n_layer(self.handle)) * n_head_kv * head_dim
+
     def n_params(self) -> int:
         return int(C.llama_model_n_params(self.handle))
 
@@ -202,6 +221,7 @@ class Model:
 
     def close(self) -> None:
         if self.handle:
+            self.loras.clear()  # llama.cpp frees a model's adapters with the model
             C.llama_model_free(self.handle)
             self.handle = None
 
@@ -304,6 +324,20 @@ class Context:
     def interrupt(self) -> None:
         """Make the running (or next) llama_decode stop early, returning 2. Any thread."""
         self._abort_flag[0] = b"\x01"
+        self._lora: tuple[tuple[str, float], ...] = ()
+
+    def set_loras(self, lora: tuple[tuple[str, float], ...]) -> None:
+        """Apply these adapters (ids of `model.loras`, scales) to the next decodes. llama.cpp
+        holds one adapter set per context: every row of a batch is computed with it."""
+        if lora == self._lora:
+            return
+        handles = (C.llama_adapter_lora_p_ctypes * max(1, len(lora)))(
+            *(self.model.loras[i] for i, _ in lora)
+        )
+        scales = (ctypes.c_float * max(1, len(lora)))(*(s for _, s in lora))
+        if C.llama_set_adapters_lora(self.handle, handles, len(lora), scales) != 0:
+            raise RuntimeError("llama.cpp refused the LoRA adapter set")
+        self._lora = lora
 
     def decode(self, batch: Batch) -> int:
         """Run one llama_decode; 0 is success, 1 means no KV space, 2 interrupted,

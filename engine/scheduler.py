@@ -126,6 +126,8 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order
         self.slots = SlotTable(config.num_slots, config.keeps_prefixes)
         self.num_preemptions = 0
+        self._lora_turns: dict[tuple[tuple[str, float], ...], int] = {}  # set -> last step
+        self._num_steps = 0
 
     # -- queries ---------------------------------------------------------------------
 
@@ -233,11 +235,28 @@ class Scheduler:
             chunks.append(Chunk(seq, seq.num_computed, length, sample))
             budget -= length
             free_cells -= length
+        chunks = self._one_adapter_set(chunks)
         # With a KV stream per slot, llama.cpp splits a batch into ubatches of sequences
         # with consecutive ids, scanning rows in order: rows sorted by slot make one
         # ubatch of a step where any other order could make several.
         chunks.sort(key=_slot_of)
         return chunks, kv
+
+    def _one_adapter_set(self, chunks: list[Chunk]) -> list[Chunk]:
+        """The chunks of one LoRA adapter set only: llama.cpp applies one set to a whole
+        context, so sequences with different sets cannot share a decode. The sets take
+        turns, the one that waited longest first (steps alternate between them)."""
+        sets = {c.seq.lora for c in chunks}
+        if len(sets) > 1:
+            turn = min(sets, key=lambda key: self._lora_turns.get(key, -1))
+            chunks = [c for c in chunks if c.seq.lora == turn]
+        if chunks:
+            self._num_steps += 1
+            self._lora_turns[chunks[0].seq.lora] = self._num_steps
+            if len(self._lora_turns) > 4 * self.config.num_slots:  # forget sets long gone
+                live = {s.lora for s in self.running}
+                self._lora_turns = {k: v for k, v in self._lora_turns.items() if k in live}
+        return chunks
 
     def _chunk_length(self, seq: Sequence, room: int) -> int:
         """How many pending tokens of `seq` to prefill now, at most `room`; 0: wait."""

@@ -112,7 +112,11 @@ class Sequence:
 
     @property
     def salt(self) -> str:
-        return self.request.cache_salt
+        return self.request.prefix_salt  # the cache salt and the LoRA set
+
+    @property
+    def lora(self) -> tuple[tuple[str, float], ...]:
+        return self.request.lora
 
     @property
     def prompt_done(self) -> bool:

@@ -7,6 +7,7 @@ engine thread, and never mutated by either side afterwards.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cache import CacheStats  # re-exported: server/ reports it and may not import cache/
@@ -79,6 +80,29 @@ class GenerateRequest:
     tenant: str = ""
     # Prefixes are shared only between requests with the same salt (slots and the cache).
     cache_salt: str = ""
+    # LoRA adapters applied, as (adapter id, scale) sorted by id, no zero scales: the
+    # effective set (see server/lora.py). Part of the prefix namespace (`prefix_salt`).
+    lora: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def prefix_salt(self) -> str:
+        """The salt prefixes are stored and found under: KV computed with one adapter set
+        is never reused under another (nor under none)."""
+        if not self.lora:
+            return self.cache_salt
+        return self.cache_salt + "\x00lora:" + ",".join(f"{i}={s!r}" for i, s in self.lora)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """A LoRA adapter a model is served with: `scale` applies to requests that name none."""
+
+    id: str
+    path: str
+    scale: float = 1.0
+    # Called on the engine thread before the adapter loads, when set: fetches it (from a
+    # hub) and returns its local path, used instead of `path`.
+    fetch: Callable[[Callable[[float], None]], str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +185,7 @@ class ModelInfo:
     description: str = ""
     size_bytes: int = 0
     n_params: int = 0
+    loras: tuple[LoraAdapter, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

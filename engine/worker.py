@@ -203,6 +203,7 @@ class Worker:
         started = time.monotonic()
         if self.limits.decode_s:
             self.decode_deadline = started + self.limits.decode_s
+        self.ctx.set_loras(chunks[0].seq.lora)  # one adapter set a step (see the scheduler)
         try:
             result = self.runner.run(chunks)
         except DecodeError as exc:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -10,16 +15,25 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from engine.engine import CacheConfig, Engine, EngineConfig, SessionLimits
-from engine.types import EngineNotReadyError, TimeLimits
-from server import errors
+from engine.engine import CacheConfig, Engine, EngineConfig, EngineState, SessionLimits
+from engine.types import EngineNotReadyError, LoraAdapter, TimeLimits
+from server import errors, hub
 from server.apis.responses_store import ResponseStore
-from server.config import ModelSection, Settings, chat_template_source
+from server.config import (
+    LoraSection,
+    ModelSection,
+    Settings,
+    chat_template_source,
+    hub_source,
+    lora_source,
+)
 from server.deps import EngineLike, require_api_key
 from server.lifecycle import Lifecycle
+from server.loading import ModelLoader
 from server.metrics import make_registry
 from server.metrics import router as metrics_router
 from server.middleware import AccessMiddleware, BodyLimit
+from server.model_gate import ModelGate
 from server.registry import ModelRegistry, ServedModel
 from server.routes import (
     cache,
@@ -37,9 +51,14 @@ from server.routes import (
 log = logging.getLogger("kvserve.server")
 
 
-def engine_config(model: ModelSection, settings: Settings | None = None) -> EngineConfig:
+def engine_config(
+    model: ModelSection, settings: Settings | None = None, label: str = "model"
+) -> EngineConfig:
     e = model.engine
     settings = settings or Settings()
+    fetch = None
+    if model.hf_repo:
+        fetch = functools.partial(hub.fetch, hub_source(label, model, settings.hub))
     c, sessions = settings.cache, settings.sessions
     cache = None
     if c.enabled and not c.disk_path:
@@ -81,7 +100,18 @@ def engine_config(model: ModelSection, settings: Settings | None = None) -> Engi
             sessions.max_sessions,
             sessions.max_sessions_per_key,
         ),
+        fetch=fetch,
+        loras=tuple(
+            _adapter(f"{label}.loras[{j}]", a, settings) for j, a in enumerate(model.loras)
+        ),
     )
+
+
+def _adapter(label: str, lora: LoraSection, settings: Settings) -> LoraAdapter:
+    fetch = None
+    if lora.hf_repo:
+        fetch = functools.partial(hub.fetch, lora_source(label, lora, settings.hub))
+    return LoraAdapter(lora.id, lora.path, lora.scale, fetch)
 
 
 def _served_models(
@@ -94,20 +124,47 @@ def _served_models(
         except EngineNotReadyError:
             engines = {settings.models[0].id: engine}
     if engines is None:
-        engines = {m.id: Engine(engine_config(m, settings)) for m in settings.models}
+        labels = [f"models[{i}]" for i in range(len(settings.models))]
+        if len(labels) == 1:
+            labels = ["model"]
+        engines = {
+            m.id: Engine(engine_config(m, settings, label))
+            for m, label in zip(settings.models, labels, strict=True)
+        }
     served = []
     for model_id, the_engine in engines.items():
         cfg = configured.get(model_id, ModelSection(id=model_id))
-        served.append(
-            ServedModel(
-                model_id,
-                cfg.aliases,
-                the_engine,
-                chat_template_source(cfg),
-                context_overflow=cfg.context_overflow,
-            )
+        model = ServedModel(
+            model_id,
+            cfg.aliases,
+            the_engine,
+            chat_template_source(cfg),
+            context_overflow=cfg.context_overflow,
+            loras=tuple((a.id, a.scale) for a in cfg.loras),
         )
+        model.on_demand = cfg.load == "on_demand"
+        model.idle_unload_s = cfg.idle_unload_s
+        model.last_used = time.monotonic()  # idle time counts from the start
+        if model.on_demand:
+            the_engine.state = EngineState.UNLOADED  # until a request needs it
+        served.append(model)
     return ModelRegistry(served)
+
+
+async def _exit_if_fetch_fails(app: FastAPI, served: ModelRegistry) -> None:
+    """A model that cannot be fetched from the hub at start stops the process with status
+    2, as a configuration error would (a failed load of a local file keeps serving and
+    says so on /health, as before)."""
+    at_start = [m for m in served if not m.on_demand]
+    while any(m.engine.state is EngineState.LOADING for m in at_start):
+        await asyncio.sleep(0.1)
+    for model in at_start:
+        engine = model.engine
+        if engine.state is EngineState.FAILED and engine.load_phase == "downloading":
+            print(f"kvserve: {engine.load_error}", file=sys.stderr, flush=True)
+            app.state.exit_code = 2
+            os.kill(os.getpid(), signal.SIGTERM)  # the usual drain and shutdown
+            return
 
 
 def create_app(
@@ -124,10 +181,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for model in served:
-            model.engine.start()
+            if not model.on_demand:
+                model.engine.start()
+        watcher = asyncio.create_task(_exit_if_fetch_fails(app, served))
+        unloader = asyncio.create_task(app.state.loader.run())
         try:
             yield
         finally:
+            watcher.cancel()
+            unloader.cancel()
             for model in served:  # each engine saves what it keeps (cache, sessions) here
                 try:
                     model.engine.close()
@@ -143,9 +205,11 @@ def create_app(
     app.state.settings = settings
     app.state.models = served
     app.state.started = int(time.time())
+    app.state.exit_code = 0
     app.state.lifecycle = Lifecycle()
     app.state.responses = ResponseStore(settings.responses.max_stored, settings.responses.ttl_s)
     app.state.registry, app.state.metrics = make_registry(served)
+    app.state.loader = ModelLoader(served, settings.loading, app.state.registry)
     errors.install(app)
 
     authed = [Depends(require_api_key)]
@@ -172,6 +236,7 @@ def create_app(
             allow_methods=["*"],
             allow_headers=["*"],
         )
+    app.add_middleware(ModelGate, loader=app.state.loader)  # inside the body limit
     app.add_middleware(BodyLimit, limit=settings.server.max_body_bytes)
     app.add_middleware(  # outermost: sees every answer, 413s and CORS included
         AccessMiddleware,

@@ -19,6 +19,7 @@ _FLAGS = {
     "log_json": "logging.json",
     "model": "model.path",
     "model_id": "model.id",
+    "hf_repo": "model.hf_repo",
     "chat_template": "model.chat_template",
     "n_ctx": "engine.n_ctx",
     "parallel": "engine.n_seq_max",
@@ -43,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-json", action="store_true", default=None, help="log lines as JSON")
     p.add_argument("--model", help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--model-id", help="the model name clients send")
+    p.add_argument("--hf-repo", help="fetch the GGUF from a Hugging Face hub: org/name[:QUANT]")
     p.add_argument("--chat-template", help="Jinja chat template, inline or a file path")
     p.add_argument("--n-ctx", type=int, help="context of one sequence, in tokens")
     p.add_argument("--parallel", type=int, help="slots: sequences decoded together")

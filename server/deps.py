@@ -26,6 +26,7 @@ class EngineLike(Protocol):
 
     state: EngineState
     load_progress: float
+    load_phase: str  # "loading", or "downloading" while a hub fetch runs
     load_error: str | None
 
     @property
@@ -55,6 +56,15 @@ class EngineLike(Protocol):
     def cache_stats(self) -> CacheStats | None: ...
     def tenant_cache_view(self, tenant: str, owns: Callable[[str], bool]) -> TenantCacheView: ...
     def purge_cache(self, owns: Callable[[str], bool] | None = ...) -> int: ...
+    # On-demand loading (server/loading.py)
+    load_seconds: float
+
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def memory_bytes(self) -> int: ...
+    def unload(self) -> bool: ...
+    def wait_stopped(self, timeout: float = ...) -> bool: ...
 
 
 def registry(request: Request) -> ModelRegistry:
@@ -66,6 +76,10 @@ def ready_engine(engine: EngineLike) -> EngineLike:
     if not engine.ready:
         if engine.state is EngineState.FAILED:
             raise ServerError(f"the model failed to load: {engine.load_error}")
+        if engine.state is EngineState.UNLOADED:  # loaded again by a generation request
+            raise ServiceUnavailable(
+                "the model is not loaded", code="model_unloaded", headers={"Retry-After": "5"}
+            )
         raise ServiceUnavailable(
             f"the model is loading ({engine.load_progress:.0%})",
             code="model_loading",

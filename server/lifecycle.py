@@ -126,4 +126,4 @@ def serve(settings: Settings) -> int:
         timeout_keep_alive=max(1, round(server.keep_alive_s)),
     )
     GracefulServer(config, app.state.lifecycle, settings.server.shutdown_grace_s).run()
-    return 0
+    return int(app.state.exit_code)  # 2: a model could not be fetched at start

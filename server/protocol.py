@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from server.errors import BadRequest, Unsupported
+from server.lora import LoraField
 
 log = logging.getLogger("kvserve.server")
 
@@ -93,6 +94,7 @@ class SamplingExtras(_Open):
     # kvserve: a sticky session (or the X-Session-Id header) and a prefix-cache salt
     session_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     cache_salt: Annotated[str, Field(max_length=256)] | None = None
+    lora: LoraField = None  # LoRA adapters and scales (see server/lora.py)
     # llama.cpp extras
     top_k: Annotated[int, Field(ge=0)] | None = None
     min_p: Probability | None = None

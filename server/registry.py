@@ -22,6 +22,11 @@ class ServedModel:
     engine: EngineLike
     template_override: str | None = None  # configured Jinja; None: the GGUF's own
     context_overflow: str = "error"  # or "drop_oldest" (server/serving/context_fit.py)
+    loras: tuple[tuple[str, float], ...] = ()  # configured adapters: (id, default scale)
+    on_demand: bool = False  # loaded by its first request, not at start
+    idle_unload_s: float = 0.0  # unloaded after this long without requests; 0: never
+    in_flight: int = 0  # generation requests on it now (see server/model_gate.py)
+    last_used: float = 0.0  # time.monotonic() of its last request's start or end
     _template: ChatTemplate | None = None
 
     @property

@@ -8,6 +8,7 @@ from dataclasses import replace
 from engine.types import GenerateRequest, ModelInfo, SamplingParams
 from server.deps import Caller
 from server.errors import BadRequest
+from server.lora import lora_set
 from server.protocol import SamplingExtras
 
 # Request field -> SamplingParams field, for the fields that map one to one.
@@ -104,6 +105,7 @@ def generate_requests(
                 param="session_id",
             )
         session_id = caller.session_header
+    lora = lora_set(body.lora, info)
     requests = []
     for i in range(body.n):
         sampling = base
@@ -121,6 +123,7 @@ def generate_requests(
                 session_id=session_id,
                 tenant=caller.tenant,
                 cache_salt=caller.salt(body.cache_salt),
+                lora=lora,
             )
         )
     return requests

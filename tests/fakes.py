@@ -57,6 +57,9 @@ class FakeEngine:
         self.state = EngineState.READY if ready else EngineState.LOADING
         self.load_progress = 1.0 if ready else 0.25
         self.load_error: str | None = None
+        self.load_phase = "loading"
+        self.load_seconds = 0.0
+        self.memory_bytes = 0
         self.fail_next = False
         self.fail_error = "llama_decode failed with code -3 (fake)"  # what the failure says
         self.cached = 0  # reported as num_cached_tokens with every finish
@@ -95,6 +98,17 @@ class FakeEngine:
 
     def start(self) -> None:
         pass
+
+    @property
+    def busy(self) -> bool:
+        return self.outstanding > 0
+
+    def unload(self) -> bool:
+        self.state = EngineState.UNLOADED
+        return True
+
+    def wait_stopped(self, timeout: float = 0) -> bool:
+        return True
 
     def close(self, timeout: float = 0) -> None:
         for task in self._tasks:

@@ -11,6 +11,7 @@ from engine.engine import EngineState
 from server.deps import EngineLike
 
 router = APIRouter()
+_SETTLED = (EngineState.READY, EngineState.UNLOADED)
 
 
 def _model_state(engine: EngineLike) -> dict[str, Any]:
@@ -22,7 +23,12 @@ def _model_state(engine: EngineLike) -> dict[str, Any]:
         return {"status": "stopped"}
     if engine.state is EngineState.RECOVERING:  # its thread died; being rebuilt
         return {"status": "recovering"}
-    return {"status": "loading", "progress": round(engine.load_progress, 3)}
+    if engine.state is EngineState.UNLOADED:  # loaded on demand: fine for readiness
+        return {"status": "unloaded"}
+    state: dict[str, Any] = {"status": "loading", "progress": round(engine.load_progress, 3)}
+    if engine.load_phase == "downloading":  # a hub fetch: progress is the download's
+        state["phase"] = "downloading"
+    return state
 
 
 @router.get("/health")
@@ -35,7 +41,7 @@ async def health(request: Request) -> JSONResponse:
     states = {m["status"] for m in models.values()}
     if request.app.state.lifecycle.draining:
         return JSONResponse({"status": "draining", "models": models}, status_code=503)
-    if states == {"ready"}:
+    if states <= {"ready", "unloaded"}:
         return JSONResponse({"status": "ok", "models": models})
     if "error" in states:
         body: dict[str, Any] = {"status": "error", "models": models}
@@ -48,7 +54,9 @@ async def health(request: Request) -> JSONResponse:
         )
     if "stopped" in states:
         return JSONResponse({"status": "stopped", "models": models}, status_code=503)
-    progress = sum(1.0 if m.engine.ready else m.engine.load_progress for m in served) / len(models)
+    progress = sum(
+        1.0 if m.engine.state in _SETTLED else m.engine.load_progress for m in served
+    ) / len(models)
     return JSONResponse(
         {"status": "loading", "progress": round(progress, 3), "models": models},
         status_code=503,

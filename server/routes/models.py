@@ -1,7 +1,9 @@
-"""GET /v1/models, GET /v1/models/{model_id}
+"""GET /v1/models, GET /v1/models/{model_id}, POST /v1/models/{model_id}/load|unload
 
 The list has one entry per served model, under its id (OpenAI's shape); aliases are
 named in its `meta` and are accepted wherever a model is named, retrieval included.
+`meta.state` is loaded, loading, unloaded or failed; load and unload do it by hand
+(see server/loading.py).
 """
 
 from __future__ import annotations
@@ -10,10 +12,25 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from engine.engine import EngineState
 from server.deps import registry, resolve_model
+from server.errors import APIError
+from server.loading import ModelLoader
 from server.registry import ServedModel
 
 router = APIRouter()
+
+_STATES = {
+    EngineState.READY: "loaded",
+    EngineState.LOADING: "loading",
+    EngineState.UNLOADED: "unloaded",
+    EngineState.STOPPED: "unloaded",
+    EngineState.FAILED: "failed",
+}
+
+
+class ModelBusy(APIError):
+    status = 409
 
 
 def _card(served: ServedModel, created: int) -> dict[str, Any]:
@@ -23,7 +40,16 @@ def _card(served: ServedModel, created: int) -> dict[str, Any]:
         "created": created,
         "owned_by": "kvserve",
     }
-    meta: dict[str, Any] = {"aliases": list(served.aliases), "ready": served.engine.ready}
+    meta: dict[str, Any] = {
+        "aliases": list(served.aliases),
+        "ready": served.engine.ready,
+        "state": _STATES[served.engine.state],
+        "load": "on_demand" if served.on_demand else "startup",
+        # llama-server's /lora-adapters shape: the index is what `lora[].id` may also be
+        "loras": [{"id": i, "index": n, "scale": s} for n, (i, s) in enumerate(served.loras)],
+    }
+    if served.engine.state is EngineState.FAILED:
+        meta["error"] = served.engine.load_error
     if served.engine.ready:
         info = served.engine.info
         meta |= {
@@ -45,6 +71,27 @@ async def list_models(request: Request) -> dict[str, Any]:
     """List the models this server serves (also those still loading)."""
     created = request.app.state.started
     return {"object": "list", "data": [_card(m, created) for m in registry(request)]}
+
+
+def _loader(request: Request) -> ModelLoader:
+    return request.app.state.loader  # type: ignore[no-any-return]
+
+
+@router.post("/v1/models/{model_id:path}/load")
+async def load_model(model_id: str, request: Request) -> dict[str, Any]:
+    """Load a model now and wait for it (503 with the reason if it fails)."""
+    served = resolve_model(request, model_id, require_ready=False)
+    await _loader(request).ensure_loaded(served)
+    return _card(served, request.app.state.started)
+
+
+@router.post("/v1/models/{model_id:path}/unload")
+async def unload_model(model_id: str, request: Request) -> dict[str, Any]:
+    """Unload a model (its slots' KV is saved to the cache first); 409 while it serves."""
+    served = resolve_model(request, model_id, require_ready=False)
+    if served.engine.ready and not await _loader(request).unload(served):
+        raise ModelBusy(f"the model '{served.id}' has requests in flight", code="model_busy")
+    return _card(served, request.app.state.started)
 
 
 @router.get("/v1/models/{model_id:path}")

@@ -1,0 +1,209 @@
+"""GGUF files fetched from a Hugging Face-compatible hub (`hf_repo` in a model's config).
+
+Downloads go through `huggingface_hub`, so its cache directory (HF_HOME / HF_HUB_CACHE or
+`hub.cache_dir`), its resumable `.incomplete` files, HF_TOKEN, HF_ENDPOINT and
+HF_HUB_OFFLINE all apply as they do for every other tool of that ecosystem. A file is
+only handed to llama.cpp once the library has renamed it complete, and a freshly
+downloaded file is checked against the sha256 the hub lists for it.
+
+Every failure is a `HubError` whose text is one line naming the config key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Progress = Callable[[float], None]
+
+# A split GGUF's shards: model-00001-of-00003.gguf
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+class HubError(Exception):
+    """A model could not be fetched; the message is one line naming the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class HubSource:
+    """Where a model's GGUF lives on the hub. `quant` picks the file when `file` is empty."""
+
+    key: str  # the config key, for messages: "models[0].hf_repo"
+    repo: str
+    file: str = ""
+    quant: str = ""
+    revision: str = ""  # empty: the default branch
+    cache_dir: str = ""  # empty: huggingface_hub's own (HF_HUB_CACHE)
+
+    @classmethod
+    def parse(
+        cls, key: str, spec: str, file: str = "", revision: str = "", cache_dir: str = ""
+    ) -> HubSource:
+        """From `org/name[:QUANT]` (llama-server's -hf syntax)."""
+        repo, _, quant = spec.partition(":")
+        if repo.count("/") != 1 or not all(repo.split("/")):
+            raise HubError(f"{key}: expected org/name[:QUANT], got {spec!r}")
+        if quant and file:
+            raise HubError(f"{key}: give either a quant tag or hf_file, not both")
+        return cls(key, repo, file, quant, revision, cache_dir)
+
+
+def choose_file(source: HubSource, names: list[str]) -> str:
+    """The GGUF among the repository's file names that `source` asks for."""
+    if source.file:
+        if source.file not in names:
+            raise HubError(f"{source.key}: file {source.file!r} not found in {source.repo}")
+        return source.file
+    ggufs = [n for n in names if n.lower().endswith(".gguf") and "mmproj" not in n.lower()]
+    if not ggufs:
+        raise HubError(f"{source.key}: no GGUF file in {source.repo}")
+    if source.quant:
+        # The tag as a whole word of the name: Q4_K does not pick Q4_K_M.
+        tag = re.compile(rf"(^|[-._/]){re.escape(source.quant)}([-.]|$)", re.IGNORECASE)
+        ggufs = [n for n in ggufs if tag.search(n)]
+        if not ggufs:
+            raise HubError(f"{source.key}: no GGUF file for quant {source.quant} in {source.repo}")
+    first_shards = [n for n in ggufs if _shard_index(n) in (None, 1)]
+    if len(first_shards) > 1:
+        which = "quant " + source.quant if source.quant else "no quant given"
+        raise HubError(
+            f"{source.key}: ambiguous ({which}): {', '.join(sorted(first_shards))}; "
+            "name one with :QUANT or hf_file"
+        )
+    chosen = first_shards[0]
+    if _SHARD.search(chosen):
+        raise HubError(f"{source.key}: split GGUF files are not supported ({chosen})")
+    return chosen
+
+
+def _shard_index(name: str) -> int | None:
+    found = _SHARD.search(name)
+    return int(found.group(1)) if found else None
+
+
+def fetch(
+    source: HubSource,
+    on_progress: Progress | None = None,
+    *,
+    endpoint: str | None = None,
+    offline: bool | None = None,
+) -> str:
+    """The local path of the model's GGUF, downloading it first if it is not cached.
+
+    `endpoint`/`offline` default to huggingface_hub's (HF_ENDPOINT, HF_HUB_OFFLINE)."""
+    import huggingface_hub as hf  # here, not at import: only configs with hf_repo need it
+    from huggingface_hub import constants as hf_constants
+    from huggingface_hub import errors as hf_errors
+
+    if offline is None:
+        offline = hf_constants.is_offline_mode()
+    cache_dir = source.cache_dir or None
+    revision = source.revision or None
+    try:
+        if offline:
+            names, expected = _cached_names(source, cache_dir), None
+        else:
+            names, expected = _remote_names(source, endpoint)
+        filename = choose_file(source, names)
+        cached = hf.try_to_load_from_cache(source.repo, filename, cache_dir, revision)
+        path = hf.hf_hub_download(
+            source.repo,
+            filename,
+            revision=revision,
+            cache_dir=cache_dir,
+            endpoint=endpoint,
+            local_files_only=offline,
+            tqdm_class=_progress_bar(on_progress),
+        )
+    except HubError:
+        raise
+    except hf_errors.RepositoryNotFoundError:
+        raise HubError(f"{source.key}: repository {source.repo} not found") from None
+    except hf_errors.RevisionNotFoundError:
+        raise HubError(f"{source.key}: revision {source.revision!r} not found") from None
+    except hf_errors.EntryNotFoundError as exc:
+        where = "in the local cache (offline)" if offline else f"in {source.repo}"
+        raise HubError(f"{source.key}: file not found {where}: {_first_line(exc)}") from None
+    except Exception as exc:  # network failures (httpx's or OSError), HTTP errors, offline
+        raise HubError(f"{source.key}: download failed: {_first_line(exc)}") from None
+    if expected and cached != path:  # downloaded now: check it once
+        _verify(source, path, expected.get(filename))
+    if on_progress is not None:
+        on_progress(1.0)
+    return str(path)
+
+
+def _remote_names(source: HubSource, endpoint: str | None) -> tuple[list[str], dict[str, str]]:
+    """The repository's files, and the sha256 the hub lists for each LFS file."""
+    from huggingface_hub import HfApi
+
+    info = HfApi(endpoint=endpoint).model_info(
+        source.repo, revision=source.revision or None, files_metadata=True
+    )
+    siblings = info.siblings or []
+    sums = {s.rfilename: s.lfs.sha256 for s in siblings if s.lfs is not None and s.lfs.sha256}
+    return [s.rfilename for s in siblings], sums
+
+
+def _cached_names(source: HubSource, cache_dir: str | None) -> list[str]:
+    """Offline: the GGUF names of the revision's snapshot in the local cache."""
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(
+        source.repo,
+        revision=source.revision or None,
+        cache_dir=cache_dir,
+        local_files_only=True,
+    )
+    root = Path(folder)
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def _verify(source: HubSource, path: str, sha256: str | None) -> None:
+    if not sha256:
+        return
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != sha256.lower():
+        # Neither load it nor leave it to be found in the cache next time.
+        blob = os.path.realpath(path)
+        for victim in {path, blob}:
+            if os.path.lexists(victim):
+                os.remove(victim)
+        raise HubError(
+            f"{source.key}: sha256 mismatch for {os.path.basename(path)} "
+            f"(expected {sha256}, got {digest.hexdigest()}); the file was removed"
+        )
+
+
+def _progress_bar(on_progress: Progress | None) -> Any:
+    """huggingface_hub's terminal bar, also reporting the fraction to `on_progress`."""
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    if on_progress is None:
+        return hf_tqdm
+    report = on_progress
+
+    class Bar(hf_tqdm):  # type: ignore[misc, valid-type]
+        # Counted here too: a disabled bar (HF_HUB_DISABLE_PROGRESS_BARS) counts nothing.
+        seen = 0.0
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self.seen += n or 0
+            if self.total:
+                report(min(1.0, self.seen / self.total))
+            return super().update(n)  # type: ignore[no-any-return]
+
+    return Bar
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,168 @@
+"""Models loaded on demand, unloaded when idle or when the memory budget is exceeded.
+
+A model with `load = "on_demand"` is not loaded at start; the first request naming it
+loads it and waits (up to `loading.wait_s`, then 503 with Retry-After). A model with
+`idle_unload_s` is unloaded after that long without requests. With
+`loading.memory_budget_bytes`, loading a model first unloads the least recently used
+idle models until its weights and KV fit. Unloading saves what the slots hold to the
+prefix cache, which the engine keeps (as it keeps its sessions): a reloaded model, and a
+session on it, resume warm.
+
+Thread contract: everything here runs on the event loop; `Engine.unload` blocks, so it
+runs in a worker thread under the model's lock, which loads take too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from engine.engine import EngineState
+from server.errors import ServiceUnavailable
+
+if TYPE_CHECKING:
+    from server.config import LoadingSection
+    from server.registry import ModelRegistry, ServedModel
+
+log = logging.getLogger("kvserve.server")
+
+_POLL_S = 0.1
+_LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class ModelLoader:
+    def __init__(self, models: ModelRegistry, config: LoadingSection, registry: CollectorRegistry):
+        self.models = models
+        self.config = config
+        self.loads = Counter("kvserve_model_loads", "Model loads.", ["model"], registry=registry)
+        self.unloads = Counter(
+            "kvserve_model_unloads",
+            "Model unloads (idle, budget or by hand).",
+            ["model"],
+            registry=registry,
+        )
+        self.load_seconds = Histogram(
+            "kvserve_model_load_seconds",
+            "How long a model load took (download included).",
+            ["model"],
+            buckets=_LOAD_BUCKETS,
+            registry=registry,
+        )
+        self._locks = {m.id: asyncio.Lock() for m in models}
+        self._seen = {m.id: m.engine.state for m in models}
+
+    # -- what requests call ------------------------------------------------------------
+
+    async def ensure_loaded(self, served: ServedModel) -> None:
+        """Return once `served` is ready; load it first if need be. 503 (Retry-After)
+        when the load fails or takes longer than `wait_s`."""
+        if served.engine.ready:
+            return
+        await self.load(served)
+        engine = served.engine
+        deadline = time.monotonic() + self.config.wait_s
+        while engine.state is EngineState.LOADING and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL_S)
+        self._observe()
+        if engine.ready:
+            return
+        if engine.state is EngineState.FAILED:
+            raise ServiceUnavailable(
+                f"the model '{served.id}' failed to load: {engine.load_error}",
+                code="model_load_failed",
+                headers={"Retry-After": "10"},
+            )
+        raise ServiceUnavailable(
+            f"the model '{served.id}' is still loading ({engine.load_progress:.0%})",
+            code="model_loading",
+            headers={"Retry-After": "5"},
+        )
+
+    async def load(self, served: ServedModel) -> None:
+        """Start loading `served` (unloading idle models first to keep within the budget);
+        returns without waiting for the load."""
+        async with self._locks[served.id]:
+            engine = served.engine
+            if engine.ready or engine.state is EngineState.LOADING:
+                return
+            await self._make_room(served)
+            log.info("loading model %s", served.id)
+            engine.start()
+            self._seen[served.id] = EngineState.LOADING
+
+    async def unload(self, served: ServedModel) -> bool:
+        """Unload `served` if it is loaded and idle; False if it was not."""
+        async with self._locks[served.id]:
+            engine = served.engine
+            if not engine.ready or served.in_flight or engine.busy:
+                return False
+            log.info("unloading model %s", served.id)
+            self._observe()  # counted as loaded before the state changes
+            if not engine.unload():
+                return False
+            self._seen[served.id] = EngineState.READY
+            done = await asyncio.to_thread(engine.wait_stopped)
+            self._observe()
+            return done
+
+    # -- policy ------------------------------------------------------------------------
+
+    async def _make_room(self, loading: ServedModel) -> None:
+        budget = self.config.memory_budget_bytes
+        if not budget:
+            return
+        need = loading.engine.memory_bytes
+        while True:
+            loaded = [m for m in self.models if m is not loading and self._holds_memory(m)]
+            if sum(m.engine.memory_bytes for m in loaded) + need <= budget:
+                return
+            idle = [m for m in loaded if m.engine.ready and not m.in_flight and not m.engine.busy]
+            if not idle:
+                raise ServiceUnavailable(
+                    f"the model '{loading.id}' does not fit the memory budget beside the "
+                    "models in use; retry when they are idle",
+                    code="memory_budget",
+                    headers={"Retry-After": "5"},
+                )
+            victim = min(idle, key=lambda m: m.last_used)
+            log.info("memory budget: unloading %s to load %s", victim.id, loading.id)
+            async with self._locks[victim.id]:
+                self._observe()
+                if victim.engine.unload():
+                    self._seen[victim.id] = EngineState.READY
+                    await asyncio.to_thread(victim.engine.wait_stopped)
+            self._observe()
+
+    @staticmethod
+    def _holds_memory(served: ServedModel) -> bool:
+        return served.engine.state in (EngineState.READY, EngineState.LOADING)
+
+    async def run(self) -> None:
+        """Background task: idle unloads, and the load/unload metrics."""
+        while True:
+            await asyncio.sleep(_POLL_S * 5)
+            self._observe()
+            now = time.monotonic()
+            for served in self.models:
+                limit = served.idle_unload_s
+                if limit and served.engine.ready and now - served.last_used >= limit:
+                    with contextlib.suppress(Exception):
+                        await self.unload(served)
+
+    def _observe(self) -> None:
+        """Count the state changes since last time (startup loads included)."""
+        for served in self.models:
+            state, before = served.engine.state, self._seen[served.id]
+            if state is before:
+                continue
+            if state is EngineState.READY:
+                self.loads.labels(served.id).inc()
+                self.load_seconds.labels(served.id).observe(served.engine.load_seconds)
+            elif state is EngineState.UNLOADED and before is EngineState.READY:
+                self.unloads.labels(served.id).inc()
+            self._seen[served.id] = state

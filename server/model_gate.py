@@ -1,0 +1,162 @@
+"""ASGI middleware: a generation request for a model that is not loaded waits for it.
+
+It reads the JSON body's `model` (of POSTs to the generating endpoints), counts the
+request as in flight on that model (so it is not unloaded under it), and when the model
+is not ready has the loader load it. A plain request simply waits; a stream (`"stream":
+true`) gets its 200 and SSE comment lines (`: loading ...`) at once, every second, so
+that clients and proxies see the connection alive, and then the route's own events. A
+load that fails or outlasts `loading.wait_s` answers 503 with Retry-After (a stream
+that has started gets one `error` event instead). Routes stay unaware of all this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.deps import require_api_key
+from server.errors import APIError, Unauthorized
+
+if TYPE_CHECKING:
+    from server.loading import ModelLoader
+    from server.registry import ServedModel
+
+PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/messages",
+)
+_COMMENT_EVERY_S = 1.0
+
+
+class ModelGate:
+    def __init__(self, app: ASGIApp, loader: ModelLoader):
+        self.app = app
+        self.loader = loader
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in PATHS:
+            await self.app(scope, receive, send)
+            return
+        messages, body = await _read_body(receive)
+        replay = _replayer(messages, receive)
+        try:
+            fields = json.loads(body) if body else None
+        except ValueError:
+            fields = None
+        name = fields.get("model") if isinstance(fields, dict) else None
+        served = self.loader.models.get(name) if isinstance(name, str) else None
+        if served is None or not _authorized(scope):
+            # The route answers: 400 for bad JSON, 404 for a bad model, 401 for a bad key
+            # (an anonymous request must not get a model loaded).
+            await self.app(scope, replay, send)
+            return
+        served.in_flight += 1
+        served.last_used = time.monotonic()
+        try:
+            if served.engine.ready:
+                await self.app(scope, replay, send)
+            elif isinstance(fields, dict) and fields.get("stream") is True:
+                await self._stream_after_load(served, scope, replay, send)
+            else:
+                try:
+                    await self.loader.ensure_loaded(served)
+                except APIError as exc:
+                    await exc.response()(scope, replay, send)
+                    return
+                await self.app(scope, replay, send)
+        finally:
+            served.in_flight -= 1
+            served.last_used = time.monotonic()
+
+    async def _stream_after_load(
+        self, served: ServedModel, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                ],
+            }
+        )
+        waiting = asyncio.ensure_future(self.loader.ensure_loaded(served))
+        while not waiting.done():
+            progress = served.engine.load_progress
+            line = f": loading model {served.id} ({progress:.0%})\n\n".encode()
+            await send({"type": "http.response.body", "body": line, "more_body": True})
+            await asyncio.wait({waiting}, timeout=_COMMENT_EVERY_S)
+        error = waiting.exception()
+        if isinstance(error, APIError):
+            await _send_event(send, {"error": error.body()["error"]}, last=True)
+            return
+        if error is not None:
+            raise error
+        await self.app(scope, receive, _body_only(send))
+
+
+def _authorized(scope: Scope) -> bool:
+    try:
+        require_api_key(Request(scope))
+    except Unauthorized:
+        return False
+    return True
+
+
+async def _read_body(receive: Receive) -> tuple[list[Message], bytes]:
+    messages, chunks = [], []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return messages, b"".join(chunks)
+
+
+def _replayer(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replay() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replay
+
+
+def _body_only(send: Send) -> Send:
+    """The route's stream after our own 200 went out: its start is dropped; a route that
+    answers with an error instead sends it as one `error` event."""
+    state: dict[str, Any] = {"status": 200, "body": b""}
+
+    async def forward(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            state["status"] = message["status"]
+            return
+        if state["status"] == 200 or message["type"] != "http.response.body":
+            await send(message)
+            return
+        state["body"] += message.get("body", b"")
+        if not message.get("more_body", False):
+            try:
+                error = json.loads(state["body"]).get("error")
+            except (ValueError, AttributeError):
+                error = {"message": state["body"].decode("utf-8", "replace")}
+            await _send_event(send, {"error": error}, last=True)
+
+    return forward
+
+
+async def _send_event(send: Send, data: dict[str, Any], *, last: bool) -> None:
+    body = f"data: {json.dumps(data)}\n\n".encode()
+    await send({"type": "http.response.body", "body": body, "more_body": not last})
