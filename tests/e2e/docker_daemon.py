@@ -101,6 +101,10 @@ def daemon(log_dir: Path) -> Iterator[Docker]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        # dockerd leaves its default network namespace mounted in the exec root
+        netns = run_dir / "exec" / "netns" / "default"
+        if os.path.ismount(netns):
+            subprocess.run(["umount", str(netns)], check=False, capture_output=True)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
