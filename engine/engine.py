@@ -59,6 +59,7 @@ class EngineConfig:
     embed_n_ctx: int = 4096  # longest embedding input, in tokens
     embed_chunk: int = 256  # embedding tokens computed per engine step
     exact_reuse: bool = True  # reuse only KV that reproduces the cold output exactly
+    speculative: bool = True  # prompt-lookup drafts verified in the step (engine/speculation.py)
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
     sessions: SessionLimits = SessionLimits()
 
@@ -205,6 +206,7 @@ class Engine:
                 cfg.n_batch,
                 cfg.prefill_chunk,
                 exact=cfg.exact_reuse,
+                speculative=cfg.speculative,
             )
         )
         self._info = ModelInfo(

@@ -12,6 +12,7 @@ from engine.types import GenerateRequest, Timings, TokenLogprob
 if TYPE_CHECKING:
     from cache import CacheHit
     from engine.llama import Sampler
+    from engine.speculation import Drafter
 
 
 class SeqStatus(enum.Enum):
@@ -51,6 +52,7 @@ class Sequence:
         "t_scheduled",
         "t_prompt_done",
         "t_first_token",
+        "drafter",
     )
 
     def __init__(
@@ -84,6 +86,7 @@ class Sequence:
         self.t_scheduled: float | None = None
         self.t_prompt_done: float | None = None
         self.t_first_token: float | None = None
+        self.drafter: Drafter | None = None  # speculative decoding, made at first decode
 
     @property
     def request_id(self) -> str:

@@ -79,6 +79,8 @@ class GenerateRequest:
     tenant: str = ""
     # Prefixes are shared only between requests with the same salt (slots and the cache).
     cache_salt: str = ""
+    # Speculative decoding by prompt lookup; None: the model's default.
+    speculative: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,8 @@ class EngineStats:
     num_reclaims: int = 0  # idle sessions' slots taken for other requests
     num_restore_failures: int = 0
     num_reused_tokens: int = 0  # prompt tokens not prefilled thanks to a slot or the cache
+    num_drafted_tokens: int = 0  # speculative decoding: draft tokens verified
+    num_accepted_tokens: int = 0  # draft tokens the sampler agreed with (kept)
     hits: tuple[tuple[str, int], ...] = ()  # requests by kind: cold/partial/exact/session
     hit_sources: tuple[tuple[str, int], ...] = ()  # requests by source: none/slot/ram/disk
     cache: CacheStats | None = None

@@ -53,6 +53,7 @@ def engine_config(model: ModelSection, settings: Settings | None = None) -> Engi
         embed_n_ctx=e.embed_n_ctx,
         embed_chunk=e.embed_chunk,
         exact_reuse=e.exact_reuse,
+        speculative=e.speculative,
         cache=cache,
         sessions=SessionLimits(sessions.default_ttl_s, sessions.max_ttl_s, sessions.max_sessions),
     )

@@ -66,6 +66,7 @@ class EngineSection:
     embed_n_ctx: int = 4096
     embed_chunk: int = 256
     exact_reuse: bool = True
+    speculative: bool = True
 
 
 @dataclass(frozen=True)

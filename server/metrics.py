@@ -144,6 +144,14 @@ def _counters(s: EngineStats) -> dict[str, tuple[str, float]]:
         "kvserve_sampled_tokens": ("Tokens sampled by the engine.", s.num_generated_tokens),
         "kvserve_preemptions": ("Sequences preempted for KV space.", s.num_preemptions),
         "kvserve_decode_failures": ("Failed llama_decode calls.", s.num_decode_failures),
+        "kvserve_spec_drafted_tokens": (
+            "Speculative decoding: draft tokens verified.",
+            s.num_drafted_tokens,
+        ),
+        "kvserve_spec_accepted_tokens": (
+            "Speculative decoding: draft tokens accepted.",
+            s.num_accepted_tokens,
+        ),
     }
 
 

@@ -121,6 +121,7 @@ def generate_requests(
                 session_id=session_id,
                 tenant=caller.tenant,
                 cache_salt=caller.salt(body.cache_salt),
+                speculative=body.speculative,
             )
         )
     return requests
