@@ -60,6 +60,12 @@ class EngineConfig:
     embed_chunk: int = 256  # embedding tokens computed per engine step
     exact_reuse: bool = True  # reuse only KV that reproduces the cold output exactly
     speculative: bool = True  # prompt-lookup drafts verified in the step (engine/speculation.py)
+    flash_attn: bool = True
+    type_k: str = "f16"  # KV cache element types (engine.llama.KV_TYPES)
+    type_v: str = "f16"
+    n_ubatch: int = 0  # 0: n_batch
+    n_gpu_layers: int = 0  # needs a GPU build of llama-cpp-python
+    extra_bufts: bool | None = None  # repacked weight buffers; None: unless the CPU has AMX
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
     sessions: SessionLimits = SessionLimits()
 
@@ -182,13 +188,26 @@ class Engine:
         def progress(value: float) -> None:
             self.load_progress = value
 
-        model = Model(cfg.model_path, on_progress=progress)
+        model = Model(
+            cfg.model_path,
+            on_progress=progress,
+            n_gpu_layers=cfg.n_gpu_layers,
+            extra_bufts=cfg.extra_bufts,
+        )
         self._model = model
         total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
         ctx = Context(
             model,
             ContextParams(
-                total_cells, cfg.n_batch, cfg.n_seq_max, cfg.threads, kv_unified=cfg.kv_unified
+                total_cells,
+                cfg.n_batch,
+                cfg.n_seq_max,
+                cfg.threads,
+                kv_unified=cfg.kv_unified,
+                flash_attn=cfg.flash_attn,
+                type_k=cfg.type_k,
+                type_v=cfg.type_v,
+                n_ubatch=cfg.n_ubatch,
             ),
         )
         embedder = None
@@ -229,7 +248,13 @@ class Engine:
             # Everything that changes the layout of a sequence's KV state.
             self._cache = PrefixCache(
                 cfg.cache,
-                namespace(model_fingerprint(cfg.model_path), ctx.n_ctx_seq, "f16", "flash"),
+                namespace(
+                    model_fingerprint(cfg.model_path),
+                    ctx.n_ctx_seq,
+                    cfg.type_k,
+                    cfg.type_v,
+                    "flash" if cfg.flash_attn else "no-flash",
+                ),
             )
         return Worker(model, ctx, scheduler, embedder, self._deliver, self._cache)
 

@@ -54,6 +54,12 @@ def engine_config(model: ModelSection, settings: Settings | None = None) -> Engi
         embed_chunk=e.embed_chunk,
         exact_reuse=e.exact_reuse,
         speculative=e.speculative,
+        flash_attn=e.flash_attn,
+        type_k=e.type_k,
+        type_v=e.type_v,
+        n_ubatch=e.n_ubatch,
+        n_gpu_layers=e.n_gpu_layers,
+        extra_bufts=None if e.extra_bufts == "auto" else e.extra_bufts == "on",
         cache=cache,
         sessions=SessionLimits(sessions.default_ttl_s, sessions.max_ttl_s, sessions.max_sessions),
     )
