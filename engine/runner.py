@@ -132,10 +132,10 @@ class Runner:
     def _sample(self, chunk: Chunk, first_row: int, result: StepResult) -> None:
         """Sample the chunk's rows in order while the sampler agrees with the draft:
         each kept token is the one plain decoding would have sampled, since the row it
-        comes from saw exactly the tokens plain decoding would have fed. The KV of the
-        guesses after the first disagreement is dropped."""
+        comes from saw exactly the tokens plain decoding would have fed. (The worker
+        drops the KV of the guesses after the first disagreement.)"""
         seq, draft = chunk.seq, chunk.draft
-        assert seq.sampler is not None and seq.slot is not None
+        assert seq.sampler is not None
         top = seq.request.logprobs
         accepted = 0
         while True:
@@ -148,5 +148,3 @@ class Runner:
             accepted += 1
         if draft:
             result.drafts.append((seq, len(draft), accepted))
-            if accepted < len(draft):
-                self.ctx.remove_seq(seq.slot, chunk.start + 1 + accepted)

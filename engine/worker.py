@@ -286,7 +286,9 @@ class Worker:
             seq.prompt_logprobs.extend(logprobs)
             seq.num_scored += len(logprobs)
         for seq, drafted, accepted in result.drafts:
-            assert seq.drafter is not None
+            assert seq.drafter is not None and seq.slot is not None
+            if accepted < drafted:  # the rejected guesses' KV (num_computed: the pending token's)
+                self.ctx.remove_seq(seq.slot, seq.num_computed + accepted)
             seq.drafter.feedback(drafted, accepted)
             self.num_drafted_tokens += drafted
             self.num_accepted_tokens += accepted
