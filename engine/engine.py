@@ -59,7 +59,7 @@ class EngineConfig:
     embed_n_ctx: int = 4096  # longest embedding input, in tokens
     embed_chunk: int = 256  # embedding tokens computed per engine step
     exact_reuse: bool = True  # reuse only KV that reproduces the cold output exactly
-    speculative: bool = True  # prompt-lookup drafts verified in the step (engine/speculation.py)
+    speculative: bool = False  # prompt-lookup drafts verified in the step (engine/speculation.py)
     flash_attn: bool = True
     type_k: str = "f16"  # KV cache element types (engine.llama.KV_TYPES)
     type_v: str = "f16"

@@ -67,7 +67,7 @@ class EngineSection:
     embed_n_ctx: int = 4096
     embed_chunk: int = 256
     exact_reuse: bool = True
-    speculative: bool = True
+    speculative: bool = False
     flash_attn: bool = True
     type_k: str = "f16"
     type_v: str = "f16"

@@ -16,7 +16,7 @@ def settings(**env: str) -> object:
 def test_defaults() -> None:
     e = load_settings(env={}).engine
     assert (e.flash_attn, e.type_k, e.type_v, e.n_ubatch) == (True, "f16", "f16", 0)
-    assert (e.n_gpu_layers, e.extra_bufts, e.speculative) == (0, "auto", True)
+    assert (e.n_gpu_layers, e.extra_bufts, e.speculative) == (0, "auto", False)
 
 
 def test_a_quantized_kv_cache_is_accepted() -> None:
@@ -30,7 +30,7 @@ def test_a_quantized_kv_cache_is_accepted() -> None:
         ({"type_k": "q3_k"}, "engine.type_k"),
         ({"type_v": "int8"}, "engine.type_v"),
         ({"type_v": "q8_0", "flash_attn": "false", "speculative": "false"}, "engine.type_v"),
-        ({"flash_attn": "false"}, "engine.speculative"),
+        ({"flash_attn": "false", "speculative": "true"}, "engine.speculative"),
         ({"n_ubatch": "1024"}, "engine.n_ubatch"),
         ({"n_ubatch": "-1"}, "engine.n_ubatch"),
         ({"n_ubatch": "128"}, "engine.n_ubatch"),  # under prefill_chunk (256) with exact reuse
@@ -44,7 +44,7 @@ def test_refused_with_the_key_named(env: dict[str, str], key: str) -> None:
 
 
 def test_flash_attention_off_is_fine_without_speculation() -> None:
-    e = settings(flash_attn="false", speculative="false").engine  # type: ignore[attr-defined]
+    e = settings(flash_attn="false").engine  # type: ignore[attr-defined]
     assert not e.flash_attn
 
 
