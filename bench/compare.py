@@ -139,6 +139,20 @@ def measure(label: str, base_url: str, model_id: str, args: argparse.Namespace) 
     return rows
 
 
+def medians(rows: list[dict]) -> list[dict]:
+    """One row per server and concurrency: the median round by throughput."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["server"], r["concurrency"]), []).append(r)
+    out = []
+    for group in groups.values():
+        group.sort(key=lambda r: r["output_tok_s"])
+        median = dict(group[len(group) // 2])
+        median["rounds"] = [r["output_tok_s"] for r in group]
+        out.append(median)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -151,25 +165,39 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--parallel", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=1, help="alternate the servers this many times")
+    p.add_argument("--chart", help="write a PNG of throughput and TTFT (needs matplotlib)")
     args = p.parse_args()
     rows: list[dict] = []
-    for name in [s for s in args.servers.split(",") if s]:
-        proc, base_url, model_id = start(name, args.threads, args.parallel)
-        try:
-            rows += measure(name, base_url, model_id, args)
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    for item in args.base_url:
-        label, url = item.split("=", 1)
-        rows += measure(label, url, os.environ.get("BENCH_MODEL", "SmolLM2-135M-Instruct"), args)
+    names = [s for s in args.servers.split(",") if s]
+    for _ in range(args.rounds):  # alternating rounds: drift on the machine hits every server
+        for name in names:
+            proc, base_url, model_id = start(name, args.threads, args.parallel)
+            try:
+                rows += measure(name, base_url, model_id, args)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        for item in args.base_url:
+            label, url = item.split("=", 1)
+            model = os.environ.get("BENCH_MODEL", "SmolLM2-135M-Instruct")
+            rows += measure(label, url, model, args)
+    rows = medians(rows)
+    if args.chart:
+        from bench.chart import throughput_and_ttft
+
+        throughput_and_ttft(
+            rows, args.chart, f"{args.requests} chat requests, medians of {args.rounds}"
+        )
     print(
-        "| server | concurrency | output tok/s | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | errors |"
+        "| server | concurrency | output tok/s | rounds | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 "
+        "| errors |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['server']} | {r['concurrency']} | {r['output_tok_s']} | {r['ttft_p50_s']} s | "
+            f"| {r['server']} | {r['concurrency']} | {r['output_tok_s']} | {r['rounds']} | "
+            f"{r['ttft_p50_s']} s | "
             f"{r['ttft_p95_s']} s | {r['itl_p50_ms']} ms | {r['itl_p95_ms']} ms | {r['errors']} |"
         )
 

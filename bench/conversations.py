@@ -34,8 +34,13 @@ TOPICS = ["volcanoes", "tides", "bread", "bridges", "bees", "glaciers", "comets"
 async def turn(
     client: httpx.AsyncClient, model: str, messages: list[dict], session: str | None
 ) -> tuple[float, str]:
-    body = {"model": model, "messages": messages, "max_tokens": 32, "temperature": 0,
-            "stream": True}
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": 32,
+        "temperature": 0,
+        "stream": True,
+    }
     headers = {"X-Session-Id": session} if session else {}
     started = time.perf_counter()
     first, text = None, ""
@@ -68,7 +73,9 @@ async def conversation(
 
 
 async def drive(base_url: str, model: str, turns: int, sessions: bool) -> tuple[list, float]:
-    limits = httpx.Limits(max_connections=16)
+    # A fresh connection per request, for every server alike: llama-server closes idle
+    # keep-alive connections, which would surface as "Server disconnected" errors here.
+    limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, timeout=900, limits=limits) as client:
         started = time.perf_counter()
         per_conv = await asyncio.gather(

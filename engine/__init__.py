@@ -1,6 +1,7 @@
 """The batched llama.cpp engine: one thread owns the context; asyncio talks to it."""
 
 from engine.engine import Engine, EngineConfig, EngineState, Generation
+from engine.llama import KV_TYPES, gpu_offload_supported
 from engine.types import (
     EngineError,
     EngineNotReadyError,
@@ -25,8 +26,10 @@ __all__ = [
     "GenerateRequest",
     "Generation",
     "InvalidRequestError",
+    "KV_TYPES",
     "ModelInfo",
     "QueueFullError",
     "SamplingParams",
     "SeqOutput",
+    "gpu_offload_supported",
 ]

@@ -68,6 +68,13 @@ class EngineConfig:
     embed_n_ctx: int = 4096  # longest embedding input, in tokens
     embed_chunk: int = 256  # embedding tokens computed per engine step
     exact_reuse: bool = True  # reuse only KV that reproduces the cold output exactly
+    speculative: bool = False  # prompt-lookup drafts verified in the step (engine/speculation.py)
+    flash_attn: bool = True
+    type_k: str = "f16"  # KV cache element types (engine.llama.KV_TYPES)
+    type_v: str = "f16"
+    n_ubatch: int = 0  # 0: n_batch
+    n_gpu_layers: int = 0  # needs a GPU build of llama-cpp-python
+    extra_bufts: bool | None = None  # repacked weight buffers; None: unless the CPU has AMX
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
     sessions: SessionLimits = SessionLimits()
     limits: TimeLimits = TimeLimits()
@@ -288,7 +295,12 @@ class Engine:
             self.load_phase = "downloading"
             cfg = dataclasses.replace(cfg, model_path=cfg.fetch(progress))
             self.load_phase, self.load_progress = "loading", 0.0
-        model = Model(cfg.model_path, on_progress=progress)
+        model = Model(
+            cfg.model_path,
+            on_progress=progress,
+            n_gpu_layers=cfg.n_gpu_layers,
+            extra_bufts=cfg.extra_bufts,
+        )
         self._model = model
         total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
         embed_cells = cfg.embed_n_ctx if cfg.embeddings else 0
@@ -310,7 +322,15 @@ class Engine:
         ctx = Context(
             model,
             ContextParams(
-                total_cells, cfg.n_batch, cfg.n_seq_max, cfg.threads, kv_unified=cfg.kv_unified
+                total_cells,
+                cfg.n_batch,
+                cfg.n_seq_max,
+                cfg.threads,
+                kv_unified=cfg.kv_unified,
+                flash_attn=cfg.flash_attn,
+                type_k=cfg.type_k,
+                type_v=cfg.type_v,
+                n_ubatch=cfg.n_ubatch,
             ),
         )
         embedder = None
@@ -328,6 +348,7 @@ class Engine:
                 cfg.n_batch,
                 cfg.prefill_chunk,
                 exact=cfg.exact_reuse,
+                speculative=cfg.speculative,
             )
         )
         self._info = ModelInfo(
@@ -352,7 +373,13 @@ class Engine:
             # unload and the next load (the same file: the same namespace).
             self._cache = PrefixCache(
                 cfg.cache,
-                namespace(model_fingerprint(cfg.model_path), ctx.n_ctx_seq, "f16", "flash"),
+                namespace(
+                    model_fingerprint(cfg.model_path),
+                    ctx.n_ctx_seq,
+                    cfg.type_k,
+                    cfg.type_v,
+                    "flash" if cfg.flash_attn else "no-flash",
+                ),
             )
         return Worker(model, ctx, scheduler, embedder, self._deliver, self._cache, cfg.limits)
 

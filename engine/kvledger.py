@@ -59,7 +59,12 @@ class KvLedger:
             assert slot is not None
             # llama.cpp only decodes positions that follow the slot's last one, so a
             # chunk starts where the slot's KV ends (if the ledger is right; `check`).
-            self.slots[slot].extend(chunk.seq.tokens[chunk.start : chunk.start + chunk.length])
+            # A speculative chunk's guesses are not in the sequence's tokens (yet): the
+            # worker drops the rejected ones through `remove_seq`.
+            if chunk.draft:
+                self.slots[slot].extend((chunk.seq.tokens[chunk.start], *chunk.draft))
+            else:
+                self.slots[slot].extend(chunk.seq.tokens[chunk.start : chunk.start + chunk.length])
 
     def clear(self) -> None:
         self.ctx.clear()

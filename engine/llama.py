@@ -71,6 +71,34 @@ class _CaptureErrors:
         _local.captured = None
 
 
+# KV cache element types by the names llama-server takes (--cache-type-k/-v).
+KV_TYPES = {
+    "f32": C.GGML_TYPE_F32,
+    "f16": C.GGML_TYPE_F16,
+    "q8_0": C.GGML_TYPE_Q8_0,
+    "q4_0": C.GGML_TYPE_Q4_0,
+    "q4_1": C.GGML_TYPE_Q4_1,
+    "q5_0": C.GGML_TYPE_Q5_0,
+    "q5_1": C.GGML_TYPE_Q5_1,
+}
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Linux: /proc/cpuinfo), where llama.cpp's repacked
+    AMX kernels are used for weights in "extra" buffers."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama-cpp-python build can offload layers (CUDA, Metal, Vulkan...)."""
+    init_backend()
+    return bool(C.llama_supports_gpu_offload())
+
+
 @dataclass(frozen=True, slots=True)
 class ContextParams:
     n_ctx: int
@@ -79,6 +107,10 @@ class ContextParams:
     n_threads: int
     embeddings: bool = False
     kv_unified: bool = False
+    flash_attn: bool = True
+    type_k: str = "f16"  # a KV_TYPES name
+    type_v: str = "f16"
+    n_ubatch: int = 0  # 0: n_batch (one ubatch per step)
 
 
 class Model:
@@ -88,16 +120,23 @@ class Model:
     tables may be used from any thread (llama-server tokenizes on its HTTP threads too).
     """
 
-    def __init__(self, path: str, *, on_progress: Callable[[float], None] | None = None):
+    def __init__(
+        self,
+        path: str,
+        *,
+        on_progress: Callable[[float], None] | None = None,
+        n_gpu_layers: int = 0,
+        extra_bufts: bool | None = None,
+    ):
         init_backend()
         if not os.path.isfile(path):
             raise FileNotFoundError(f"model file not found: {path}")
         params = C.llama_model_default_params()
-        params.n_gpu_layers = 0
-        # No repacked "extra" weight buffers: on CPUs with AMX, llama.cpp's AMX matmul
-        # for Q4_1 weights segfaults on any batch of more than one token (seen on the
-        # dev machine with llama-cpp-python 0.3.36). Plain CPU buffers are correct.
-        params.use_extra_bufts = False
+        params.n_gpu_layers = n_gpu_layers
+        # Repacked "extra" weight buffers (faster CPU kernels) by default, except on CPUs
+        # with AMX: there llama.cpp's AMX matmul for Q4_1 weights segfaults on any batch
+        # of more than one token (seen on the dev machine with llama-cpp-python 0.3.36).
+        params.use_extra_bufts = (not cpu_has_amx()) if extra_bufts is None else extra_bufts
         # Keep the callback referenced on self: llama.cpp calls it during the load.
         self._progress_cb = None
         if on_progress is not None:
@@ -289,7 +328,9 @@ class Context:
         cp = C.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
-        cp.n_ubatch = params.n_batch
+        cp.n_ubatch = params.n_ubatch or params.n_batch
+        cp.type_k = KV_TYPES[params.type_k]
+        cp.type_v = KV_TYPES[params.type_v]
         cp.n_seq_max = params.n_seq_max
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads
@@ -298,7 +339,8 @@ class Context:
         # batched or alone. With one unified buffer it measurably is not (the attention
         # kernels see other sequences' cells), so unified is opt-in.
         cp.kv_unified = params.kv_unified
-        cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        on, off = C.LLAMA_FLASH_ATTN_TYPE_ENABLED, C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.flash_attn_type = on if params.flash_attn else off
         cp.no_perf = True
         if params.embeddings:
             cp.embeddings = True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,12 +28,15 @@ class Sampled:
     seq: Sequence
     token: int | None  # None: the grammar admits nothing more (the sequence ends)
     logprob: TokenLogprob | None
+    # Sampled from the row of an accepted draft token: that token's KV is now computed.
+    after_draft: bool = False
 
 
 @dataclass(slots=True)
 class StepResult:
-    sampled: list[Sampled]
+    sampled: list[Sampled]  # a sequence's tokens together and in order
     scored: list[tuple[Sequence, list[TokenLogprob]]]  # prompt log-probabilities
+    drafts: list[tuple[Sequence, int, int]] = field(default_factory=list)  # drafted, accepted
 
 
 def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
@@ -75,6 +78,7 @@ class Runner:
                 more = self._run([chunk])
                 result.sampled += more.sampled
                 result.scored += more.scored
+                result.drafts += more.drafts
         return result
 
     def _run(self, chunks: list[Chunk]) -> StepResult:
@@ -82,15 +86,19 @@ class Runner:
             return StepResult([], [])
         batch = self.batch
         batch.clear()
-        to_sample: list[tuple[Sequence, int]] = []
+        to_sample: list[tuple[Chunk, int]] = []
         to_score: list[tuple[Sequence, int, int, int]] = []  # seq, first row, position, count
         for chunk in chunks:
             seq = chunk.seq
             assert seq.slot is not None
             end = chunk.start + chunk.length
-            row = batch.add(seq.slot, seq.tokens[chunk.start : end], chunk.start, chunk.sample)
+            if chunk.draft:  # the pending token, then the guesses: logits at every row
+                row = batch.add(seq.slot, (seq.tokens[-1], *chunk.draft), chunk.start, True)
+                batch.logits[row - len(chunk.draft) : row] = 1
+            else:
+                row = batch.add(seq.slot, seq.tokens[chunk.start : end], chunk.start, chunk.sample)
             if chunk.sample:
-                to_sample.append((seq, row))
+                to_sample.append((chunk, row))
             # Rows at positions p < n_prompt - 1 predict prompt token p + 1; each
             # position is scored once (a preempted sequence is prefilled again).
             first = max(chunk.start, seq.num_scored)
@@ -116,13 +124,30 @@ class Runner:
                     ],
                 )
             )
-        sampled = []
-        for seq, row in to_sample:
-            assert seq.sampler is not None
+        result = StepResult([], scored)
+        for chunk, row in to_sample:
+            self._sample(chunk, row - len(chunk.draft), result)
+        return result
+
+    def _sample(self, chunk: Chunk, first_row: int, result: StepResult) -> None:
+        """Sample the chunk's rows in order while the sampler agrees with the draft:
+        each kept token is the one plain decoding would have sampled, since the row it
+        comes from saw exactly the tokens plain decoding would have fed. (The worker
+        drops the KV of the guesses after the first disagreement.)"""
+        seq, draft = chunk.seq, chunk.draft
+        assert seq.sampler is not None
+        top = seq.request.logprobs
+        accepted = 0
+        while True:
+            row = first_row + accepted
             token = seq.sampler.sample(self.ctx, row)
-            top = seq.request.logprobs
             logprob = None
             if top is not None and token is not None:
                 logprob = token_logprob(self.ctx.logits_row(row), token, top)
-            sampled.append(Sampled(seq, token, logprob))
-        return StepResult(sampled, scored)
+            result.sampled.append(Sampled(seq, token, logprob, after_draft=accepted > 0))
+            # None: the grammar admits nothing more, and the sequence ends here.
+            if token is None or accepted == len(draft) or token != draft[accepted]:
+                break
+            accepted += 1
+        if draft:
+            result.drafts.append((seq, len(draft), accepted))

@@ -30,16 +30,21 @@ from dataclasses import dataclass, field
 
 from engine.sequence import SeqStatus, Sequence
 from engine.slots import Copy, Drop, KvOp, Resident, Restore, SlotTable
+from engine.speculation import Drafter
 
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """`length` pending tokens of `seq` starting at `start`; `sample` if they end the list."""
+    """`length` pending tokens of `seq` starting at `start`; `sample` if they end the list.
+
+    A decoding sequence's chunk may carry `draft` tokens after its one pending token
+    (speculative decoding, see engine/speculation.py): `length` counts them too."""
 
     seq: Sequence
     start: int
     length: int
     sample: bool
+    draft: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -75,6 +80,7 @@ class SchedulerConfig:
     step_tokens: int  # token budget of one llama_decode
     prefill_chunk: int  # most prompt tokens of one sequence in one step
     exact: bool = True  # reuse only what reproduces the cold output exactly (see above)
+    speculative: bool = False  # draft tokens by prompt lookup, unless a request says otherwise
 
     @property
     def keeps_prefixes(self) -> bool:
@@ -217,11 +223,14 @@ class Scheduler:
         chunks: list[Chunk] = []
         budget = self.config.step_tokens
         free_cells = self.config.n_ctx - self.kv_cells_used
-        for seq in self.running:
-            if seq.is_decoding:
-                chunks.append(Chunk(seq, seq.num_computed, 1, True))
-                budget -= 1
-                free_cells -= 1
+        decoding = [seq for seq in self.running if seq.is_decoding]
+        spare = budget - len(decoding)  # drafts may use what one row per sequence leaves
+        for seq in decoding:
+            draft = self._draft(seq, min(spare, free_cells - 1))
+            chunks.append(Chunk(seq, seq.num_computed, 1 + len(draft), True, draft))
+            budget -= 1 + len(draft)
+            spare -= len(draft)
+            free_cells -= 1 + len(draft)
         for seq in self.running:
             if budget <= 0 or free_cells <= 0:
                 break
@@ -257,6 +266,19 @@ class Scheduler:
                 live = {s.lora for s in self.running}
                 self._lora_turns = {k: v for k, v in self._lora_turns.items() if k in live}
         return chunks
+
+    def _draft(self, seq: Sequence, room: int) -> tuple[int, ...]:
+        """Draft tokens to verify after `seq`'s pending one: never more than the request
+        may still generate after it, nor than its context can hold."""
+        wanted = seq.request.speculative
+        if not (self.config.speculative if wanted is None else wanted):
+            return ()
+        if seq.drafter is None:
+            seq.drafter = Drafter()
+        limit = min(room, self.config.n_ctx_seq - len(seq.tokens) - 1)
+        if seq.request.max_tokens is not None:
+            limit = min(limit, seq.request.max_tokens - seq.num_output_tokens - 1)
+        return seq.drafter.propose(seq.tokens, limit)
 
     def _chunk_length(self, seq: Sequence, room: int) -> int:
         """How many pending tokens of `seq` to prefill now, at most `room`; 0: wait."""

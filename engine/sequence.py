@@ -13,6 +13,7 @@ from engine.types import GenerateRequest, Timings, TokenLogprob
 if TYPE_CHECKING:
     from cache import CacheHit
     from engine.llama import Sampler
+    from engine.speculation import Drafter
 
 
 class SeqStatus(enum.Enum):
@@ -53,6 +54,7 @@ class Sequence:
         "t_prompt_done",
         "t_first_token",
         "t_last_token",
+        "drafter",
     )
 
     def __init__(
@@ -87,6 +89,7 @@ class Sequence:
         self.t_prompt_done: float | None = None
         self.t_first_token: float | None = None
         self.t_last_token: float | None = None  # for the between-tokens time limit
+        self.drafter: Drafter | None = None  # speculative decoding, made at first decode
 
     @property
     def request_id(self) -> str:

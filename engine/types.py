@@ -83,6 +83,8 @@ class GenerateRequest:
     # LoRA adapters applied, as (adapter id, scale) sorted by id, no zero scales: the
     # effective set (see server/lora.py). Part of the prefix namespace (`prefix_salt`).
     lora: tuple[tuple[str, float], ...] = ()
+    # Speculative decoding by prompt lookup; None: the model's default.
+    speculative: bool | None = None
 
     @property
     def prefix_salt(self) -> str:
@@ -216,6 +218,8 @@ class EngineStats:
     num_reclaims: int = 0  # idle sessions' slots taken for other requests
     num_restore_failures: int = 0
     num_reused_tokens: int = 0  # prompt tokens not prefilled thanks to a slot or the cache
+    num_drafted_tokens: int = 0  # speculative decoding: draft tokens verified
+    num_accepted_tokens: int = 0  # draft tokens the sampler agreed with (kept)
     hits: tuple[tuple[str, int], ...] = ()  # requests by kind: cold/partial/exact/session
     hit_sources: tuple[tuple[str, int], ...] = ()  # requests by source: none/slot/ram/disk
     cache: CacheStats | None = None

@@ -123,6 +123,8 @@ class Worker:
         self.last_batch_size = 0
         self.num_restore_failures = 0
         self.num_reused_tokens = 0
+        self.num_drafted_tokens = 0  # speculative decoding: guesses verified
+        self.num_accepted_tokens = 0  # and kept
         self.hits: dict[str, int] = {}  # (kind) cold / partial / exact / session
         self.hit_sources: dict[str, int] = {}  # none / slot / ram / disk
         self.batch_size_counts = [0] * (len(BATCH_SIZE_BOUNDS) + 1)
@@ -320,8 +322,9 @@ class Worker:
         num_tokens = num_decode_rows = 0
         for chunk in chunks:
             num_tokens += chunk.length
-            num_decode_rows += chunk.seq.is_decoding
-            chunk.seq.num_computed += chunk.length
+            num_decode_rows += chunk.length if chunk.seq.is_decoding else 0
+            # Draft rows count once accepted, token by token (below).
+            chunk.seq.num_computed += chunk.length - len(chunk.draft)
             if chunk.seq.t_prompt_done is None and not chunk.seq.num_pending_prompt:
                 chunk.seq.t_prompt_done = time.monotonic()
         self.num_steps += 1
@@ -332,7 +335,18 @@ class Worker:
         for seq, logprobs in result.scored:
             seq.prompt_logprobs.extend(logprobs)
             seq.num_scored += len(logprobs)
+        for seq, drafted, accepted in result.drafts:
+            assert seq.drafter is not None and seq.slot is not None
+            if accepted < drafted:  # the rejected guesses' KV (num_computed: the pending token's)
+                self.kv.remove_seq(seq.slot, seq.num_computed + accepted)
+            seq.drafter.feedback(drafted, accepted)
+            self.num_drafted_tokens += drafted
+            self.num_accepted_tokens += accepted
         for item in result.sampled:
+            if item.after_draft:
+                if item.seq.status is not SeqStatus.RUNNING:
+                    continue  # it ended on an earlier token of this step (stop, EOG, length)
+                item.seq.num_computed += 1
             self._append(item)
         for chunk in chunks:
             seq = chunk.seq
@@ -493,6 +507,8 @@ class Worker:
             num_reclaims=self.scheduler.slots.num_reclaims,
             num_restore_failures=self.num_restore_failures,
             num_reused_tokens=self.num_reused_tokens,
+            num_drafted_tokens=self.num_drafted_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
             hits=tuple(sorted(hits.items())),
             hit_sources=tuple(sorted(sources.items())),
             cache=self.cache.stats() if self.cache is not None else None,

@@ -93,6 +93,13 @@ def engine_config(
         limits=TimeLimits(
             e.prefill_timeout_s, e.token_timeout_s, e.total_timeout_s, e.decode_timeout_s
         ),
+        speculative=e.speculative,
+        flash_attn=e.flash_attn,
+        type_k=e.type_k,
+        type_v=e.type_v,
+        n_ubatch=e.n_ubatch,
+        n_gpu_layers=e.n_gpu_layers,
+        extra_bufts=None if e.extra_bufts == "auto" else e.extra_bufts == "on",
         cache=cache,
         sessions=SessionLimits(
             sessions.default_ttl_s,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import KV_TYPES, gpu_offload_supported
 from engine.scheduler import EXACT_MIN_CHUNK
 from server.config_values import ConfigError, coerce
 from server.hub import HubError, HubSource
@@ -87,6 +88,13 @@ class EngineSection:
     token_timeout_s: float = 120.0
     total_timeout_s: float = 3600.0
     decode_timeout_s: float = 120.0  # one llama_decode, interrupted past it
+    speculative: bool = False
+    flash_attn: bool = True
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_ubatch: int = 0
+    n_gpu_layers: int = 0
+    extra_bufts: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -504,6 +512,34 @@ def _validate_engine(label: str, e: EngineSection) -> None:
     if e.exact_reuse and e.n_batch < EXACT_MIN_CHUNK + e.n_seq_max:
         raise ConfigError(
             f"{label}.n_batch: must be at least {EXACT_MIN_CHUNK} + n_seq_max with exact_reuse"
+        )
+    _validate_kv_options(label, e)
+
+
+def _validate_kv_options(label: str, e: EngineSection) -> None:
+    """The weight and KV options, and the combinations llama.cpp (or our promises) rule out."""
+    for key in ("type_k", "type_v"):
+        if getattr(e, key) not in KV_TYPES:
+            raise ConfigError(f"{label}.{key}: one of {', '.join(KV_TYPES)}")
+    if e.type_v not in ("f16", "f32") and not e.flash_attn:
+        raise ConfigError(f"{label}.type_v: a quantized V cache needs flash_attn = true")
+    if e.speculative and not e.flash_attn:
+        # Without flash attention a chunk of 2+ rows is computed with other kernels than
+        # a one-row decode, so verified drafts would not give plain decoding's output.
+        raise ConfigError(f"{label}.speculative: needs flash_attn = true (or set it false)")
+    if e.n_ubatch < 0 or e.n_ubatch > e.n_batch:
+        raise ConfigError(f"{label}.n_ubatch: between 0 (= n_batch) and n_batch")
+    if e.exact_reuse and 0 < e.n_ubatch < e.prefill_chunk:
+        # A prompt chunk split over ubatches could end in one under 64 rows.
+        raise ConfigError(f"{label}.n_ubatch: at least prefill_chunk with exact_reuse (or 0)")
+    if e.extra_bufts not in ("auto", "on", "off"):
+        raise ConfigError(f"{label}.extra_bufts: one of auto, on, off")
+    if e.n_gpu_layers < 0:
+        raise ConfigError(f"{label}.n_gpu_layers: must not be negative")
+    if e.n_gpu_layers > 0 and not gpu_offload_supported():
+        raise ConfigError(
+            f"{label}.n_gpu_layers: this llama-cpp-python build cannot offload to a GPU "
+            "(reinstall it with CMAKE_ARGS, see the README)"
         )
 
 

@@ -153,6 +153,14 @@ def _counters(s: EngineStats) -> dict[str, tuple[str, float]]:
         "kvserve_engine_rebuilds": (
             "Times the engine thread died and was rebuilt in place.", s.num_rebuilds
         ),
+        "kvserve_spec_drafted_tokens": (
+            "Speculative decoding: draft tokens verified.",
+            s.num_drafted_tokens,
+        ),
+        "kvserve_spec_accepted_tokens": (
+            "Speculative decoding: draft tokens accepted.",
+            s.num_accepted_tokens,
+        ),
     }
 
 

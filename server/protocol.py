@@ -95,6 +95,8 @@ class SamplingExtras(_Open):
     session_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     cache_salt: Annotated[str, Field(max_length=256)] | None = None
     lora: LoraField = None  # LoRA adapters and scales (see server/lora.py)
+    # kvserve: speculative decoding by prompt lookup (None: the model's default)
+    speculative: bool | None = None
     # llama.cpp extras
     top_k: Annotated[int, Field(ge=0)] | None = None
     min_p: Probability | None = None

@@ -124,6 +124,7 @@ def generate_requests(
                 tenant=caller.tenant,
                 cache_salt=caller.salt(body.cache_salt),
                 lora=lora,
+                speculative=body.speculative,
             )
         )
     return requests
