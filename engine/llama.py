@@ -362,11 +362,11 @@ class Context:
         C.llama_set_abort_callback(
             handle, self._abort_fn, ctypes.cast(self._abort_flag, ctypes.c_void_p)
         )
+        self._lora: tuple[tuple[str, float], ...] = ()  # the adapter set applied now
 
     def interrupt(self) -> None:
         """Make the running (or next) llama_decode stop early, returning 2. Any thread."""
         self._abort_flag[0] = b"\x01"
-        self._lora: tuple[tuple[str, float], ...] = ()
 
     def set_loras(self, lora: tuple[tuple[str, float], ...]) -> None:
         """Apply these adapters (ids of `model.loras`, scales) to the next decodes. llama.cpp
