@@ -24,7 +24,7 @@ from chat import ChatOptions, ChatTemplate, ToolChoice, plan_chat
 from chat.tools import Tool
 from engine.engine import Engine
 from engine.types import FinishReason, GenerateRequest, InvalidRequestError, SamplingParams
-from server.chat_tools import grammar_fields
+from server.serving.prepare import grammar_fields
 from tests.integration.test_engine import start
 
 TEMPLATE_NAMES = (
