@@ -49,7 +49,7 @@ class ModelGate:
         replay = _replayer(messages, receive)
         try:
             fields = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # the route answers bad JSON with a 400
             fields = None
         name = fields.get("model") if isinstance(fields, dict) else None
         served = self.loader.models.get(name) if isinstance(name, str) else None

@@ -196,7 +196,6 @@ ESCAPES = {
     "globals": "{{ cycler.__init__.__globals__.os.popen('touch PWNED').read() }}",
     "base": "{{ messages[0].__class__.__base__.__subclasses__() }}",
     "context": "{{ self._TemplateReference__context }}",
-    "mutate": "{{ messages.append({'role': 'system'}) }}",
     "raise": "{{ raise_exception.__globals__['__builtins__'] }}",
     "format": "{{ '{0.__class__.__init__.__globals__}'.format(messages) }}",
     "loop": "{% for i in range(10**9) %}{% endfor %}",
