@@ -189,8 +189,8 @@ def test_agents_runner_calls_the_tool(server: str, api: str) -> None:
     model: Any = (OpenAIResponsesModel(MODEL, client) if api == "responses"
                   else OpenAIChatCompletionsModel(MODEL, client))  # fmt: skip
     agent = Agent(name="weather", instructions="Answer weather questions.", tools=[get_weather],
-                  model=model, model_settings=ModelSettings(tool_choice="required",
-                                                            max_tokens=160))  # fmt: skip
+                  model=model, model_settings=ModelSettings(tool_choice="required", temperature=0,
+                                                            max_tokens=400))  # fmt: skip
     async def run() -> Any:
         try:
             return await Runner.run(agent, "What is the weather in Oslo?", max_turns=4)
