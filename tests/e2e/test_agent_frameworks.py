@@ -87,7 +87,7 @@ def test_openai_agents_tool_and_output_type(server: str) -> None:
     agent = Agent(name="geo", instructions="Answer with the capital.",
                   tools=[function_tool(get_weather)], output_type=Capital,
                   model=OpenAIResponsesModel(MODEL, client),
-                  model_settings=ModelSettings(max_tokens=120))  # fmt: skip
+                  model_settings=ModelSettings(temperature=0, max_tokens=400))  # fmt: skip
     async def run() -> Any:
         try:
             return await Runner.run(agent, "What is the capital of France?", max_turns=4)
@@ -119,6 +119,6 @@ def test_pydantic_ai_native_output_with_a_tool(server: str) -> None:
 
     model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=f"{server}/v1", api_key=KEY))
     agent = Agent(model, tools=[get_weather], output_type=NativeOutput(Capital),
-                  model_settings={"max_tokens": 120})  # fmt: skip
+                  model_settings={"max_tokens": 400, "temperature": 0})  # fmt: skip
     result = agent.run_sync("What is the capital of France?")
     assert isinstance(result.output, Capital)
