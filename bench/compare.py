@@ -8,6 +8,8 @@ and 2 threads, warmed up with one request, then driven by bench/loadgen.py at ea
 concurrency; it is stopped before the next server starts, so they never share the CPU.
 Add `llama-server` to --servers (with LLAMA_SERVER=/path/to/llama-server) to include
 llama.cpp's C++ server, or pass --base-url NAME=URL for any server you started yourself.
+kvserve variants add one setting to the defaults: kvserve-exact (exact_reuse on),
+kvserve-spec (speculative decoding on by default).
 """
 
 from __future__ import annotations
@@ -36,10 +38,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# kvserve variants: the default configuration plus one setting (environment overrides).
+KVSERVE_VARIANTS = {
+    "kvserve": {},
+    "kvserve-exact": {"KVSERVE_ENGINE_EXACT_REUSE": "true"},
+    "kvserve-spec": {"KVSERVE_ENGINE_SPECULATIVE": "true"},
+}
+
+
 def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str, str]:
     port = free_port()
     model = default_model_path()
-    if name == "kvserve":
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSERVE_ENGINE_")}
+    if name in KVSERVE_VARIANTS:
+        env.update(KVSERVE_VARIANTS[name])
         cmd = [
             sys.executable,
             "-m",
@@ -100,7 +112,7 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
     else:
         raise ValueError(name)
     log = open(f"/tmp/bench-{name}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

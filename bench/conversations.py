@@ -4,7 +4,7 @@
 
 kvserve-sessions sends each conversation's X-Session-Id, so its slot stays pinned between
 turns; kvserve sends none (the slots and the prefix cache still find the history);
-kvserve-sessions-inexact also turns exact_reuse off (the previous reply's KV is reused);
+kvserve-exact-sessions turns exact_reuse on (the previous reply is prefilled again);
 llama_cpp.server is llama-cpp-python's server (pip install -e '.[bench]'). Each server is
 started alone on a free port with 8 slots (the peer has one context) and 2 threads.
 Prints, per server, the median TTFT of turn 2 and of turn 10, and the total wall time.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -92,11 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for name in args.servers.split(","):
-        # "-inexact": kvserve with exact_reuse off (decoded tokens reused, as llama-server)
-        os.environ.pop("KVSERVE_ENGINE_EXACT_REUSE", None)
-        if "-inexact" in name:
-            os.environ["KVSERVE_ENGINE_EXACT_REUSE"] = "false"
-        server = name.removesuffix("-inexact").removesuffix("-sessions")
+        server = name.removesuffix("-sessions")  # a variant of bench/compare.py's start
         proc, base_url, model = start(server, args.threads, 8)
         try:
             per_conv, wall = asyncio.run(

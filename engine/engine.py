@@ -67,7 +67,9 @@ class EngineConfig:
     embeddings: bool = True
     embed_n_ctx: int = 4096  # longest embedding input, in tokens
     embed_chunk: int = 256  # embedding tokens computed per engine step
-    exact_reuse: bool = True  # reuse only KV that reproduces the cold output exactly
+    # True: reuse only KV that reproduces the cold output exactly, at the price of up to
+    # 64 prompt tokens computed again and decoded tokens never reused (scheduler.py).
+    exact_reuse: bool = False
     speculative: bool = False  # prompt-lookup drafts verified in the step (engine/speculation.py)
     flash_attn: bool = True
     type_k: str = "f16"  # KV cache element types (engine.llama.KV_TYPES)

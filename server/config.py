@@ -82,7 +82,7 @@ class EngineSection:
     embeddings: bool = True
     embed_n_ctx: int = 4096
     embed_chunk: int = 256
-    exact_reuse: bool = True
+    exact_reuse: bool = False  # True: warm == cold output, at a price (README "Exact reuse")
     # Per-request time limits in seconds (0: none); past one the request ends with 504.
     prefill_timeout_s: float = 600.0
     token_timeout_s: float = 120.0

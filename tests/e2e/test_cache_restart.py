@@ -31,7 +31,7 @@ def ask(url: str, question: str) -> tuple[str, int, int]:
 def test_a_restarted_server_is_warm_and_answers_as_cold(tmp_path: Path) -> None:
     config = tmp_path / "kvserve.toml"
     config.write_text(
-        f'[engine]\nn_ctx = 1024\nn_seq_max = 2\nembeddings = false\n'
+        f'[engine]\nn_ctx = 1024\nn_seq_max = 2\nembeddings = false\nexact_reuse = true\n'
         f'[cache]\ndisk_dir = "{tmp_path / "cache"}"\n'
     )
     args = ["--config", str(config)]
@@ -65,5 +65,7 @@ def test_a_restart_on_the_defaults_is_warm_from_the_users_cache_directory(tmp_pa
     assert list(where.rglob("*.kv")), "nothing was written to the default disk tier"
     with running(args, tmp_path, env=env) as server:
         warm, _, cached = ask(server.url, "When do parcels for zone 7 leave?")
-        assert (warm, cached) == (cold, prompt_tokens - 64)
+        # Whole 64-token blocks of the prompt come back from the disk tier (exact reuse
+        # is off by default, so the reply may differ from the cold one in a few tokens).
+        assert warm and prompt_tokens - 64 <= cached < prompt_tokens
         assert httpx.get(f"{server.url}/v1/cache").json()["data"][0]["disk"]["hits"] == 1

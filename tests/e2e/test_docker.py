@@ -67,6 +67,7 @@ def start(setup: Setup, name: str) -> str:
         "-e", f"KVSERVE_SERVER_PORT={port}", "-e", "KVSERVE_SERVER_HOST=127.0.0.1",
         "-e", "KVSERVE_ENGINE_N_CTX=1024", "-e", "KVSERVE_ENGINE_N_SEQ_MAX=2",
         "-e", "KVSERVE_ENGINE_EMBEDDINGS=false", "-e", "KVSERVE_ENGINE_N_THREADS=1",
+        "-e", "KVSERVE_ENGINE_EXACT_REUSE=true",  # a warm reply must equal the cold one
         "--health-interval", "2s",  # the image's check, asked more often than in production
         IMAGE,
     )

@@ -147,7 +147,7 @@ def test_a_sessions_turns_stay_on_one_replica_and_reuse_its_cache(
     url, replicas = cluster
     with httpx.Client(timeout=60) as http:
         for session in ("conversation-a", "conversation-b", "conversation-c"):
-            # long enough (64+ tokens) for its prefix to be reused (exact reuse)
+            # long enough (64+ tokens) for its prefix to be found in the prefix cache
             rules = " ".join(f"Rule {i}: answer with one number only." for i in range(12))
             messages = [{"role": "system", "content": f"You are helper {session}. {rules}"}]
             homes, cached = [], []

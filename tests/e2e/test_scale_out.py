@@ -60,6 +60,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         config = tmp / "kvserve.toml"
         config.write_text(
             "[engine]\nn_ctx = 2048\nn_seq_max = 2\nembeddings = false\nn_threads = 1\n"
+            "exact_reuse = true\n"  # so a warm reply must equal the cold one, token for token
             f'[cache]\nshared_url = "{redis.url}"\nshared_retry_s = {RETRY_S}\n'
         )
         replicas = [

@@ -29,6 +29,9 @@ QUESTIONS = [
 
 
 async def start(**overrides: object) -> Engine:
+    """An engine on the default model; exact reuse on (not the default) unless overridden:
+    these tests check that warm and batched outputs equal cold, unbatched ones."""
+    overrides = {"exact_reuse": True, **overrides}
     config = dataclasses.replace(EngineConfig(default_model_path(), "smol"), **overrides)  # type: ignore[arg-type]
     engine = Engine(config)
     engine.start()

@@ -21,7 +21,8 @@ from server.config import (
 
 pytestmark = pytest.mark.model
 
-ENGINE = EngineSection(n_ctx=512, n_seq_max=1, n_threads=2, embeddings=False)
+# Exact reuse: a model reloaded warm must answer exactly as it did cold.
+ENGINE = EngineSection(n_ctx=512, n_seq_max=1, n_threads=2, embeddings=False, exact_reuse=True)
 # One model: ~97 MB of weights + ~12 MB of KV at 512 cells. Two do not fit.
 BUDGET = 160 * 1024 * 1024
 LONG = "Tell me about the history of the city of Paris, its bridges and its river. " * 6

@@ -33,7 +33,7 @@ def test_a_quantized_kv_cache_is_accepted() -> None:
         ({"flash_attn": "false", "speculative": "true"}, "engine.speculative"),
         ({"n_ubatch": "1024"}, "engine.n_ubatch"),
         ({"n_ubatch": "-1"}, "engine.n_ubatch"),
-        ({"n_ubatch": "128"}, "engine.n_ubatch"),  # under prefill_chunk (256) with exact reuse
+        ({"n_ubatch": "128", "exact_reuse": "true"}, "engine.n_ubatch"),  # < prefill_chunk
         ({"extra_bufts": "maybe"}, "engine.extra_bufts"),
         ({"n_gpu_layers": "-2"}, "engine.n_gpu_layers"),
     ],
