@@ -94,9 +94,7 @@ def main() -> None:
         server = name.removesuffix("-sessions")  # a variant of bench/compare.py's start
         proc, base_url, model = start(server, args.threads, 8)
         try:
-            per_conv, wall = asyncio.run(
-                drive(base_url, model, args.turns, "-sessions" in name)
-            )
+            per_conv, wall = asyncio.run(drive(base_url, model, args.turns, "-sessions" in name))
         finally:
             proc.terminate()
             proc.wait(60)

@@ -92,8 +92,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--requests", type=int, default=16)
+    # Exact reuse by default here: the modes run the same prompts one after the other, and
+    # only with exact reuse is a warm run's greedy output the cold run's, so that the two
+    # modes can be compared token for token (bench/compare.py's variants).
+    p.add_argument("--server", default="kvserve-exact", help="kvserve or kvserve-exact")
     args = p.parse_args()
-    proc, base_v1, _ = start("kvserve", args.threads, 8)
+    proc, base_v1, _ = start(args.server, args.threads, 8)
     base = base_v1.removesuffix("/v1")
     results: dict[tuple[str, int, bool], list[float]] = {}
     mismatches = 0
@@ -122,6 +126,7 @@ def main() -> None:
                     results.setdefault(("free", concurrency, spec), []).append(
                         report["output_tok_s"]
                     )
+        drafted, accepted = spec_counters(base)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -133,6 +138,19 @@ def main() -> None:
             spec = statistics.median(results[(load, concurrency, True)])
             print(f"| {load} | {concurrency} | {plain:.1f} | {spec:.1f} | {spec / plain:.2f}x |")
     print(f"\ngreedy outputs that differ between the modes: {mismatches}")
+    rate = accepted / max(drafted, 1)
+    print(f"draft tokens: {drafted:.0f}, accepted: {accepted:.0f} ({rate:.0%})")
+
+
+def spec_counters(base: str) -> tuple[float, float]:
+    """kvserve_spec_drafted_tokens_total and ..._accepted_... from /metrics."""
+    values = {"drafted": 0.0, "accepted": 0.0}
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        for kind in values:
+            if name.startswith(f"kvserve_spec_{kind}_tokens_total"):
+                values[kind] += float(value)
+    return values["drafted"], values["accepted"]
 
 
 if __name__ == "__main__":
