@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,13 @@ def write_record(path: Path, namespace: str, tokens: list[int], salt: str = "") 
     path.write_bytes(b"".join(bytes(p) for p in record.encode(namespace, entry)))
 
 
+def dead_pid() -> int:
+    """The pid of a process that has exited (a fixed number may be a live process here)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
 def test_bad_files_are_removed_at_scan_and_never_returned(
     make_cache: MakeCache, tmp_path: Path
 ) -> None:
@@ -84,7 +93,7 @@ def test_bad_files_are_removed_at_scan_and_never_returned(
     versioned.write_bytes(bytes(data))
     write_record(ns_dir / (entry_key(seed("other", ""), D) + ".kv"), "other", D)  # foreign
     write_record(ns_dir / "0123.kv", "ns", D)  # valid record under the wrong name
-    (ns_dir / (names[tuple(C)] + ".77-0.tmp")).write_bytes(b"half a write")
+    (ns_dir / (names[tuple(C)] + f".{dead_pid()}-0.tmp")).write_bytes(b"half a write")
     (ns_dir / "notes.txt").write_text("not ours")
 
     cache = make_cache()

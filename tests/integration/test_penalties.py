@@ -16,7 +16,11 @@ from server.config import default_model_path
 pytestmark = pytest.mark.model
 
 PROMPT = (
-    "<|im_start|>user\nRepeat after me: la la la la la la la la<|im_end|>\n<|im_start|>assistant\n"
+    # The greedy answer depends on the CPU's kernels: "Repeat after me: la la ..." was
+    # answered with "la"s on an Intel AMX machine and with prose on an AMD EPYC; this
+    # prompt gets a long run of "la" on the EPYC (CI's machine).
+    "<|im_start|>user\nSay 'la' ten times: la la la la la la la la la la<|im_end|>\n"
+    "<|im_start|>assistant\n"
 )
 
 
