@@ -25,7 +25,6 @@ from typing import cast
 import numpy as np
 
 from cache import CacheConfig, CacheHit, CacheStats, PrefixCache, model_fingerprint, namespace
-from engine.arrivals import ARRIVAL, Arrivals, Ticket
 from engine.detokenizer import IncrementalDetokenizer
 from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, ContextParams, Model, Sampler
@@ -200,7 +199,6 @@ class Engine:
         self._unloading = False
         self.load_seconds = 0.0  # how long the last load took (download included)
         self._memory_bytes = 0  # weights + KV once loaded (0: not known yet)
-        self.arrivals = Arrivals()  # requests on their way here (engine/arrivals.py)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -231,7 +229,6 @@ class Engine:
             self.state = EngineState.FAILED
             return
         self.load_seconds = time.monotonic() - started
-        worker.arrivals = self.arrivals
         self._worker = worker
         self.state = EngineState.READY
         log.info("engine ready: %s (%.1fs)", self.info.model_id, self.load_seconds)
@@ -246,7 +243,6 @@ class Engine:
                     log.exception("the engine thread died; rebuilding it")
                     self.state = EngineState.RECOVERING
                     worker = self._rebuild(worker, f"{type(exc).__name__}: {exc}")
-                    worker.arrivals = self.arrivals
                     self._worker = worker
                     self.state = EngineState.READY
         finally:
@@ -483,16 +479,6 @@ class Engine:
 
         Raises InvalidRequestError (400), QueueFullError (429) or EngineNotReadyError
         (503) before anything is queued."""
-        ticket = ARRIVAL.get()
-        try:
-            return await self._generate(requests, ticket)
-        finally:  # queued or refused: no longer on its way (engine/arrivals.py)
-            if ticket is not None:
-                ticket.close()
-
-    async def _generate(
-        self, requests: Sequence[GenerateRequest], ticket: Ticket | None
-    ) -> Generation:
         model = self._require_model()
         for request in requests:
             self._validate(request)
@@ -541,8 +527,6 @@ class Engine:
                 sibling.leader = seqs[0]
         self._outstanding += len(seqs)
         assert self._worker is not None
-        if ticket is not None:  # before the put: the worker must not wait for this one
-            ticket.close()
         self._worker.commands.put(Submit(seqs))
         return generation
 
@@ -729,7 +713,9 @@ class Engine:
     def _count_for_tenant(self, tenant: str, output: SeqOutput) -> None:
         hits = self._tenant_hits.setdefault(tenant, {})
         hits[output.hit_kind] = hits.get(output.hit_kind, 0) + 1
-        self._tenant_reused[tenant] = self._tenant_reused.get(tenant, 0) + output.num_cached_tokens
+        self._tenant_reused[tenant] = (
+            self._tenant_reused.get(tenant, 0) + output.num_cached_tokens
+        )
 
     def purge_cache(self, owns: Callable[[str], bool] | None = None) -> int:
         """Drop stored prefixes: every one, or those whose salt `owns` accepts (one

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cache import PrefixCache
-from engine.arrivals import BURST_WAIT_S, Arrivals
 from engine.embedder import Embedder, EmbedJob
 from engine.kvledger import KvLedger, KvMismatch
 from engine.llama import Context, Model
@@ -112,7 +111,6 @@ class Worker:
         self.deliver = deliver
         self.cache = cache
         self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
-        self.arrivals = Arrivals()  # the engine's (engine/arrivals.py); read-only here
         self._outbox: list[tuple[object, SeqOutput]] = []
         self._stopping = False
         self._eog = model.eog_ids
@@ -141,8 +139,6 @@ class Worker:
         while not self._stopping:
             busy = self.scheduler.has_work or (self.embedder is not None and self.embedder.has_work)
             self._take_commands(block=not busy)
-            if not busy:
-                self._gather_burst()
             if self._stopping:
                 break
             try:
@@ -174,22 +170,6 @@ class Worker:
                 command = self.commands.get_nowait()
             except queue.Empty:
                 return
-
-    def _gather_burst(self) -> None:
-        """Woken from idle by a request: wait while the requests that arrived with it are
-        still being prepared on the event loop (at most BURST_WAIT_S), so that a burst
-        is admitted into one step (see engine/arrivals.py)."""
-        deadline = time.monotonic() + BURST_WAIT_S
-        while self.arrivals.count > 0 and self.scheduler.has_work and not self._stopping:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            try:
-                command = self.commands.get(timeout=min(left, 0.002))
-            except queue.Empty:
-                continue
-            self._apply(command)
-            self._take_commands(block=False)
 
     def _apply(self, command: Command) -> None:
         if isinstance(command, Submit):

@@ -13,7 +13,6 @@ import numpy as np
 from fastapi import Depends, Request
 
 from chat.template import ChatTemplate
-from engine.arrivals import Arrivals
 from engine.engine import EngineState, Generation
 from engine.sessions import Session
 from engine.types import CacheStats, EngineStats, GenerateRequest, ModelInfo, TenantCacheView
@@ -29,7 +28,6 @@ class EngineLike(Protocol):
     load_progress: float
     load_phase: str  # "loading", or "downloading" while a hub fetch runs
     load_error: str | None
-    arrivals: Arrivals  # generation requests on their way (engine/arrivals.py)
 
     @property
     def ready(self) -> bool: ...

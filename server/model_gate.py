@@ -1,9 +1,7 @@
 """ASGI middleware: a generation request for a model that is not loaded waits for it.
 
 It reads the JSON body's `model` (of POSTs to the generating endpoints), counts the
-request as in flight on that model (so it is not unloaded under it) and, for generation,
-as arriving at its engine until it is queued (engine/arrivals.py: a burst of requests is
-admitted into one engine step), and when the model
+request as in flight on that model (so it is not unloaded under it), and when the model
 is not ready has the loader load it. A plain request simply waits; a stream (`"stream":
 true`) gets its 200 and SSE comment lines (`: loading ...`) at once, every second, so
 that clients and proxies see the connection alive, and then the route's own events. A
@@ -21,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.arrivals import ARRIVAL
 from server.deps import require_api_key
 from server.errors import APIError, Unauthorized
 
@@ -63,9 +60,6 @@ class ModelGate:
             return
         served.in_flight += 1
         served.last_used = time.monotonic()
-        generating = scope["path"] != "/v1/embeddings"
-        ticket = served.engine.arrivals.expect() if generating else None
-        arrival = ARRIVAL.set(ticket)  # closed by Engine.generate, else below
         try:
             if served.engine.ready:
                 await self.app(scope, replay, send)
@@ -79,9 +73,6 @@ class ModelGate:
                     return
                 await self.app(scope, replay, send)
         finally:
-            if ticket is not None:
-                ticket.close()
-            ARRIVAL.reset(arrival)
             served.in_flight -= 1
             served.last_used = time.monotonic()
 

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from chat.template import CHATML
-from engine.arrivals import ARRIVAL, Arrivals, Ticket
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine import EngineState, Generation
 from engine.sessions import Session, SessionLimits, SessionRegistry
@@ -60,8 +59,6 @@ class FakeEngine:
         self.load_error: str | None = None
         self.load_phase = "loading"
         self.load_seconds = 0.0
-        self.arrivals = Arrivals()
-        self.tickets: list[Ticket | None] = []
         self.memory_bytes = 0
         self.fail_next = False
         self.fail_error = "llama_decode failed with code -3 (fake)"  # what the failure says
@@ -143,7 +140,6 @@ class FakeEngine:
         )
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> Generation:
-        self.tickets.append(ARRIVAL.get())  # what the HTTP layer handed on (arrivals.py)
         for r in requests:
             if len(r.prompt_tokens) + (r.max_tokens or 1) > self._info.n_ctx:
                 raise InvalidRequestError(
@@ -243,14 +239,8 @@ class FakeEngine:
                 if detok.stopped:
                     gen.put(
                         index,
-                        SeqOutput(
-                            text,
-                            (token,),
-                            lp,
-                            finish_reason=FinishReason.STOP,
-                            stop_sequence=detok.matched,
-                            **done,
-                        ),
+                        SeqOutput(text, (token,), lp, finish_reason=FinishReason.STOP,
+                                  stop_sequence=detok.matched, **done),
                     )
                     return
                 if request.max_tokens is not None and produced >= request.max_tokens:
@@ -317,9 +307,7 @@ class FakeEngine:
         """The fake "stores" one entry per finished request, under its salt."""
         mine = [r for r in self.stored if owns(r.cache_salt)]
         kinds = {"cold": sum(r.tenant == tenant for r in self.submitted)}
-        return TenantCacheView(
-            len(mine), sum(len(r.prompt_tokens) for r in mine), tuple(kinds.items()), 0
-        )
+        return TenantCacheView(len(mine), sum(len(r.prompt_tokens) for r in mine), tuple(kinds.items()), 0)
 
     def purge_cache(self, owns: Callable[[str], bool] | None = None) -> int:
         gone = [r for r in self.stored if owns is None or owns(r.cache_salt)]
