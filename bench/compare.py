@@ -29,6 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loadgen import run_load  # noqa: E402
+from engine.llama import cpu_has_amx  # noqa: E402
 from server.config import default_model_path  # noqa: E402
 
 
@@ -89,8 +90,9 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
         ]
         model_id = model
     elif name == "llama-server":
-        # llama.cpp's own C++ server, built by hand (bench/README in the main README);
-        # --no-repack is the same AMX workaround kvserve applies.
+        # llama.cpp's own C++ server, built by hand (see the README's benchmark section),
+        # with kvserve's weight setting: no repacked weights on an AMX CPU (the
+        # workaround kvserve's extra_bufts = "auto" applies), repacked elsewhere.
         binary = os.environ.get("LLAMA_SERVER", "llama-server")
         cmd = [
             binary,
@@ -106,7 +108,7 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             str(threads),
             "-c",
             str(4096 * parallel),
-            "--no-repack",
+            *(["--no-repack"] if cpu_has_amx() else []),
         ]
         model_id = model
     else:
