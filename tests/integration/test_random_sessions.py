@@ -2,12 +2,13 @@
 item 3): more conversations than slots, sessions beside sessionless twins, forks
 continued beside their sources, restores from RAM and disk, two tenants, deletes tried
 mid-request and between turns, sessions expiring. Every greedy reply is compared with
-the cold reply of the same prompt on a cache-off engine (with exact reuse, the default,
-warm must equal cold exactly), and the KV ledger is checked after every engine step.
+the cold reply of the same prompt on a cache-off engine (exact reuse is on here, so warm
+must equal cold exactly), and the KV ledger is checked after every engine step.
 
 The CI variant is short. For the longer run by hand:
     KVSERVE_RANDOM_LONG=1 pytest -s tests/integration/test_random_sessions.py
-(KVSERVE_RANDOM_SEEDS=3 runs three seeds; the figures are printed.)
+(KVSERVE_RANDOM_SEEDS=3 runs three seeds; KVSERVE_RANDOM_SPECULATIVE=1 decodes the warm
+engine's sequences speculatively; the figures are printed.)
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ pytestmark = pytest.mark.model
 GREEDY = SamplingParams(temperature=0.0)
 LONG = os.environ.get("KVSERVE_RANDOM_LONG") == "1"
 SEEDS = range(int(os.environ.get("KVSERVE_RANDOM_SEEDS", "1")))
+SPECULATIVE = os.environ.get("KVSERVE_RANDOM_SPECULATIVE") == "1"
 MEMOS = {
     "ka": "Public memo for Alpha Inc. The vault access code is 2580. ",
     "kb": "Confidential memo for Bravo Corp. The vault access code is 7431. ",
@@ -165,7 +167,7 @@ async def run_world(seed: int, tmp: Path, *, conversations: int, turns: int, slo
         block_tokens=32, min_tokens=32, ram_bytes=8 << 20, disk_dir=str(tmp / f"disk{seed}")
     )
     common = {"n_ctx": 1024, "embeddings": False, "n_threads": 2}
-    warm = await start_engine(**common, n_seq_max=slots, cache=cache)
+    warm = await start_engine(**common, n_seq_max=slots, cache=cache, speculative=SPECULATIVE)
     cold = await start_engine(**common, n_seq_max=4, cache=None)
     assert warm._worker is not None and cold._worker is not None
     warm._worker.check_kv = True
