@@ -252,13 +252,17 @@ class DiskTier:
         if self._infos.pop(key, None) is None:
             return False
         self._policy.remove(key)
+        self._unlink_file(key)
+        return True
+
+    def _unlink_file(self, key: str) -> None:
+        """Delete the entry's file; one already gone is fine, another failure is logged."""
         try:
             os.unlink(self._path(key))
         except FileNotFoundError:
             pass
         except OSError as e:
             log.warning("cache: cannot delete %s: %s", self._path(key), e)
-        return True
 
     def touch(self, key: str) -> None:
         with self._lock:
@@ -273,12 +277,7 @@ class DiskTier:
                 self._infos.pop(key, None)
                 self._policy.remove(key)
         for key in keys:
-            try:
-                os.unlink(self._path(key))
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                log.warning("cache: cannot delete %s: %s", self._path(key), e)
+            self._unlink_file(key)
         return len(keys)
 
     def infos(self) -> Iterator[EntryInfo]:

@@ -75,43 +75,33 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, lis
         replicas = [stack.enter_context(running(args, tmp, wait=False)) for _ in range(2)]
         for replica in replicas:
             wait_ready(replica)
-        port = free_port()
-        (tmp / "kvserve.conf").write_text(template([r.url for r in replicas], port))
-        (tmp / "nginx.conf").write_text(main_config(tmp))
-        check = subprocess.run(
-            [
-                NGINX,
-                "-t",
-                "-p",
-                str(tmp),
-                "-c",
-                str(tmp / "nginx.conf"),
-                "-e",
-                str(tmp / "error.log"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert check.returncode == 0, check.stderr
-        nginx = subprocess.Popen(
-            [NGINX, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        stack.callback(_stop_nginx, nginx)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            assert nginx.poll() is None, (tmp / "error.log").read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "nginx did not come up"
-            time.sleep(0.1)
+        url = start_nginx(tmp, [r.url for r in replicas], stack)
         yield url, replicas
+
+
+def start_nginx(tmp: Path, replicas: list[str], stack: ExitStack) -> str:
+    """Debian's nginx in front of `replicas` with deploy/nginx's affinity config, its
+    files under `tmp`, stopped when `stack` closes; its URL once it answers /health."""
+    assert NGINX is not None
+    port = free_port()
+    (tmp / "kvserve.conf").write_text(template(replicas, port))
+    (tmp / "nginx.conf").write_text(main_config(tmp))
+    files = ["-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")]
+    check = subprocess.run([NGINX, "-t", *files], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+    nginx = subprocess.Popen([NGINX, *files], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stack.callback(_stop_nginx, nginx)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        assert nginx.poll() is None, (tmp / "error.log").read_text()
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return url
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "nginx did not come up"
+        time.sleep(0.1)
 
 
 def _stop_nginx(process: subprocess.Popen[bytes]) -> None:

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -25,8 +24,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.test_nginx_affinity import NGINX, _stop_nginx, main_config, template
-from tests.kvserve_process import MODEL, Server, free_port, metrics, running, wait_ready
+from tests.e2e.test_nginx_affinity import NGINX, start_nginx
+from tests.kvserve_process import MODEL, Server, metrics, running, wait_ready
 from tests.redis_process import Redis, running_redis
 
 pytestmark = pytest.mark.model
@@ -69,26 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         ]
         for replica in replicas:
             wait_ready(replica)
-        port = free_port()
-        (tmp / "kvserve.conf").write_text(template([r.url for r in replicas], port))
-        (tmp / "nginx.conf").write_text(main_config(tmp))
-        nginx = subprocess.Popen(
-            [NGINX, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        stack.callback(_stop_nginx, nginx)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            assert nginx.poll() is None, (tmp / "error.log").read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "nginx did not come up"
-            time.sleep(0.1)
+        url = start_nginx(tmp, [r.url for r in replicas], stack)
         yield Cluster(url, replicas, redis, tmp)
 
 
