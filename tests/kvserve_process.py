@@ -58,14 +58,19 @@ def wait_ready(server: Server, timeout: float = 120.0) -> None:
 
 
 def stop(server: Server) -> None:
-    if server.process.poll() is not None:  # the test stopped it already
+    terminate(server.process, 30)
+
+
+def terminate(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL past `grace_s`; nothing if the process has already ended."""
+    if process.poll() is not None:
         return
-    server.process.terminate()
+    process.terminate()
     try:
-        server.process.wait(30)
+        process.wait(grace_s)
     except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
+        process.kill()
+        process.wait()
 
 
 @contextlib.contextmanager

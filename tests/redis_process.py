@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kvserve_process import free_port
+from tests.kvserve_process import free_port, terminate
 
 REDIS_SERVER = shutil.which("redis-server") or (
     "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
@@ -63,13 +63,8 @@ class Redis:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            terminate(self.process, 10)
 
 
 @contextlib.contextmanager

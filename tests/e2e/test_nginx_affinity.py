@@ -19,7 +19,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.kvserve_process import MODEL, Server, free_port, metrics, running, wait_ready
+from tests.kvserve_process import (
+    MODEL,
+    Server,
+    free_port,
+    metrics,
+    running,
+    terminate,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.model
 
@@ -90,7 +98,7 @@ def start_nginx(tmp: Path, replicas: list[str], stack: ExitStack) -> str:
     check = subprocess.run([NGINX, "-t", *files], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stderr
     nginx = subprocess.Popen([NGINX, *files], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    stack.callback(_stop_nginx, nginx)
+    stack.callback(terminate, nginx, 15)  # SIGTERM: nginx's fast shutdown
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -102,15 +110,6 @@ def start_nginx(tmp: Path, replicas: list[str], stack: ExitStack) -> str:
             pass
         assert time.monotonic() < deadline, "nginx did not come up"
         time.sleep(0.1)
-
-
-def _stop_nginx(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()  # SIGTERM: fast shutdown
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _served_by(replicas: list[Server], before: list[float]) -> int:
