@@ -9,7 +9,8 @@ concurrency; it is stopped before the next server starts, so they never share th
 Add `llama-server` to --servers (with LLAMA_SERVER=/path/to/llama-server) to include
 llama.cpp's C++ server, or pass --base-url NAME=URL for any server you started yourself.
 kvserve variants add one setting to the defaults: kvserve-exact (exact_reuse on),
-kvserve-spec (speculative decoding on by default).
+kvserve-spec (speculative decoding on by default), kvserve-fa / kvserve-nofa (flash attention
+on / off); llama-server-nofa is llama-server with `-fa off`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ KVSERVE_VARIANTS = {
     "kvserve": {},
     "kvserve-exact": {"KVSERVE_ENGINE_EXACT_REUSE": "true"},
     "kvserve-spec": {"KVSERVE_ENGINE_SPECULATIVE": "true"},
+    "kvserve-fa": {"KVSERVE_ENGINE_FLASH_ATTN": "true"},
+    "kvserve-nofa": {"KVSERVE_ENGINE_FLASH_ATTN": "false"},
 }
 
 
@@ -89,7 +92,7 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             "False",
         ]
         model_id = model
-    elif name == "llama-server":
+    elif name in ("llama-server", "llama-server-nofa"):
         # llama.cpp's own C++ server, built by hand (see the README's benchmark section),
         # with kvserve's weight setting: no repacked weights on an AMX CPU (the
         # workaround kvserve's extra_bufts = "auto" applies), repacked elsewhere.
@@ -109,6 +112,7 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             "-c",
             str(4096 * parallel),
             *(["--no-repack"] if cpu_has_amx() else []),
+            *(["-fa", "off"] if name == "llama-server-nofa" else []),
         ]
         model_id = model
     else:

@@ -1,0 +1,276 @@
+"""Agents that outnumber slots: a shared tool catalogue, a task each, a tool result a turn.
+
+    LLAMA_SERVER=/path/to/llama-server python bench/agents.py \
+        --servers kvserve,llama-server --agents 16 --slots 4 --turns 4
+
+Every agent sends, turn after turn, its whole conversation again: the system prompt (a
+catalogue of tool definitions shared by all agents), its own task, then for each earlier
+turn the reply it got and a tool result (new words). All agents run at once, more of
+them than the server has slots; each request is a streamed greedy chat completion on a
+fresh connection. Each server is started alone on a free port (bench/compare.py's
+`start`), so they never share the CPU.
+
+Reported per server: wall time, TTFT p50 of turn 1 and of the later turns, and the
+prompt tokens the server computed (its prompt minus what it reports as cached:
+`usage.prompt_tokens_details.cached_tokens`, or llama-server's `timings.prompt_n`).
+Printed once per run: the workload's floor, the tokens no reuse can avoid (the catalogue
+once, each task once, each turn's new text once), and what the floor would cost cold
+on each server (its cold prefill rate times the floor, plus the decode measured here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.compare import start  # noqa: E402
+
+WORDS = (
+    "alpha amber anchor arrow atlas badge basin beacon berry blade bloom bolt bridge brook "
+    "cabin canal candle canyon cargo cedar chalk charm cipher cliff clover comet copper coral "
+    "crane crest crown crystal delta desert dune eagle echo ember falcon fern field flame "
+    "flint forest fossil frost garden garnet glacier grove harbor hazel hollow horizon island "
+    "ivory jade jungle kernel lagoon lantern laurel ledger lemon linen lotus maple marble "
+    "meadow mesa meteor mirror moss nectar nickel oasis ocean orbit orchid otter palm pebble "
+    "pepper pilot pine planet plume prairie prism quartz quill raven reef ridge river robin "
+    "saddle sage salmon shadow shore signal silver slate spark spruce stone summit timber "
+    "topaz tower trail tulip valley velvet violet willow window winter zephyr"
+).split()
+
+
+def words(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
+def catalogue(rng: random.Random, target_words: int) -> str:
+    """Tool definitions as JSON lines, about `target_words` words in all."""
+    lines, total, i = [], 0, 0
+    while total < target_words:
+        tool = {
+            "name": f"tool_{i}_{rng.choice(WORDS)}",
+            "description": words(rng, 18),
+            "parameters": {
+                "type": "object",
+                "properties": {rng.choice(WORDS): {"type": "string"} for _ in range(3)},
+            },
+        }
+        line = json.dumps(tool)
+        lines.append(line)
+        total += len(line.split()) + 6
+        i += 1
+    return "You are an agent. Call tools by name. Available tools:\n" + "\n".join(lines)
+
+
+@dataclass
+class Turn:
+    agent: int
+    turn: int
+    ttft: float
+    prompt: int
+    computed: int
+    completion: int
+
+
+@dataclass
+class Workload:
+    system: str
+    tasks: list[str]
+    results: list[list[str]]  # [agent][turn - 1]: the tool result appended after each turn
+
+
+def make_workload(args: argparse.Namespace) -> Workload:
+    rng = random.Random(args.seed)
+    system = catalogue(rng, args.catalogue_words)
+    tasks = [f"Task {a}: {words(rng, args.task_words)}" for a in range(args.agents)]
+    results = [
+        [f"Tool result: {words(rng, args.result_words)}" for _ in range(args.turns)]
+        for _ in range(args.agents)
+    ]
+    return Workload(system, tasks, results)
+
+
+async def ask(
+    base: str, model: str, messages: list[dict], max_tokens: int
+) -> tuple[float, str, int, int, int]:
+    """One streamed greedy request on a fresh connection: TTFT, text, prompt, computed,
+    completion tokens."""
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    first: float | None = None
+    text, prompt, computed, completion = "", 0, -1, 0
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=3600) as client,
+        client.stream("POST", "/chat/completions", json=body) as r,
+    ):
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            choices = data.get("choices") or []
+            delta = (choices[0].get("delta") or {}).get("content") if choices else None
+            if delta:
+                first = first if first is not None else time.perf_counter() - started
+                text += delta
+            if data.get("timings"):  # llama-server: prompt_n = tokens it computed
+                computed = int(data["timings"].get("prompt_n", computed))
+            usage = data.get("usage")
+            if usage:
+                prompt = int(usage["prompt_tokens"])
+                completion = int(usage["completion_tokens"])
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                if cached is not None and computed < 0:
+                    computed = prompt - int(cached)
+    ttft = first if first is not None else time.perf_counter() - started
+    return ttft, text, prompt, computed, completion
+
+
+async def agent(
+    base: str, model: str, work: Workload, index: int, args: argparse.Namespace
+) -> list[Turn]:
+    messages = [
+        {"role": "system", "content": work.system},
+        {"role": "user", "content": work.tasks[index]},
+    ]
+    turns = []
+    for t in range(1, args.turns + 1):
+        ttft, text, prompt, computed, completion = await ask(
+            base, model, messages, args.reply_tokens
+        )
+        turns.append(Turn(index, t, ttft, prompt, computed, completion))
+        messages.append({"role": "assistant", "content": text})
+        messages.append({"role": "user", "content": work.results[index][t - 1]})
+    return turns
+
+
+async def run_agents(base: str, model: str, work: Workload, args: argparse.Namespace) -> dict:
+    started = time.perf_counter()
+    per_agent = await asyncio.gather(
+        *(agent(base, model, work, a, args) for a in range(args.agents))
+    )
+    wall = time.perf_counter() - started
+    turns = [t for ts in per_agent for t in ts]
+    later = [t.ttft for t in turns if t.turn > 1] or [float("nan")]
+    return {
+        "wall_s": round(wall, 2),
+        "ttft_p50_turn1_s": round(statistics.median(t.ttft for t in turns if t.turn == 1), 3),
+        "ttft_p50_later_s": round(statistics.median(later), 3),
+        "prompt_tokens": sum(t.prompt for t in turns),
+        "computed_tokens": sum(max(0, t.computed) for t in turns),
+        "completion_tokens": sum(t.completion for t in turns),
+        "floor_tokens": floor_tokens(base, work, per_agent),
+    }
+
+
+def floor_tokens(base: str, work: Workload, per_agent: list[list[Turn]]) -> int:
+    """The catalogue once, each agent's first prompt past the catalogue once, and each later
+    turn's prompt past the previous prompt and its reply (which was decoded, so its KV
+    exists): the tokens that no reuse can avoid."""
+    root = base.removesuffix("/v1")
+    shared = len(httpx.post(f"{root}/tokenize", json={"content": work.system}).json()["tokens"])
+    total = shared
+    for turns in per_agent:
+        total += max(0, turns[0].prompt - shared)
+        for prev, cur in zip(turns, turns[1:], strict=False):
+            total += max(0, cur.prompt - prev.prompt - prev.completion)
+    return total
+
+
+async def cold_rates(base: str, model: str, args: argparse.Namespace) -> dict:
+    """Prefill and decode rates on cold, unique prompts at `slots` concurrency: what the
+    floor would cost if it were all the server had to compute."""
+    rng = random.Random(args.seed + 1)
+    size = args.catalogue_words + args.task_words
+
+    async def one(i: int, max_tokens: int) -> tuple[float, int, int]:
+        msgs = [{"role": "user", "content": f"{i} {words(rng, size)}"}]
+        t0 = time.perf_counter()
+        _, _, prompt, _, completion = await ask(base, model, msgs, max_tokens)
+        return time.perf_counter() - t0, prompt, completion
+
+    t0 = time.perf_counter()
+    pre = await asyncio.gather(*(one(i, 1) for i in range(args.slots)))
+    prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dec = await asyncio.gather(*(one(100 + i, args.reply_tokens * 4) for i in range(args.slots)))
+    # the decode rate: what the second phase took beyond its own prefill
+    decode_s = max(1e-6, time.perf_counter() - t0 - prefill_s)
+    return {
+        "prefill_tok_s": sum(p for _, p, _ in pre) / prefill_s,
+        "decode_tok_s": sum(c for _, _, c in dec) / decode_s,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--servers", default="kvserve,llama-server")
+    p.add_argument("--agents", type=int, default=16)
+    p.add_argument("--slots", type=int, default=4)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--catalogue-words", type=int, default=560, help="about 800 tokens")
+    p.add_argument("--task-words", type=int, default=120)
+    p.add_argument("--result-words", type=int, default=30)
+    p.add_argument("--reply-tokens", type=int, default=24)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--json", help="append each server's row to this JSON-lines file")
+    args = p.parse_args()
+    work = make_workload(args)
+    rows = []
+    for name in [s for s in args.servers.split(",") if s]:
+        proc, base, model = start(name, args.threads, args.slots)
+        try:
+            asyncio.run(ask(base, model, [{"role": "user", "content": "hi"}], 4))  # warm-up
+            row = {"server": name, **asyncio.run(run_agents(base, model, work, args))}
+            rates = asyncio.run(cold_rates(base, model, args))
+            row["floor_cost_s"] = round(
+                row["floor_tokens"] / rates["prefill_tok_s"]
+                + row["completion_tokens"] / rates["decode_tok_s"],
+                2,
+            )
+            row.update({k: round(v, 1) for k, v in rates.items()})
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        print(json.dumps(row), file=sys.stderr)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps({**vars(args), **row}) + "\n")
+        rows.append(row)
+    print(
+        f"{args.agents} agents x {args.turns} turns, {args.slots} slots, "
+        f"{args.catalogue_words}-word catalogue, {args.reply_tokens}-token replies"
+    )
+    print("| server | wall | TTFT p50 turn 1 | TTFT p50 turns 2+ | computed / prompt tokens "
+          "| floor tokens | floor cost |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['server']} | {r['wall_s']} s | {r['ttft_p50_turn1_s']} s | "
+            f"{r['ttft_p50_later_s']} s | {r['computed_tokens']} / {r['prompt_tokens']} | "
+            f"{r['floor_tokens']} | {r['floor_cost_s']} s |"
+        )
+
+
+if __name__ == "__main__":
+    main()
