@@ -36,17 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.compare import start  # noqa: E402
 
-WORDS = (
-    "alpha amber anchor arrow atlas badge basin beacon berry blade bloom bolt bridge brook "
-    "cabin canal candle canyon cargo cedar chalk charm cipher cliff clover comet copper coral "
-    "crane crest crown crystal delta desert dune eagle echo ember falcon fern field flame "
-    "flint forest fossil frost garden garnet glacier grove harbor hazel hollow horizon island "
-    "ivory jade jungle kernel lagoon lantern laurel ledger lemon linen lotus maple marble "
-    "meadow mesa meteor mirror moss nectar nickel oasis ocean orbit orchid otter palm pebble "
-    "pepper pilot pine planet plume prairie prism quartz quill raven reef ridge river robin "
-    "saddle sage salmon shadow shore signal silver slate spark spruce stone summit timber "
-    "topaz tower trail tulip valley velvet violet willow window winter zephyr"
-).split()
+# Plain English-like words, one or two tokens each: syllable pairs.
+HEADS = ("ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "bel", "cor", "dan", "fen")
+TAILS = ("ber", "den", "ga", "lin", "mo", "nor", "ra", "son", "ta", "vel")
+WORDS = [h + t for h in HEADS for t in TAILS]
 
 
 def words(rng: random.Random, count: int) -> str:
@@ -261,8 +254,10 @@ def main() -> None:
         f"{args.agents} agents x {args.turns} turns, {args.slots} slots, "
         f"{args.catalogue_words}-word catalogue, {args.reply_tokens}-token replies"
     )
-    print("| server | wall | TTFT p50 turn 1 | TTFT p50 turns 2+ | computed / prompt tokens "
-          "| floor tokens | floor cost |")
+    print(
+        "| server | wall | TTFT p50 turn 1 | TTFT p50 turns 2+ | computed / prompt tokens "
+        "| floor tokens | floor cost |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
