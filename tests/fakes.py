@@ -300,6 +300,9 @@ class FakeEngine:
             self.pinned.add(target.key)
         return target
 
+    def open_cache(self) -> None:
+        pass  # the fake's "cache" (`stored`) is always there
+
     def cache_stats(self) -> CacheStats | None:
         return None
 
