@@ -2,16 +2,21 @@
 
 Layout, under `kvserve:<namespace>:` (the namespace names the model and KV layout):
 
-    e:<entry key>    the entry as one record (cache/record.py: namespace, salt, token
-                     ids, state, CRC-32), exactly the bytes of a disk file
-    b:<block hash>   the key of the newest entry passing through that block boundary
+    e:<entry key>:<salt, hex>
+                     the entry as one record (cache/record.py: namespace, salt, token
+                     ids, state, CRC-32), exactly the bytes of a disk file; its salt is
+                     in its name, so one tenant's entries are found by a SCAN
+    b:<block hash>   the name (after `e:`) of the newest entry passing through that
+                     block boundary
 
 Block hashes chain over the salt and every earlier block (cache/keys.py), so a prompt's
 longest stored prefix is found with one MGET of its boundaries and one GET of the entry
 behind the deepest pointer. Nothing read is trusted: the record's namespace, salt,
 tokens and checksum are verified, and a corrupt or foreign value is a miss (and deleted).
 Every key has a TTL; the store's own memory limit (maxmemory + an LRU policy) is the
-byte budget, so a pointer may outlive its entry: that is a miss too.
+byte budget, so a pointer may outlive its entry: that is a miss too. A hit renews the
+entry and the pointers that led to it. (Names without a salt, of an older layout, are
+never read: they expire.)
 
 Errors are the caller's business (cache/shared.py counts them and backs off). Every
 call is bounded by the socket timeout, and the client never retries on its own.
@@ -20,7 +25,7 @@ call is bounded by the socket timeout, and the client never retries on its own.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 from redis.backoff import NoBackoff
@@ -36,8 +41,8 @@ ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)  # store d
 
 class RedisTier:
     """The SharedStore of cache/shared.py on Redis: find() turns a prompt's block hashes
-    into the keys of its longest stored prefixes; get/put/touch/delete/clear by key. No
-    listing of entries (other replicas write here too): they are found by hash only."""
+    into the names of its longest stored prefixes; get/touch/delete by name. Entries are
+    found by hash, and listed (a SCAN) only to delete them: by salt, or all."""
 
     name = "shared"
 
@@ -53,8 +58,11 @@ class RedisTier:
         self._prefix = f"{KEY_PREFIX}:{namespace}:"
         self._ttl_ms = int(ttl_s * 1000)
 
-    def _entry_key(self, key: str) -> str:
-        return f"{self._prefix}e:{key}"
+    def _entry_key(self, name: str) -> str:
+        return f"{self._prefix}e:{name}"
+
+    def name_of(self, entry: Entry) -> str:
+        return f"{entry.key}:{entry.salt.encode().hex()}"
 
     def _pointer_key(self, block_hash: bytes) -> str:
         return f"{self._prefix}b:{block_hash.hex()}"
@@ -71,18 +79,19 @@ class RedisTier:
         for depth, raw in zip(depths, found, strict=True):
             if raw is None:
                 continue
-            key = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
-            if key not in seen:
-                seen.add(key)
-                out.append((depth, key))
+            name = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw)
+            if name not in seen and _salt_in(name) is not None:
+                seen.add(name)
+                out.append((depth, name))
             if len(out) == MAX_POINTERS:
                 break
         return out
 
-    def get(self, key: str) -> Entry | None:
+    def get(self, name: str) -> Entry | None:
         """The verified entry, or None when absent. Raises record.CorruptRecord for a
-        value that is not a valid entry of this namespace (the caller deletes it)."""
-        raw = self._client.get(self._entry_key(key))
+        value that is not a valid entry of this namespace under this name (the caller
+        deletes it)."""
+        raw = self._client.get(self._entry_key(name))
         if raw is None:
             return None
         if not isinstance(raw, bytes):  # decode_responses is off: never, short of a bug
@@ -90,25 +99,47 @@ class RedisTier:
         f = io.BytesIO(raw)
         head = record.read_head(f, self._namespace, len(raw))
         state = record.read_state(f, head)
-        return Entry(key, head.salt, head.tokens, state)
+        entry = Entry(name.partition(":")[0], head.salt, head.tokens, state)
+        if self.name_of(entry) != name:  # a purge by salt trusts the name
+            raise record.CorruptRecord("name does not match contents")
+        return entry
 
     def put(self, entry: Entry, hashes: Sequence[bytes]) -> int:
         """Store the entry, then point each of its block boundaries at it (one round trip,
         entry first: a pointer never names an entry not yet written). Returns the bytes."""
         data = b"".join(bytes(piece) for piece in record.encode(self._namespace, entry))
+        name = self.name_of(entry)
         pipe = self._client.pipeline(transaction=False)
-        pipe.set(self._entry_key(entry.key), data, px=self._ttl_ms)
+        pipe.set(self._entry_key(name), data, px=self._ttl_ms)
         for h in hashes:
-            pipe.set(self._pointer_key(h), entry.key, px=self._ttl_ms)
+            pipe.set(self._pointer_key(h), name, px=self._ttl_ms)
         pipe.execute()
         return len(data)
 
-    def touch(self, key: str) -> None:
-        """A hit renews the entry's TTL."""
-        self._client.pexpire(self._entry_key(key), self._ttl_ms)
+    def touch(self, name: str, hashes: Sequence[bytes]) -> None:
+        """A hit renews the TTL of the entry and of the block boundaries (`hashes`) that
+        lead to it (one round trip)."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.pexpire(self._entry_key(name), self._ttl_ms)
+        for h in hashes:
+            pipe.pexpire(self._pointer_key(h), self._ttl_ms)
+        pipe.execute()
 
-    def delete(self, key: str) -> bool:
-        return bool(self._client.unlink(self._entry_key(key)))
+    def delete(self, name: str) -> bool:
+        return bool(self._client.unlink(self._entry_key(name)))
+
+    def delete_where(self, owns: Callable[[str], bool]) -> int:
+        """Drop the entries whose salt `owns` accepts (every replica's); how many. Their
+        pointers stay until they expire: a pointer to no entry is a miss."""
+        marker = f"{self._prefix}e:"
+        doomed = []
+        for raw in self._client.scan_iter(match=f"{marker}*", count=1000):
+            salt = _salt_in(raw.decode("ascii", "replace")[len(marker) :])
+            if salt is not None and owns(salt):
+                doomed.append(raw)
+        for start in range(0, len(doomed), 1000):
+            self._client.unlink(*doomed[start : start + 1000])
+        return len(doomed)
 
     def clear(self) -> int:
         """Drop this namespace's entries and pointers (every replica's); the entries."""
@@ -126,3 +157,14 @@ class RedisTier:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _salt_in(name: str) -> str | None:
+    """The salt an entry name carries (`name_of`); None for a name of another layout."""
+    _, colon, salt_hex = name.partition(":")
+    if not colon:
+        return None
+    try:
+        return bytes.fromhex(salt_hex).decode()
+    except ValueError:  # UnicodeDecodeError included
+        return None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from cache import record
+from cache.purges import PurgeLog
 from cache.types import Entry, TierStats
 from cache.writer import Writer
 
@@ -31,16 +32,19 @@ T = TypeVar("T")
 
 
 class SharedStore(Protocol):
-    """What a shared store offers (Redis: cache/redis_tier.py). Calls may raise the
+    """What a shared store offers (Redis: cache/redis_tier.py). An entry is stored under
+    a name of the store's own (`name_of`), which find() returns. Calls may raise the
     store's errors; get() raises record.CorruptRecord for a value that is not an entry."""
 
     name: str
 
     def find(self, hashes: Sequence[bytes], min_depth: int) -> list[tuple[int, str]]: ...
-    def get(self, key: str) -> Entry | None: ...
+    def name_of(self, entry: Entry) -> str: ...
+    def get(self, name: str) -> Entry | None: ...
     def put(self, entry: Entry, hashes: Sequence[bytes]) -> int: ...
-    def touch(self, key: str) -> None: ...
-    def delete(self, key: str) -> bool: ...
+    def touch(self, name: str, hashes: Sequence[bytes]) -> None: ...
+    def delete(self, name: str) -> bool: ...
+    def delete_where(self, owns: Callable[[str], bool]) -> int: ...
     def clear(self) -> int: ...
     def close(self) -> None: ...
 
@@ -89,7 +93,7 @@ class SharedTier:
         self._counts = _Counts()
         self._down_until = 0.0
         self._down = False
-        self._generation = 0
+        self._purges = PurgeLog()  # under the lock
         self._writer: Writer[_Put] = Writer(self._put, self._count_error, max_pending)
 
     # -- calls to the store ---------------------------------------------------------
@@ -143,32 +147,34 @@ class SharedTier:
     ) -> tuple[Entry, int] | None:
         try:
             candidates = self._call(lambda: self._store.find(hashes, longer_than // self._block))
-            for depth, key in candidates:
-                entry = self._load(key)
+            for depth, name in candidates:
+                entry = self._load(name)
                 shared = depth * self._block
                 if entry is None or entry.salt != salt or entry.tokens[:shared] != prompt[:shared]:
                     continue  # expired, corrupt, or (never seen) a hash collision
                 matched = _common_prefix(entry.tokens, prompt, shared)
                 if matched > longer_than:
-                    self._renew(key)
+                    self._renew(name, hashes[: matched // self._block])
                     return entry, matched
         except _Unavailable:
             pass
         return None
 
-    def _renew(self, key: str) -> None:
-        """A hit keeps the entry longer; failing that costs nothing but a count."""
+    def _renew(self, name: str, hashes: Sequence[bytes]) -> None:
+        """A hit keeps the entry longer, and the block boundaries that lead to it (the
+        prompt's `hashes` it matched): an entry kept without its pointers could no longer
+        be found. Failing that costs nothing but a count."""
         with contextlib.suppress(_Unavailable):
-            self._call(lambda: self._store.touch(key))
+            self._call(lambda: self._store.touch(name, hashes))
 
-    def _load(self, key: str) -> Entry | None:
+    def _load(self, name: str) -> Entry | None:
         try:
-            return self._call(lambda: self._store.get(key))
+            return self._call(lambda: self._store.get(name))
         except record.CorruptRecord as e:
-            log.warning("cache: removing shared entry %s (%s)", key, e)
+            log.warning("cache: removing shared entry %s (%s)", name, e)
             with self._lock:
                 self._counts.corrupt_removed += 1
-            self._call(lambda: self._store.delete(key))
+            self._call(lambda: self._store.delete(name))
             return None
 
     # -- save -----------------------------------------------------------------------
@@ -177,17 +183,24 @@ class SharedTier:
         """Queue the entry for the store; never blocks. False (counted as dropped) when
         the queue is full or the store is in its pause after an error."""
         with self._lock:
-            job = _Put(entry, tuple(hashes), self._generation)
+            job = _Put(entry, tuple(hashes), self._purges.generation)
             if time.monotonic() >= self._down_until and self._writer.submit(job):
                 return True
             self._counts.saves_dropped += 1
             return False
 
+    def _covered(self, job: _Put) -> bool:
+        with self._lock:
+            return self._purges.covers(job.generation, job.entry.salt)
+
     def _put(self, job: _Put) -> None:
-        if job.generation != self._generation:
-            return  # cleared after it was queued
+        if self._covered(job):
+            return  # purged after it was queued
         try:
             size = self._call(lambda: self._store.put(job.entry, job.hashes))
+            if self._covered(job):  # purged while it was being stored
+                self._call(lambda: self._store.delete(self._store.name_of(job.entry)))
+                return
         except _Unavailable:
             return
         with self._lock:
@@ -199,10 +212,22 @@ class SharedTier:
     def clear(self) -> int:
         """Drop this namespace's shared entries (every replica's); 0 if unreachable."""
         with self._lock:
-            self._generation += 1
+            self._purges.record()
         try:
             return self._call(self._store.clear)
         except _Unavailable:
+            log.warning("cache: a purge could not reach the shared tier")
+            return 0
+
+    def purge_where(self, owns: Callable[[str], bool]) -> int:
+        """Drop the shared entries (every replica's) whose salt `owns` accepts: one
+        tenant's. The number dropped; 0 if unreachable."""
+        with self._lock:
+            self._purges.record(owns)
+        try:
+            return self._call(lambda: self._store.delete_where(owns))
+        except _Unavailable:
+            log.warning("cache: a tenant's purge could not reach the shared tier")
             return 0
 
     def stats(self) -> TierStats:

@@ -9,8 +9,9 @@ Invariant: every indexed entry is in RAM, on disk, or both. A saved entry goes i
 first (visible at once), then to disk (write-through, so a crashed server restarts
 warm); while its write is in flight it is protected from RAM eviction, so it is never
 dropped before it is on disk. Later RAM eviction drops only the RAM copy; an entry left
-on no tier leaves the index. purge() bumps a generation, so saves queued or in flight
-before it are discarded rather than landing afterwards.
+on no tier leaves the index. purge() and purge_where() start a new generation
+(cache/purges.py), so saves queued or in flight before them that they cover are
+discarded rather than landing afterwards, here and in the shared tier.
 
 Several replicas (cache/shared.py): a stored entry is also queued for the shared tier
 (its own writer thread), and a lookup that the local tiers do not serve through the
@@ -28,9 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from cache.counters import Counters
 from cache.disk import DiskTier
 from cache.index import BlockIndex, IndexedEntry
 from cache.keys import block_hashes, entry_key, seed
+from cache.purges import PurgeLog
 from cache.ram import RamTier
 from cache.shared import SharedTier, connect
 from cache.types import CacheConfig, CacheHit, CacheStats, Entry, Tier, TierStats
@@ -48,26 +51,6 @@ class _Save:
     entry: Entry
     hashes: tuple[bytes, ...]
     generation: int
-
-
-def _disk_stats(stats: TierStats, c: _Counters) -> TierStats:
-    """The disk tier's own figures plus what PrefixCache counts for it (its errors:
-    unreadable files and failed writes)."""
-    return replace(
-        stats, hits=c.disk_hits, misses=c.disk_misses, errors=stats.errors + c.save_errors
-    )
-
-
-@dataclass
-class _Counters:
-    ram_hits: int = 0
-    ram_misses: int = 0
-    disk_hits: int = 0
-    disk_misses: int = 0
-    saves: int = 0
-    saves_dropped: int = 0
-    save_errors: int = 0
-    saves_skipped: int = 0
 
 
 class PrefixCache:
@@ -101,8 +84,8 @@ class PrefixCache:
             if config.enabled and config.shared_url
             else None
         )
-        self._counts = _Counters()
-        self._generation = 0
+        self._counts = Counters()
+        self._purges = PurgeLog()
         self._writing: str | None = None  # the key whose disk write is in flight
         self._closed = not config.enabled
         self._load_disk_index()
@@ -134,6 +117,7 @@ class PrefixCache:
         hashes = block_hashes(prompt, self._block, seed(self.namespace, salt))
         full = len(hashes) * self._block
         self._refresh_disk()
+        generation = self._purges.generation
         hit = self._lookup_local(prompt, hashes)
         if self._shared is None or (hit is not None and hit.num_matched >= full):
             return hit
@@ -141,7 +125,7 @@ class PrefixCache:
         if found is None:
             return hit
         entry, num_matched = found
-        self._adopt(entry)
+        self._adopt(entry, generation)
         return CacheHit(entry.tokens, entry.state, num_matched, "shared")
 
     def _refresh_disk(self) -> None:
@@ -163,11 +147,14 @@ class PrefixCache:
                 if hashes:
                     self._index.add(IndexedEntry(info, tuple(hashes), on_disk=True))
 
-    def _adopt(self, entry: Entry) -> None:
-        """A shared hit goes into RAM (the next lookup here is local)."""
+    def _adopt(self, entry: Entry, generation: int) -> None:
+        """A shared hit goes into RAM (the next lookup here is local), unless a purge
+        since the lookup began (`generation`) covers it."""
         hashes = tuple(block_hashes(entry.tokens, self._block, seed(self.namespace, entry.salt)))
         with self._lock:
             if self._closed or self._index.get(entry.key) is not None or not hashes:
+                return
+            if self._purges.covers(generation, entry.salt):
                 return
             if self._ram.fits(entry):
                 self._index.add(IndexedEntry(entry.info, hashes))
@@ -235,7 +222,7 @@ class PrefixCache:
             if self._index.covering(prompt, hashes) is not None:
                 self._counts.saves_skipped += 1
                 return True
-            if not writer.submit(_Save(entry, hashes, self._generation)):
+            if not writer.submit(_Save(entry, hashes, self._purges.generation)):
                 self._counts.saves_dropped += 1
                 return False
         return True
@@ -248,7 +235,7 @@ class PrefixCache:
         entry, hashes = job.entry, job.hashes
         indexed = IndexedEntry(entry.info, hashes)
         with self._lock:
-            if job.generation != self._generation:
+            if self._purges.covers(job.generation, entry.salt):
                 return  # purged after it was queued
             if self._index.covering(entry.tokens, hashes) is not None:
                 self._counts.saves_skipped += 1
@@ -261,11 +248,12 @@ class PrefixCache:
                 self._writing = entry.key
                 self._drop_ram_copies(self._ram.put(entry))
         written, evicted = self._write_to_disk(entry)
-        if self._shared is not None and job.generation == self._generation:
-            self._shared.save(entry, hashes)  # queued: its own writer thread
         with self._lock:
+            # Queued under the lock: a purge after this check covers it in the shared tier.
+            if self._shared is not None and not self._purges.covers(job.generation, entry.salt):
+                self._shared.save(entry, hashes)  # never blocks: its own writer thread
             self._writing = None
-            if job.generation != self._generation:  # purged while the file was written
+            if self._purges.covers(job.generation, entry.salt):  # purged during the write
                 if written and self._disk is not None:
                     self._disk.delete(entry.key)
                 return
@@ -323,9 +311,7 @@ class PrefixCache:
             c, disk = self._counts, self._disk
             return CacheStats(
                 ram=replace(self._ram.stats(), hits=c.ram_hits, misses=c.ram_misses),
-                disk=_disk_stats(disk.stats(), c)
-                if disk
-                else TierStats(),
+                disk=c.disk_stats(disk.stats()) if disk else TierStats(),
                 shared=shared,
                 saves=c.saves,
                 saves_dropped=c.saves_dropped + dropped,
@@ -355,7 +341,7 @@ class PrefixCache:
     def purge(self) -> int:
         """Drop every entry of this namespace in both tiers; the number of entries."""
         with self._lock:
-            self._generation += 1
+            self._purges.record()
             keys = self._index.keys()
             for key in keys:
                 self._index.remove(key)
@@ -374,14 +360,19 @@ class PrefixCache:
             return len(mine), sum(len(e.tokens) for e in mine)
 
     def purge_where(self, owns: Callable[[str], bool]) -> int:
-        """Drop the entries whose salt `owns` accepts, in this replica's tiers; the number
-        dropped. (A save already queued for one of those salts may still land afterwards;
-        the shared tier keeps other replicas' entries of that salt until they expire.)"""
+        """Drop the entries whose salt `owns` accepts (one tenant's) in every tier: RAM,
+        disk (with the files other replicas added to a shared directory) and the shared
+        store (every replica's). Saves of those salts queued before are discarded. Returns
+        the number dropped from the local tiers."""
+        self._refresh_disk()
         with self._lock:
+            self._purges.record(owns)
             keys = [e.info.key for e in self._index.entries() if owns(e.info.salt)]
             for key in keys:
                 self._remove(key)
-            return len(keys)
+        if self._shared is not None:
+            self._shared.purge_where(owns)
+        return len(keys)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted save is stored (or failed); False on timeout."""

@@ -192,6 +192,7 @@ class Engine:
         self._outstanding = 0  # sequences submitted and not yet finished (loop thread only)
         self._pending_embeds = 0
         self._cache: PrefixCache | None = None
+        self._cache_lock = threading.Lock()  # opened by the engine thread or a route's
         self.sessions = SessionRegistry(config.sessions)
         # Per tenant (loop thread only): requests by hit kind, and prompt tokens reused.
         self._tenant_hits: dict[str, dict[str, int]] = {}
@@ -370,19 +371,7 @@ class Engine:
             n_params=model.n_params(),
             loras=cfg.loras,
         )
-        if cfg.cache is not None and cfg.cache.enabled and self._cache is None:
-            # Everything that changes the layout of a sequence's KV state. Kept across an
-            # unload and the next load (the same file: the same namespace).
-            self._cache = PrefixCache(
-                cfg.cache,
-                namespace(
-                    model_fingerprint(cfg.model_path),
-                    ctx.n_ctx_seq,
-                    cfg.type_k,
-                    cfg.type_v,
-                    "flash" if cfg.flash_attn else "no-flash",
-                ),
-            )
+        self._open_cache_at(cfg.model_path)  # kept across an unload and the next load
         return Worker(model, ctx, scheduler, embedder, self._deliver, self._cache, cfg.limits)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -391,9 +380,10 @@ class Engine:
             self._unloading = False
             self._worker.commands.put(Stop())
             self._thread.join(timeout)
-        elif self.state is EngineState.UNLOADED:
-            self.state = EngineState.STOPPED
-            if self._cache is not None:
+        elif self.state is EngineState.UNLOADED or not (self._thread and self._thread.is_alive()):
+            if self.state is EngineState.UNLOADED:
+                self.state = EngineState.STOPPED
+            if self._cache is not None:  # open with no thread (unloaded, failed, never loaded)
                 self._cache.close()
 
     def unload(self) -> bool:
@@ -663,7 +653,9 @@ class Engine:
     ) -> Session:
         """A new session whose KV is a copy of `session_id`'s (which must be idle).
 
-        Raises SessionNotFoundError (404), SessionBusyError (409), NoSlotError (429)."""
+        Raises SessionNotFoundError (404), SessionBusyError (409), NoSlotError (429),
+        EngineNotReadyError (503: with no engine thread, nothing would do the copy)."""
+        self._require_model()
         source = self.get_session(tenant, session_id)
         if source.in_flight:
             raise SessionBusyError(f"session '{session_id}' has a request in flight")
@@ -698,6 +690,33 @@ class Engine:
 
     # -- cache -----------------------------------------------------------------------
 
+    def open_cache(self) -> None:
+        """Open the prefix cache now if it is not open yet: it exists whether or not the
+        model is loaded (unloaded, failed, not loaded yet), so its stats, a tenant's view
+        and purges reach its tiers. Its namespace needs the model file, so a hub model's
+        cache opens with its first load. Blocking file I/O: call it off the event loop."""
+        if self._info is not None:
+            self._open_cache_at(self._info.path)
+        elif self.config.fetch is None:
+            self._open_cache_at(self.config.model_path)
+
+    def _open_cache_at(self, model_path: str) -> None:
+        cfg = self.config
+        if cfg.cache is None or not cfg.cache.enabled:
+            return
+        with self._cache_lock:
+            if self._cache is not None:
+                return
+            try:
+                fingerprint = model_fingerprint(model_path)
+            except OSError as exc:  # the model cannot load either; it will say so
+                log.warning("prefix cache not opened: %s", exc)
+                return
+            # Everything that changes the layout of a sequence's KV state, from the file
+            # and the configuration alone, so the namespace is known before a load.
+            layout = (cfg.n_ctx, cfg.type_k, cfg.type_v, "flash" if cfg.flash_attn else "no-flash")
+            self._cache = PrefixCache(cfg.cache, namespace(fingerprint, *layout))
+
     def cache_stats(self) -> CacheStats | None:
         return self._cache.stats() if self._cache is not None else None
 
@@ -719,7 +738,8 @@ class Engine:
 
     def purge_cache(self, owns: Callable[[str], bool] | None = None) -> int:
         """Drop stored prefixes: every one, or those whose salt `owns` accepts (one
-        tenant's). Slots keep theirs. Returns the entries removed."""
+        tenant's), loaded or not. Slots keep theirs. Returns the entries removed."""
+        self.open_cache()
         if self._cache is None:
             return 0
         return self._cache.purge() if owns is None else self._cache.purge_where(owns)

@@ -92,7 +92,17 @@ class GenerateRequest:
         is never reused under another (nor under none)."""
         if not self.lora:
             return self.cache_salt
-        return self.cache_salt + "\x00lora:" + ",".join(f"{i}={s!r}" for i, s in self.lora)
+        return self.cache_salt + LORA_SALT_MARK + ",".join(f"{i}={s!r}" for i, s in self.lora)
+
+
+# Separates a request's cache_salt from its adapter set in `prefix_salt`.
+LORA_SALT_MARK = "\x00lora:"
+
+
+def salt_of_prefix(prefix_salt: str) -> str:
+    """The cache_salt a `prefix_salt` was made from, its adapter set left out: whose a
+    stored prefix is (a tenant's view and purge of the cache) is decided on this part."""
+    return prefix_salt.partition(LORA_SALT_MARK)[0]
 
 
 @dataclass(frozen=True, slots=True)

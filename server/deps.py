@@ -15,7 +15,14 @@ from fastapi import Depends, Request
 from chat.template import ChatTemplate
 from engine.engine import EngineState, Generation
 from engine.sessions import Session
-from engine.types import CacheStats, EngineStats, GenerateRequest, ModelInfo, TenantCacheView
+from engine.types import (
+    CacheStats,
+    EngineStats,
+    GenerateRequest,
+    ModelInfo,
+    TenantCacheView,
+    salt_of_prefix,
+)
 from server.access import current_record
 from server.errors import NotFound, ServerError, ServiceUnavailable, Unauthorized
 from server.registry import ModelRegistry, ServedModel
@@ -53,6 +60,7 @@ class EngineLike(Protocol):
     async def fork_session(
         self, tenant: str, session_id: str, new_id: str | None = ..., ttl_s: float | None = ...
     ) -> Session: ...
+    def open_cache(self) -> None: ...
     def cache_stats(self) -> CacheStats | None: ...
     def tenant_cache_view(self, tenant: str, owns: Callable[[str], bool]) -> TenantCacheView: ...
     def purge_cache(self, owns: Callable[[str], bool] | None = ...) -> int: ...
@@ -160,8 +168,10 @@ class Caller:
     admin: bool = False
 
     def owns(self, salt: str) -> bool:
-        """True for the cache salts of this caller's prefixes (see `salt`)."""
-        return salt == self.tenant or salt.startswith(self.tenant + "/")
+        """True for the salts of this caller's stored prefixes: made by `salt`, with or
+        without an adapter set after it (`GenerateRequest.prefix_salt`)."""
+        base = salt_of_prefix(salt)
+        return base == self.tenant or base.startswith(self.tenant + "/")
 
     def salt(self, cache_salt: str | None) -> str:
         return self.tenant if not cache_salt else f"{self.tenant}/{cache_salt}"

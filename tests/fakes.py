@@ -300,17 +300,20 @@ class FakeEngine:
             self.pinned.add(target.key)
         return target
 
+    def open_cache(self) -> None:
+        pass  # the fake's "cache" (`stored`) is always there
+
     def cache_stats(self) -> CacheStats | None:
         return None
 
     def tenant_cache_view(self, tenant: str, owns: Callable[[str], bool]) -> TenantCacheView:
         """The fake "stores" one entry per finished request, under its salt."""
-        mine = [r for r in self.stored if owns(r.cache_salt)]
+        mine = [r for r in self.stored if owns(r.prefix_salt)]
         kinds = {"cold": sum(r.tenant == tenant for r in self.submitted)}
         return TenantCacheView(len(mine), sum(len(r.prompt_tokens) for r in mine), tuple(kinds.items()), 0)
 
     def purge_cache(self, owns: Callable[[str], bool] | None = None) -> int:
-        gone = [r for r in self.stored if owns is None or owns(r.cache_salt)]
+        gone = [r for r in self.stored if owns is None or owns(r.prefix_salt)]
         self.stored = [r for r in self.stored if r not in gone]
         return len(gone)
 

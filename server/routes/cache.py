@@ -1,4 +1,9 @@
-"""The prefix cache: GET/DELETE /v1/cache, POST /v1/cache/warm."""
+"""The prefix cache: GET/DELETE /v1/cache, POST /v1/cache/warm.
+
+A model's cache outlives its engine (unloaded, failed, or not loaded yet: the engine
+opens it on demand, see `Engine.open_cache`), so status and purge answer for every
+model whatever its state; only warming needs the model loaded.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +17,10 @@ from pydantic import Field, model_validator
 
 from chat.template import TemplateError
 from engine.types import GenerateRequest
-from server.deps import Caller, CallerDep, EngineLike, ready_engine, registry, resolve_model
+from server.deps import Caller, CallerDep, registry, resolve_model
 from server.errors import BadRequest, from_engine_error
 from server.protocol import _Open
+from server.registry import ServedModel
 from server.serving.drive import tokenize
 
 router = APIRouter()
@@ -38,11 +44,12 @@ class CacheWarmRequest(_Open):
         return self
 
 
-def _tenant_object(engine: EngineLike, caller: Caller) -> dict[str, Any]:
+def _tenant_object(served: ServedModel, caller: Caller) -> dict[str, Any]:
+    engine = served.engine
     view = engine.tenant_cache_view(caller.tenant, caller.owns)
     return {
         "object": "cache",
-        "model": engine.info.model_id,
+        "model": served.id,
         "enabled": engine.cache_stats() is not None,
         "scope": "api_key",
         "entries": view.entries,
@@ -52,12 +59,13 @@ def _tenant_object(engine: EngineLike, caller: Caller) -> dict[str, Any]:
     }
 
 
-def _cache_object(engine: EngineLike) -> dict[str, Any]:
+def _cache_object(served: ServedModel) -> dict[str, Any]:
+    engine = served.engine
     stats = engine.cache_stats()
-    engine_stats = engine.stats()
+    engine_stats = engine.stats()  # None while the model is not loaded
     body: dict[str, Any] = {
         "object": "cache",
-        "model": engine.info.model_id,
+        "model": served.id,
         "enabled": stats is not None,
         "scope": "server",
     }
@@ -75,18 +83,20 @@ async def cache_status(request: Request, caller: CallerDep) -> dict[str, Any]:
     """Per model: for an admin key, entries, bytes, hits and misses per tier and requests
     by how their prompt was found; for any other key, the same about its own prefixes
     and requests only."""
-    engines = [ready_engine(m.engine) for m in registry(request)]
+    models = list(registry(request))
+    for served in models:  # reads the disk tier's directory the first time: off the loop
+        await asyncio.to_thread(served.engine.open_cache)
     if caller.admin:
-        return {"object": "list", "data": [_cache_object(e) for e in engines]}
-    return {"object": "list", "data": [_tenant_object(e, caller) for e in engines]}
+        return {"object": "list", "data": [_cache_object(m) for m in models]}
+    return {"object": "list", "data": [_tenant_object(m, caller) for m in models]}
 
 
 @router.delete("/v1/cache")
 async def purge_cache(request: Request, caller: CallerDep) -> dict[str, Any]:
     """Drop stored prefixes of every model, in RAM and on disk: every one for an admin
-    key, the caller's own for any other key."""
+    key, the caller's own for any other key. Loaded or not: see the module's doc."""
     owns = None if caller.admin else caller.owns
-    engines = [ready_engine(m.engine) for m in registry(request)]
+    engines = [m.engine for m in registry(request)]
     # Deleting cache files is disk work: off the event loop.
     removed = sum([await asyncio.to_thread(e.purge_cache, owns) for e in engines])
     return {

@@ -1,7 +1,13 @@
-"""Sticky sessions: /v1/sessions, /v1/sessions/{id}, /v1/sessions/{id}/fork."""
+"""Sticky sessions: /v1/sessions, /v1/sessions/{id}, /v1/sessions/{id}/fork.
+
+Sessions outlive their model's unload (the engine keeps them), so every route here but
+fork works whatever state the model is in; a fork needs the copy done by a loaded
+engine, and loads the model as a generation request would.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -9,9 +15,10 @@ from pydantic import Field
 
 from engine.sessions import Session
 from engine.types import SessionNotFoundError
-from server.deps import CallerDep, EngineLike, ready_engine, registry, resolve_engine
+from server.deps import CallerDep, registry, resolve_model
 from server.errors import from_engine_error
 from server.protocol import _Open
+from server.registry import ServedModel
 
 router = APIRouter()
 
@@ -28,11 +35,12 @@ class SessionCreate(SessionFork):
     model: str | None = None  # the first served model when absent
 
 
-def session_object(engine: EngineLike, session: Session) -> dict[str, Any]:
+def session_object(served: ServedModel, session: Session) -> dict[str, Any]:
+    engine = served.engine
     return {
         "id": session.id,
         "object": "session",
-        "model": engine.info.model_id,
+        "model": served.id,
         "created": int(session.created),
         "last_used": int(session.last_used),
         "expires_at": int(session.expires_at),
@@ -43,12 +51,11 @@ def session_object(engine: EngineLike, session: Session) -> dict[str, Any]:
     }
 
 
-def _find(request: Request, tenant: str, session_id: str) -> tuple[EngineLike, Session]:
-    """The engine holding the caller's session, whichever model it belongs to."""
+def _find(request: Request, tenant: str, session_id: str) -> tuple[ServedModel, Session]:
+    """The model holding the caller's session, whichever it is, loaded or not."""
     for served in registry(request):
-        engine = ready_engine(served.engine)
         try:
-            return engine, engine.get_session(tenant, session_id)
+            return served, served.engine.get_session(tenant, session_id)
         except SessionNotFoundError:
             continue
     raise from_engine_error(SessionNotFoundError(session_id))
@@ -60,29 +67,31 @@ async def create_session(
 ) -> dict[str, Any]:
     """Open a sticky session (requests name it in `session_id` or `X-Session-Id`)."""
     body = body or SessionCreate()
-    engine = resolve_engine(request, body.model or registry(request).default.id)
+    name = body.model or registry(request).default.id
+    served = resolve_model(request, name, require_ready=False)  # a session needs no engine
     try:
-        session = engine.create_session(caller.tenant, body.id, body.ttl_s)
+        session = served.engine.create_session(caller.tenant, body.id, body.ttl_s)
     except Exception as exc:
         raise from_engine_error(exc) from exc
-    return session_object(engine, session)
+    return session_object(served, session)
 
 
 @router.get("/v1/sessions")
 async def list_sessions(request: Request, caller: CallerDep) -> dict[str, Any]:
-    """The caller's sessions, on every model."""
-    engines = [ready_engine(m.engine) for m in registry(request)]
-    return {
-        "object": "list",
-        "data": [session_object(e, s) for e in engines for s in e.list_sessions(caller.tenant)],
-    }
+    """The caller's sessions, on every model, loaded or not."""
+    data = [
+        session_object(served, session)
+        for served in registry(request)
+        for session in served.engine.list_sessions(caller.tenant)
+    ]
+    return {"object": "list", "data": data}
 
 
 @router.get("/v1/sessions/{session_id}")
 async def get_session(session_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """One session: tokens it holds, whether its slot is still pinned, last use."""
-    engine, session = _find(request, caller.tenant, session_id)
-    return session_object(engine, session)
+    served, session = _find(request, caller.tenant, session_id)
+    return session_object(served, session)
 
 
 @router.post("/v1/sessions/{session_id}/fork")
@@ -91,20 +100,25 @@ async def fork_session(
 ) -> dict[str, Any]:
     """A new session starting from a copy of this one's KV (the source is unchanged)."""
     body = body or SessionFork()
-    engine, _ = _find(request, caller.tenant, session_id)
+    served, _ = _find(request, caller.tenant, session_id)
+    served.in_flight += 1  # not unloaded before the copy is done (see server/loading.py)
     try:
-        session = await engine.fork_session(caller.tenant, session_id, body.id, body.ttl_s)
+        await request.app.state.loader.ensure_loaded(served)
+        session = await served.engine.fork_session(caller.tenant, session_id, body.id, body.ttl_s)
     except Exception as exc:
         raise from_engine_error(exc) from exc
-    return session_object(engine, session)
+    finally:
+        served.in_flight -= 1
+        served.last_used = time.monotonic()
+    return session_object(served, session)
 
 
 @router.delete("/v1/sessions/{session_id}")
 async def delete_session(session_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """End a session and release its slot."""
-    engine, _ = _find(request, caller.tenant, session_id)
+    served, _ = _find(request, caller.tenant, session_id)
     try:
-        session = engine.delete_session(caller.tenant, session_id)
+        session = served.engine.delete_session(caller.tenant, session_id)
     except Exception as exc:
         raise from_engine_error(exc) from exc
     return {"id": session.id, "object": "session.deleted", "deleted": True}

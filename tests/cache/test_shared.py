@@ -104,7 +104,7 @@ def test_a_corrupt_or_foreign_value_is_a_counted_miss_and_removed(
     one, two = replicas
     saved(one, PROMPT)
     client = redis.Redis.from_url(store.url)
-    name = f"kvserve:ns:e:{entry_key(seed('ns', ''), PROMPT)}"
+    name = f"kvserve:ns:e:{entry_key(seed('ns', ''), PROMPT)}:"  # the salt "" in hex
     value = client.get(name)
     assert isinstance(value, bytes)
     flipped = bytearray(value)
@@ -119,7 +119,7 @@ def test_a_corrupt_or_foreign_value_is_a_counted_miss_and_removed(
     foreign = PrefixCache(config(disk_dir="", shared_url=store.url), "zz")
     try:
         saved(foreign, PROMPT)
-        other = client.get(f"kvserve:zz:e:{entry_key(seed('zz', ''), PROMPT)}")
+        other = client.get(f"kvserve:zz:e:{entry_key(seed('zz', ''), PROMPT)}:")
         assert isinstance(other, bytes)
         client.set(name, other)
         three = PrefixCache(config(disk_dir="", shared_url=store.url), "ns")
@@ -215,6 +215,46 @@ def test_purge_drops_the_shared_entries_of_its_namespace_only(
             fresh.close(timeout=10)
     finally:
         other.close(timeout=10)
+
+
+def test_a_tenant_purge_reaches_the_shared_tier(
+    replicas: list[PrefixCache], store: Redis
+) -> None:
+    """Issue 17, item 9: a tenant's purge removes its entries from the shared store too,
+    so no replica finds them again there (and puts them back into its RAM)."""
+    one, two = replicas
+    saved(one, PROMPT, salt="t1/x")
+    saved(one, PROMPT, salt="t2")
+    assert two.lookup(ASK, salt="t1/x") is not None  # now in two's RAM as well
+    assert two.purge_where(lambda salt: salt == "t1" or salt.startswith("t1/")) == 1
+    assert two.lookup(ASK, salt="t1/x") is None
+    assert one.purge_where(lambda salt: salt.startswith("t1/")) == 1  # its own local copy
+    fresh = PrefixCache(config(disk_dir="", shared_url=store.url), "ns")
+    try:
+        assert fresh.lookup(ASK, salt="t1/x") is None
+        hit = fresh.lookup(ASK, salt="t2")  # another tenant's stays
+        assert hit is not None and hit.tier == "shared"
+    finally:
+        fresh.close(timeout=10)
+
+
+def test_a_hit_renews_the_pointers_that_lead_to_the_entry(
+    replicas: list[PrefixCache], store: Redis
+) -> None:
+    """Issue 17, item 9: a hot entry stays reachable; renewing the entry alone would
+    leave its block pointers to expire under it."""
+    one, two = replicas
+    saved(one, PROMPT)
+    client = redis.Redis.from_url(store.url)
+    try:
+        names = list(client.scan_iter(match="kvserve:ns:*"))
+        assert len(names) == 1 + len(PROMPT) // 4  # the entry and its 3 block pointers
+        for name in names:
+            client.pexpire(name, 1000)  # about to expire
+        assert two.lookup(ASK) is not None
+        assert all(client.pttl(name) > 60_000 for name in names)  # renewed: the TTL again
+    finally:
+        client.close()
 
 
 def test_close_stores_the_queued_saves_before_letting_go(tmp_path: Path, store: Redis) -> None:

@@ -141,6 +141,29 @@ async def test_load_and_unload_by_hand(pair: Any) -> None:
     assert r.status_code == 401 and a.state is EngineState.UNLOADED  # nothing loaded for it
 
 
+async def test_a_session_outlives_an_unload_and_a_fork_loads_the_model(pair: Any) -> None:
+    """Issue 17, item 10: sessions and the cache work on unloaded models (the normal
+    state of an on-demand one); only a fork, which needs an engine, loads the model."""
+    client, a, b, _ = pair
+    r = await client.post("/v1/chat/completions", json=_chat("a", session_id="kept"))
+    assert r.status_code == 200 and a.state is EngineState.READY
+    assert (await client.post("/v1/models/a/unload")).status_code == 200
+    assert (a.state, b.state) == (EngineState.UNLOADED, EngineState.UNLOADED)
+    r = await client.get("/v1/sessions")
+    assert r.status_code == 200 and [s["id"] for s in r.json()["data"]] == ["kept"]
+    assert (await client.get("/v1/sessions/kept")).json()["model"] == "a"
+    r = await client.post("/v1/sessions", json={"model": "b", "id": "new"})
+    assert r.status_code == 200 and b.state is EngineState.UNLOADED  # nothing to load yet
+    assert (await client.get("/v1/cache")).status_code == 200
+    r = await client.delete("/v1/cache")
+    assert r.status_code == 200 and r.json()["entries_removed"] == 1  # the chat's prefix
+    r = await client.post("/v1/sessions/kept/fork", json={"id": "twin"})
+    assert r.status_code == 200 and a.state is EngineState.READY, r.text
+    for session in ("kept", "twin", "new"):
+        assert (await client.delete(f"/v1/sessions/{session}")).status_code == 200
+    assert (await client.get("/v1/sessions")).json()["data"] == []
+
+
 async def test_budget_refuses_when_nothing_is_idle(pair: Any) -> None:
     client, a, b, _ = pair
     assert (await client.post("/v1/models/a/load")).status_code == 200
