@@ -193,7 +193,7 @@ class Engine:
         self._pending_embeds = 0
         self._cache: PrefixCache | None = None
         self._cache_lock = threading.Lock()  # opened by the engine thread or a route's
-        self.sessions = SessionRegistry(config.sessions)
+        self.sessions = SessionRegistry(config.sessions, on_retire=self._retire_session)
         # Per tenant (loop thread only): requests by hit kind, and prompt tokens reused.
         self._tenant_hits: dict[str, dict[str, int]] = {}
         self._tenant_reused: dict[str, int] = {}
@@ -479,7 +479,7 @@ class Engine:
             raise QueueFullError()
         self._expire_sessions()
         session, created = (
-            self.sessions.begin(requests[0].tenant, session_id)
+            self.sessions.begin(requests[0].tenant, session_id, requests[0].session_pool)
             if session_id is not None
             else (None, False)
         )
@@ -612,6 +612,13 @@ class Engine:
         for session in self.sessions.expired():
             self._command(ReleaseSession(session.key))
 
+    def _retire_session(self, session: Session) -> None:
+        """A bound retired this idle session to make room: its slot goes back (its KV
+        to the cache first), so a later request with its prefix starts warm."""
+        log.info("session %s of a key at its bound retired (idle since %.0f s)",
+                 session.id, self.sessions.idle_seconds(session))  # fmt: skip
+        self._command(ReleaseSession(session.key))
+
     def _command(self, command: ReleaseSession | Fork) -> None:
         if self._worker is not None:
             self._worker.commands.put(command)
@@ -659,7 +666,9 @@ class Engine:
         source = self.get_session(tenant, session_id)
         if source.in_flight:
             raise SessionBusyError(f"session '{session_id}' has a request in flight")
-        target = self.sessions.create(tenant, new_id, source.ttl_s if ttl_s is None else ttl_s)
+        target = self.sessions.create(
+            tenant, new_id, source.ttl_s if ttl_s is None else ttl_s, spare=source
+        )
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[int, str | None]] = loop.create_future()
 

@@ -63,6 +63,15 @@ class SamplingParams:
         return self.temperature <= 0.0 and self.mirostat == 0
 
 
+class SessionPool(enum.StrEnum):
+    """Which bounds a session counts against (engine/sessions.py): the sessions clients
+    name, or those kept for stored Responses-API conversations. Each pool has the same
+    bounds and retires its own idle sessions, so neither can use up or evict the other."""
+
+    NAMED = "named"  # session_id, X-Session-Id, POST /v1/sessions
+    CHAIN = "chain"  # minted by the Responses API for a stored response chain
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     """One sequence to generate. `n > 1` in the API becomes n of these."""
@@ -76,6 +85,7 @@ class GenerateRequest:
     prompt_logprobs: int | None = None  # None: off; k >= 0: each prompt token's, plus top k
     # Sticky session: the slot stays pinned to this id after the request (see sessions.py).
     session_id: str | None = None
+    session_pool: SessionPool = SessionPool.NAMED  # the pool a new session is created in
     # Who sent it (an opaque digest of the API key, "" without auth): sessions belong to it.
     tenant: str = ""
     # Prefixes are shared only between requests with the same salt (slots and the cache).

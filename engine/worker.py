@@ -56,7 +56,7 @@ class Embed:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseSession:
-    """The session ended (deleted or expired): its slot goes back to everyone."""
+    """The session ended (deleted, expired or retired): its slot goes back to everyone."""
 
     session_id: str
 
@@ -186,7 +186,7 @@ class Worker:
             else:
                 self.embedder.jobs.append(command.job)
         elif isinstance(command, ReleaseSession):
-            self.scheduler.slots.unpin(command.session_id)
+            self._release(command.session_id)
         elif isinstance(command, Fork):
             self._fork(command)
         elif isinstance(command, Stop):
@@ -281,6 +281,16 @@ class Worker:
         if fresh >= SAVE_EVERY_TOKENS or (prompt_done and fresh >= SAVE_PROMPT_MIN_TOKENS):
             self._save(seq.slot, seq.tokens[:done], seq.salt)
             seq.num_saved = done
+
+    def _release(self, session: str) -> None:
+        """The session's slot goes back to everyone, what it holds to the cache first
+        (unless its finish already saved it: a busy writer drops saves), so whoever
+        resumes the conversation later starts warm."""
+        slots = self.scheduler.slots
+        slot = slots.unpin(session)
+        resident = slots.resident.get(slot) if slot is not None else None
+        if slot is not None and resident is not None and not resident.saved:
+            resident.saved = self._save(slot, resident.tokens, resident.salt)
 
     def _fork(self, command: Fork) -> None:
         ops: list[KvOp] = []

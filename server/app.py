@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -16,8 +17,15 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from engine.engine import CacheConfig, Engine, EngineConfig, EngineState, SessionLimits
-from engine.types import EngineNotReadyError, LoraAdapter, TimeLimits
+from engine.types import (
+    EngineNotReadyError,
+    LoraAdapter,
+    SessionBusyError,
+    SessionNotFoundError,
+    TimeLimits,
+)
 from server import errors, hub
+from server.apis.responses_shared import RedisResponses
 from server.apis.responses_store import ResponseStore
 from server.config import (
     LoraSection,
@@ -158,6 +166,25 @@ def _served_models(
     return ModelRegistry(served)
 
 
+def _response_store(settings: Settings, served: ModelRegistry) -> ResponseStore:
+    """Stored responses: in the Redis the replicas share when `[cache] shared_url` is
+    set (a chain continues on any replica), else in this process."""
+    r, c = settings.responses, settings.cache
+    shared = None
+    if c.shared_url:
+        shared = RedisResponses(c.shared_url, max_per_key=r.max_stored, ttl_s=r.ttl_s,
+                                timeout_s=c.shared_timeout_s, retry_s=c.shared_retry_s)  # fmt: skip
+
+    def release(tenant: str, session_id: str) -> None:
+        """A chain session no stored response names any more: ended on every model
+        that holds it (busy: the turn running on it will be stored and name it)."""
+        for model in served:
+            with contextlib.suppress(SessionNotFoundError, SessionBusyError):
+                model.engine.delete_session(tenant, session_id)
+
+    return ResponseStore(r.max_stored, r.ttl_s, shared=shared, release=release)
+
+
 async def _exit_if_fetch_fails(app: FastAPI, served: ModelRegistry) -> None:
     """A model that cannot be fetched from the hub at start stops the process with status
     2, as a configuration error would (a failed load of a local file keeps serving and
@@ -197,6 +224,7 @@ def create_app(
         finally:
             watcher.cancel()
             unloader.cancel()
+            app.state.responses.close()
             for model in served:  # each engine saves what it keeps (cache, sessions) here
                 try:
                     model.engine.close()
@@ -214,7 +242,7 @@ def create_app(
     app.state.started = int(time.time())
     app.state.exit_code = 0
     app.state.lifecycle = Lifecycle()
-    app.state.responses = ResponseStore(settings.responses.max_stored, settings.responses.ttl_s)
+    app.state.responses = _response_store(settings, served)
     app.state.registry, app.state.metrics = make_registry(served)
     app.state.loader = ModelLoader(served, settings.loading, app.state.registry)
     errors.install(app)

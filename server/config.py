@@ -129,9 +129,10 @@ class SessionsSection:
 
 @dataclass(frozen=True)
 class ResponsesSection:
-    """Stored Responses-API responses (store: true), per server."""
+    """Stored Responses-API responses (store: true); in the shared Redis when
+    `[cache] shared_url` is set."""
 
-    max_stored: int = 1000
+    max_stored: int = 1000  # per API key
     ttl_s: float = 3600.0
 
 

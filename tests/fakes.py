@@ -51,6 +51,7 @@ class FakeEngine:
         max_queue: int = 4,
         ready: bool = True,
         model_id: str = "fake-model",
+        sessions: SessionLimits | None = None,
     ):
         self.reply = reply.encode()
         self.delay = delay
@@ -83,7 +84,7 @@ class FakeEngine:
             add_bos=False,
         )
         self._tasks: set[asyncio.Task[None]] = set()
-        self.sessions = SessionRegistry(SessionLimits())
+        self.sessions = SessionRegistry(sessions or SessionLimits())
         self.pinned: set[str] = set()  # sessions (keys) whose "slot" is resident
         self.session_of: dict[str, Session] = {}  # request id -> the session it began on
         self.fork_error: str | None = None  # set to make the next fork find no slot
@@ -155,7 +156,9 @@ class FakeEngine:
         if session_id is not None:
             if len(requests) > 1:
                 raise InvalidRequestError("a session continues one sequence", param="n")
-            session, created = self.sessions.begin(requests[0].tenant, session_id)
+            session, created = self.sessions.begin(
+                requests[0].tenant, session_id, requests[0].session_pool
+            )
             self.session_of[requests[0].request_id] = session
         self.submitted.extend(requests)
         self.stored.extend(requests)

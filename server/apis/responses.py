@@ -4,6 +4,10 @@ A turn is a chat request: `instructions` as the system turn, the stored conversa
 `previous_response_id`, then this `input`. A stored conversation runs on one kvserve
 session (its slot keeps the KV), so the next turn prefills only what is new;
 `usage.input_tokens_details.cached_tokens` reports what was reused.
+
+A chain's session is minted here in a pool of its own (SessionPool.CHAIN), so stored
+responses never use up or push out the sessions a client names; a turn that names a
+session (X-Session-Id, what a load balancer routes on) runs on that one instead.
 """
 
 from __future__ import annotations
@@ -19,10 +23,16 @@ from fastapi import Request
 from sse_starlette import ServerSentEvent
 
 from engine.engine import Generation
-from engine.types import FinishReason, GenerateRequest, InvalidRequestError, SessionBusyError
+from engine.types import (
+    FinishReason,
+    GenerateRequest,
+    InvalidRequestError,
+    SessionBusyError,
+    SessionPool,
+)
 from server.apis.responses_input import chat_param, input_messages, response_options
 from server.apis.responses_output import OutputBuilder, assistant_turn
-from server.apis.responses_store import ResponseStore
+from server.apis.responses_store import ResponseStore, Stored
 from server.deps import Caller, EngineLike, resolve_model
 from server.errors import APIError, BadRequest
 from server.protocol import SamplingExtras
@@ -53,15 +63,14 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
     store = response_store(request)
     previous = None
     if body.previous_response_id is not None:
-        previous = store.get(caller.tenant, body.previous_response_id, "previous_response_id")
+        previous = await store.get(caller.tenant, body.previous_response_id,
+                                   "previous_response_id")  # fmt: skip
     served = resolve_model(request, body.model)
     engine = served.engine
     history = previous.conversation if previous else []
     new = input_messages(body)
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    session_id = previous.session_id if previous else None
-    if session_id is None and body.store:
-        session_id = "resp_chain_" + secrets.token_hex(12)
+    session_id, pool = _session(body, caller, previous)
     try:
         prepared = await prepare_chat(
             engine, served.template, [*system, *history, *new], response_options(body),
@@ -70,14 +79,16 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
     except BadRequest as err:
         err.param = chat_param(err.param)
         raise
-    generation, session_id = await _generate(engine, prepared.requests)
+    requests = [replace(r, session_pool=pool) for r in prepared.requests]
+    generation, session_id = await _generate(engine, requests)
     response = _skeleton(body, engine.info.model_id)
     conversation = [*history, *new]
 
-    def keep(final: dict[str, Any], builder: OutputBuilder) -> None:
+    async def keep(final: dict[str, Any], builder: OutputBuilder) -> None:
         if body.store and final["status"] in ("completed", "incomplete"):
             turn = assistant_turn(builder.items)
-            store.put(caller.tenant, final, [*conversation, turn], session_id)
+            entry = Stored(caller.tenant, final, [*conversation, turn], session_id, pool)
+            await store.put(entry)
 
     log.info("response %s: %d prompt tokens, stream=%s, previous=%s", response["id"],
              len(prepared.prompt), body.stream, body.previous_response_id)  # fmt: skip
@@ -92,8 +103,22 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
     parser = prepared.plan.parser()
     builder.feed(parser.feed("".join(choice.text)) + parser.finish())
     final = _finished(engine, response, builder, choice, len(prepared.prompt))
-    keep(final, builder)
+    await keep(final, builder)
     return final
+
+
+def _session(
+    body: ResponsesRequest, caller: Caller, previous: Stored | None
+) -> tuple[str | None, SessionPool]:
+    """The session this turn runs on, and its pool: the one the client names, else the
+    stored conversation's, else (to be stored) a new chain session."""
+    if caller.session_header is not None:
+        return caller.session_header, SessionPool.NAMED
+    if previous is not None and previous.session_id is not None:
+        return previous.session_id, previous.session_pool
+    if body.store:
+        return "resp_chain_" + secrets.token_hex(12), SessionPool.CHAIN
+    return None, SessionPool.NAMED
 
 
 async def _generate(
@@ -221,15 +246,15 @@ async def _stream(
     final = _finished(engine, response, builder, state.total, len(prepared.prompt))
     for name, payload in builder.drain():
         yield event(name, payload)
-    keep(final, builder)
+    await keep(final, builder)
     done = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
     yield event(done, {"response": final})
 
 
-def get_response(request: Request, caller: Caller, response_id: str) -> dict[str, Any]:
-    return response_store(request).get(caller.tenant, response_id).response
+async def get_response(request: Request, caller: Caller, response_id: str) -> dict[str, Any]:
+    return (await response_store(request).get(caller.tenant, response_id)).response
 
 
-def delete_response(request: Request, caller: Caller, response_id: str) -> dict[str, Any]:
-    response_store(request).delete(caller.tenant, response_id)
+async def delete_response(request: Request, caller: Caller, response_id: str) -> dict[str, Any]:
+    await response_store(request).delete(caller.tenant, response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}

@@ -22,10 +22,10 @@ async def create_response(body: ResponsesRequest, request: Request, caller: Call
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request, caller: CallerDep) -> Any:
     """A stored response of this API key."""
-    return get_response(request, caller, response_id)
+    return await get_response(request, caller, response_id)
 
 
 @router.delete("/v1/responses/{response_id}")
 async def remove_response(response_id: str, request: Request, caller: CallerDep) -> Any:
     """Delete a stored response of this API key."""
-    return delete_response(request, caller, response_id)
+    return await delete_response(request, caller, response_id)

@@ -12,6 +12,7 @@ import pytest
 
 from cache import CacheConfig, CacheHit
 from engine.engine import Engine
+from engine.sessions import SessionLimits
 from engine.types import GenerateRequest, SamplingParams, SessionBusyError, SessionNotFoundError
 from tests.integration.test_engine import start as start_engine
 
@@ -200,5 +201,32 @@ async def test_n_choices_prefill_the_prompt_once() -> None:
         prefilled = after.num_prefill_tokens - before.num_prefill_tokens
         assert prefilled == len(prompt) + 2  # once, plus the last token for each other choice
         assert sorted(cached) == [0, len(prompt) - 1, len(prompt) - 1]
+    finally:
+        engine.close()
+
+
+async def test_a_session_retired_at_the_key_quota_resumes_warm(cold: Engine) -> None:
+    """Issue 17, item 19: at its quota a key's oldest idle session is retired, not its
+    new one refused, and the retired one's KV goes to the cache first even when its
+    finish could not save it (a busy writer drops saves), so it resumes warm."""
+    first = chat(cold, [], QUESTIONS[0])
+    reply = (await run(cold, first))[0]
+    second = chat(cold, [(QUESTIONS[0], reply)], QUESTIONS[1])
+    expected = (await run(cold, second))[0]
+    engine = await start(n_seq_max=1, cache=CacheConfig(block_tokens=32, min_tokens=32),
+                         sessions=SessionLimits(max_sessions_per_key=1))  # fmt: skip
+    try:
+        worker = engine._worker
+        assert worker is not None and worker.cache is not None
+        save = worker.cache.save
+        worker.cache.save = lambda *args: False  # type: ignore[method-assign]
+        assert (await run(engine, first, session_id="a", tenant="k"))[0] == reply
+        worker.cache.save = save  # type: ignore[method-assign]
+        other = "<|im_start|>user\nHello! Who are you?<|im_end|>\n<|im_start|>assistant\n"
+        other_prompt = tuple(engine.tokenize(other, add_special=False, parse_special=True))
+        await run(engine, other_prompt, session_id="b", tenant="k")  # retires a; its slot
+        assert [s.id for s in engine.list_sessions("k")] == ["b"]  # now holds another prompt
+        text, cached = await run(engine, second, session_id="a", tenant="k")  # retires b
+        assert text == expected and cached == min(len(first), len(second) - 64)
     finally:
         engine.close()

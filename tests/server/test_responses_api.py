@@ -9,7 +9,6 @@ from typing import Any
 import httpx
 import pytest
 
-from server.apis.responses_store import ResponseStore
 from server.protocol_responses import ResponsesRequest
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
@@ -160,18 +159,6 @@ async def test_another_keys_response_is_404(make_client: ClientFactory, fake: Fa
     assert_error(await client.delete(f"/v1/responses/{body['id']}", headers=other), 404)
     mine = await client.get(f"/v1/responses/{body['id']}", headers={"Authorization": "Bearer k1"})
     assert mine.status_code == 200
-
-
-def test_store_bounds_count_and_age() -> None:
-    now = [0.0]
-    store = ResponseStore(max_stored=2, ttl_s=10, clock=lambda: now[0])
-    for i in range(3):
-        store.put("t", {"id": f"r{i}"}, [], None)
-    assert len(store) == 2
-    with pytest.raises(Exception, match="not found"):
-        store.get("t", "r0")
-    now[0] = 10.5
-    assert len(store) == 0
 
 
 async def test_max_output_tokens_is_incomplete(client: httpx.AsyncClient) -> None:
