@@ -5,7 +5,8 @@ messages went in the `X-Kvserve-Dropped-Messages` header.
 
 Rendering and tokenizing a long conversation takes CPU time: it runs in a worker
 thread, so the event loop serves other requests meanwhile, and the cut is found in
-O(log n) renders (a search over the number of dropped turns), never one per turn.
+O(log n) renders (a search over the number of dropped turns), never one per turn. A
+short conversation renders inline: a thread hop would only add to its latency.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 
 from chat import ChatOptions, ChatPlan, ChatTemplate, plan_chat
 from server.deps import EngineLike
+from server.serving.drive import TOKENIZE_INLINE_CHARS
 
 DROPPED_HEADER = "X-Kvserve-Dropped-Messages"
 OVERFLOW_MODES = ("error", "drop_oldest")
 
 Fitted = tuple[ChatPlan, list[int], int]  # the plan, its prompt tokens, messages dropped
+INLINE_MESSAGES = 64  # at most this many messages (and short ones) render on the event loop
 
 
 async def plan_within_context(
@@ -32,9 +35,17 @@ async def plan_within_context(
 ) -> Fitted:
     """The plan, its prompt tokens, and how many messages were dropped to fit. What
     still does not fit is left to the engine's 400."""
-    return await asyncio.to_thread(
-        fit_within_context, engine, template, messages, opts, max_tokens, overflow
-    )
+    fit = (engine, template, messages, opts, max_tokens, overflow)
+    if _is_short(messages):
+        return fit_within_context(*fit)
+    return await asyncio.to_thread(fit_within_context, *fit)
+
+
+def _is_short(messages: list[dict[str, Any]]) -> bool:
+    if len(messages) > INLINE_MESSAGES:
+        return False
+    chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+    return chars <= TOKENIZE_INLINE_CHARS
 
 
 def fit_within_context(
