@@ -3,6 +3,8 @@ templates in the wild expect (as transformers and llama.cpp render them).
 
 - A missing attribute or key is empty, also when chained (`a.b.c`) or added to a
   string: a tool parameter without a `description` must not fail the request.
+- A null written out (`{{ message.content }}` of a turn that only calls tools) is
+  empty too, not Python's "None" in the prompt.
 - `{% break %}` / `{% continue %}` and transformers' `{% generation %}` block exist;
   `tojson` takes `indent`, `ensure_ascii`, `separators`, `sort_keys`; `strftime_now`.
 - The sandbox stays (a template is untrusted: no access to Python internals). It is
@@ -79,6 +81,10 @@ def _undefined_as_null(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def _none_as_empty(value: Any) -> Any:
+    return "" if value is None else value
+
+
 class _Sandbox(SandboxedEnvironment):
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         # Fail loudly rather than render an empty value: the template is hostile.
@@ -90,6 +96,7 @@ def make_environment(raise_exception: Callable[[str], None]) -> jinja2.Environme
         trim_blocks=True,
         lstrip_blocks=True,
         undefined=EmptyUndefined,
+        finalize=_none_as_empty,
         extensions=["jinja2.ext.loopcontrols", GenerationBlock],
     )
     env.globals["raise_exception"] = raise_exception

@@ -40,6 +40,18 @@ def _raise_exception(message: str) -> None:
     raise TemplateRefusal(message)
 
 
+def _null_content_as_empty(context: dict[str, Any]) -> dict[str, Any] | None:
+    """Some templates use an assistant's content as a string even when the turn only
+    calls tools (`'</think>' in content`), and a null content fails them. The client's
+    null stays where a template handles it (`content is none` decides some layouts);
+    where it fails, the content is "" (what llama.cpp substitutes, for the same templates)."""
+    messages = context["messages"]
+    if not any("content" in m and m["content"] is None for m in messages):
+        return None
+    out = [{**m, "content": ""} if "content" in m and m["content"] is None else m for m in messages]
+    return {**context, "messages": out}
+
+
 def _arguments_as_text(context: dict[str, Any]) -> dict[str, Any] | None:
     """Some templates write a call's arguments as a string (`'..' + arguments`)."""
     messages = context["messages"]
@@ -80,7 +92,8 @@ def _system_into_user(context: dict[str, Any]) -> dict[str, Any] | None:
     return {**context, "messages": [{"role": "user", "content": system}, *rest]}
 
 
-_ADAPTATIONS = (_arguments_as_text, _tools_as_list, _system_into_user)
+# In order: the ones that change the least come first.
+_ADAPTATIONS = (_null_content_as_empty, _arguments_as_text, _tools_as_list, _system_into_user)
 
 
 @dataclass(frozen=True, slots=True)

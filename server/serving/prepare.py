@@ -23,6 +23,17 @@ from server.serving.context_fit import plan_within_context
 from server.serving.drive import tokenize
 from server.serving.state import ChoiceState
 
+# The most messages one chat request may render (its history included): every render
+# and tokenization is linear in them (seconds of CPU at this size), and drop_oldest
+# renders a few times. Far beyond any context; the body limit alone would let ~280,000 in.
+MAX_MESSAGES = 100_000
+
+
+def check_message_count(messages: list[dict[str, Any]]) -> None:
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"the conversation has {len(messages):,} messages; at most "
+                         f"{MAX_MESSAGES:,} are accepted", param="messages")  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
@@ -39,6 +50,7 @@ def make_plan(
     template: ChatTemplate, messages: list[dict[str, Any]], options: ChatOptions
 ) -> ChatPlan:
     """The chat plan; what the template or tool checks refuse is a 400 naming the field."""
+    check_message_count(messages)
     try:
         return plan_chat(template, messages, options)
     except TemplateError as exc:
@@ -64,6 +76,7 @@ async def prepare_chat(
     logprobs: int | None = None,
     overflow: str = "error",
 ) -> Prepared:
+    check_message_count(messages)
     try:
         plan, prompt, dropped = await plan_within_context(
             engine, template, messages, options, max_tokens, overflow

@@ -1,7 +1,10 @@
 """Every chat template of llama.cpp's models/templates/ (copied to tests/chat/templates/
 from the llama.cpp sources that the llama-cpp-python 0.3.36 sdist vendors) renders a
 conversation with a system message, tools, a tool call and a tool result, through the
-same path a chat request takes (chat.plan_chat)."""
+same path a chat request takes (chat.plan_chat). The assistant turn that calls the tool
+has `content: null`, as the OpenAI SDK returns it and agent frameworks send it back (the
+Messages API's tool_use-only turn and the Responses API's function_call item become the
+same message); `content: ""` must render too."""
 
 from __future__ import annotations
 
@@ -27,14 +30,17 @@ CALL = {
     "type": "function",
     "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
 }
-CONVERSATION = [
-    {"role": "system", "content": "Answer briefly."},
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": "", "tool_calls": [CALL]},
-    {"role": "tool", "tool_call_id": "abcDEF123", "content": "sunny, 21 C"},
-    {"role": "assistant", "content": "It is sunny."},
-    {"role": "user", "content": "And tomorrow?"},
-]
+
+
+def conversation(call_content: str | None) -> list[dict]:
+    return [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": call_content, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "abcDEF123", "content": "sunny, 21 C"},
+        {"role": "assistant", "content": "It is sunny."},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
 
 
 def render(path: Path, messages: list[dict]) -> str:
@@ -50,18 +56,23 @@ def test_the_fixtures_are_there() -> None:
     assert "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja" in names
 
 
+@pytest.mark.parametrize("call_content", [None, ""], ids=["null", "empty"])
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.stem)
-def test_template_renders_tools_calls_results_and_system(path: Path) -> None:
+def test_template_renders_tools_calls_results_and_system(
+    path: Path, call_content: str | None
+) -> None:
+    messages = conversation(call_content)
     try:
-        text = render(path, CONVERSATION)
+        text = render(path, messages)
     except TemplateRefusal:
         # The template's own rule (e.g. "System role not supported"): a clean 400 for
         # the client. Without the system message it must render.
-        text = render(path, CONVERSATION[1:])
+        text = render(path, messages[1:])
     else:
         assert "Answer briefly." in text
     for needle in ("Weather in Paris?", "get_weather", "Paris", "sunny, 21 C", "And tomorrow?"):
         assert needle in text, needle
+    assert "None" not in text  # a null content is no text, not Python's name for it
 
 
 def test_missing_attributes_render_empty() -> None:
