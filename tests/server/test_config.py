@@ -202,3 +202,35 @@ def test_shared_tier_settings_are_checked() -> None:
     ):
         with pytest.raises(ConfigError, match=message):
             load_settings(env=env)
+
+
+def _start_without_serving(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    """`kvserve` up to the point where it would serve: what it would have served."""
+    import server.lifecycle
+    import server.logs
+
+    served: list[Settings] = []
+    monkeypatch.setattr(server.lifecycle, "serve", lambda s: served.append(s) or 0)
+    monkeypatch.setattr(server.logs, "setup_logging", lambda _: None)
+    return served
+
+
+def test_start_probes_the_resolved_disk_dir_not_a_local_auto(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server.cli import main
+
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.delenv("KVSERVE_CACHE_DISK_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    served = _start_without_serving(monkeypatch)
+    assert main([]) == 0 and len(served) == 1
+    assert list((tmp_path / "cwd").iterdir()) == []  # no stray ./auto (issue 17)
+    assert (tmp_path / "xdg" / "kvserve").is_dir()  # the real directory was probed
+    # ... so an unusable one stops the start with exit 2, before anything is served
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    assert main([]) == 2 and len(served) == 1
+    assert list((tmp_path / "cwd").iterdir()) == []
+
