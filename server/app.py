@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from engine.engine import CacheConfig, Engine, EngineConfig, EngineState, SessionLimits
+from engine.engine import Engine, EngineConfig, EngineState, SessionLimits
 from engine.types import EngineNotReadyError, LoraAdapter, TimeLimits
 from server import errors, hub
 from server.apis.responses_store import ResponseStore
@@ -64,18 +64,7 @@ def engine_config(
     if c.enabled and not c.disk_path:
         log.info("cache: disk tier off (cache.disk_dir is empty): a restart starts cold")
     if c.enabled:
-        cache = CacheConfig(
-            block_tokens=c.block_tokens,
-            ram_bytes=c.ram_bytes,
-            disk_dir=c.disk_path,
-            disk_bytes=c.disk_bytes,
-            writer_queue=c.writer_queue,
-            min_tokens=c.min_tokens,
-            shared_url=c.shared_url,
-            shared_timeout_s=c.shared_timeout_s,
-            shared_retry_s=c.shared_retry_s,
-            shared_ttl_s=c.shared_ttl_s,
-        )
+        cache = c.cache_config()
     return EngineConfig(
         model_path=model.model_path,
         model_id=model.id,
