@@ -233,7 +233,11 @@ def create_app(
             allow_headers=["*"],
         )
     app.add_middleware(ModelGate, loader=app.state.loader)  # inside the body limit
-    app.add_middleware(BodyLimit, limit=settings.server.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.server.max_body_bytes,
+        timeout_s=settings.server.body_timeout_s,
+    )
     app.add_middleware(  # outermost: sees every answer, 413s and CORS included
         AccessMiddleware,
         lifecycle=app.state.lifecycle,

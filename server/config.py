@@ -64,7 +64,8 @@ class ServerSection:
     max_body_bytes: int = 8 * 1024 * 1024
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
     max_connections: int = 0  # open connections; 0: the open-file limit less 64
-    header_timeout_s: float = 10.0  # a new connection must send a request head this soon
+    header_timeout_s: float = 10.0  # a request head must arrive whole this soon
+    body_timeout_s: float = 30.0  # a request body must arrive whole this soon after its head
     keep_alive_s: float = 5.0  # an idle connection between requests is closed after this
 
 
@@ -407,7 +408,7 @@ def _validate(s: Settings, labels: list[str]) -> None:
         raise ConfigError("server.shutdown_grace_s: must not be negative")
     if s.server.max_connections < 0:
         raise ConfigError("server.max_connections: must not be negative (0: automatic)")
-    for key in ("header_timeout_s", "keep_alive_s"):
+    for key in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
         if not getattr(s.server, key) > 0:
             raise ConfigError(f"server.{key}: must be above 0")
     for key in ("level", "llama_level"):
