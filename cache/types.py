@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,19 +25,24 @@ class CacheConfig:
     shared_ttl_s: float = 86400.0  # shared entries expire (the store also evicts, LRU)
 
     def __post_init__(self) -> None:
-        checks = {
-            "block_tokens": self.block_tokens >= 1,
-            "ram_bytes": self.ram_bytes >= 0,
-            "disk_bytes": self.disk_bytes >= 0,
-            "writer_queue": self.writer_queue >= 1,
-            "min_tokens": self.min_tokens >= 0,
-            "shared_timeout_s": self.shared_timeout_s > 0,
-            "shared_retry_s": self.shared_retry_s >= 0,
-            "shared_ttl_s": self.shared_ttl_s >= 1,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"cache {name} out of range: {getattr(self, name)}")
+        # The one check of these ranges: the server's config validation builds a
+        # CacheConfig and reports this error against its `cache.` key (issue 17).
+        for name, (ok, rule) in _RANGES.items():
+            if not ok(getattr(self, name)):
+                raise ValueError(f"{name}: {rule}, got {getattr(self, name)!r}")
+
+
+# field -> (test, what it needs)
+_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "block_tokens": (lambda v: v >= 1, "must be at least 1"),
+    "ram_bytes": (lambda v: v >= 0, "must not be negative"),
+    "disk_bytes": (lambda v: v >= 0, "must not be negative"),
+    "writer_queue": (lambda v: v >= 1, "must be at least 1"),
+    "min_tokens": (lambda v: v >= 0, "must not be negative"),
+    "shared_timeout_s": (lambda v: v > 0, "must be above 0"),
+    "shared_retry_s": (lambda v: v >= 0, "must not be negative"),
+    "shared_ttl_s": (lambda v: v >= 1, "must be at least 1 (second)"),
+}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The batched llama.cpp engine: one thread owns the context; asyncio talks to it."""
 
-from engine.engine import Engine, EngineConfig, EngineState, Generation
+from engine.engine import CacheConfig, Engine, EngineConfig, EngineState, Generation
 from engine.llama import KV_TYPES, gpu_offload_supported
 from engine.types import (
     EngineError,
@@ -16,6 +16,7 @@ from engine.types import (
 )
 
 __all__ = [
+    "CacheConfig",
     "Engine",
     "EngineConfig",
     "EngineError",

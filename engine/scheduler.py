@@ -90,6 +90,18 @@ class SchedulerConfig:
         return self.n_ctx_seq < self.n_ctx or self.num_slots == 1
 
 
+# The least settings a scheduler works with; the server's config validation asks these
+# too, so a configuration it accepts is one the engine can run (issue 17).
+def least_step_tokens(num_slots: int, exact: bool) -> int:
+    """A row per slot; in exact mode the oldest prefilling sequence shares the step with
+    at most num_slots - 1 decode rows and must still get EXACT_MIN_CHUNK of them."""
+    return EXACT_MIN_CHUNK + num_slots - 1 if exact else num_slots
+
+
+def least_prefill_chunk(exact: bool) -> int:
+    return EXACT_MIN_CHUNK if exact else 1
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the common prefix of two token lists."""
     n = min(len(a), len(b))
@@ -117,16 +129,12 @@ class _Prefix:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig):
-        if config.step_tokens < config.num_slots:
-            raise ValueError("step_tokens must be at least the number of slots")
-        if config.exact and config.prefill_chunk < EXACT_MIN_CHUNK:
-            raise ValueError(f"exact reuse needs prefill chunks of {EXACT_MIN_CHUNK}+ tokens")
-        # The oldest prefilling sequence shares the step with at most num_slots - 1
-        # decode rows: it always gets EXACT_MIN_CHUNK rows, so every prompt progresses.
-        if config.exact and config.step_tokens < EXACT_MIN_CHUNK + config.num_slots - 1:
-            raise ValueError(
-                f"exact reuse needs step_tokens of at least {EXACT_MIN_CHUNK} + slots - 1"
-            )
+        least = least_prefill_chunk(config.exact)
+        if config.prefill_chunk < least:
+            raise ValueError(f"prefill_chunk must be at least {least}")
+        least = least_step_tokens(config.num_slots, config.exact)
+        if config.step_tokens < least:
+            raise ValueError(f"step_tokens must be at least {least}")
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order

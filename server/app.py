@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from engine.engine import CacheConfig, Engine, EngineConfig, EngineState, SessionLimits
+from engine.engine import Engine, EngineConfig, EngineState, SessionLimits
 from engine.types import (
     EngineNotReadyError,
     LoraAdapter,
@@ -72,18 +72,7 @@ def engine_config(
     if c.enabled and not c.disk_path:
         log.info("cache: disk tier off (cache.disk_dir is empty): a restart starts cold")
     if c.enabled:
-        cache = CacheConfig(
-            block_tokens=c.block_tokens,
-            ram_bytes=c.ram_bytes,
-            disk_dir=c.disk_path,
-            disk_bytes=c.disk_bytes,
-            writer_queue=c.writer_queue,
-            min_tokens=c.min_tokens,
-            shared_url=c.shared_url,
-            shared_timeout_s=c.shared_timeout_s,
-            shared_retry_s=c.shared_retry_s,
-            shared_ttl_s=c.shared_ttl_s,
-        )
+        cache = c.cache_config()
     return EngineConfig(
         model_path=model.model_path,
         model_id=model.id,
@@ -272,7 +261,11 @@ def create_app(
             allow_headers=["*"],
         )
     app.add_middleware(ModelGate, loader=app.state.loader)  # inside the body limit
-    app.add_middleware(BodyLimit, limit=settings.server.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.server.max_body_bytes,
+        timeout_s=settings.server.body_timeout_s,
+    )
     app.add_middleware(  # outermost: sees every answer, 413s and CORS included
         AccessMiddleware,
         lifecycle=app.state.lifecycle,

@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(settings.masked(), indent=2))
         return 0
 
-    problem = disk_dir_problem(settings.cache.disk_dir) if settings.cache.enabled else None
+    # The resolved directory ("auto" is the user's cache directory), not the raw value:
+    # probing "auto" created ./auto wherever kvserve started (issue 17).
+    problem = disk_dir_problem(settings.cache.disk_path) if settings.cache.enabled else None
     if problem is not None:
         # Exit rather than serve with the disk tier off or the model failed: a restart
         # would silently come up cold, and every answer would be 500 (issue 9).

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine import KV_TYPES, gpu_offload_supported
-from engine.scheduler import EXACT_MIN_CHUNK
+from engine import KV_TYPES, CacheConfig, gpu_offload_supported
+from engine.scheduler import EXACT_MIN_CHUNK, least_prefill_chunk, least_step_tokens
 from server.config_values import ConfigError, coerce
 from server.hub import HubError, HubSource
 
@@ -64,7 +64,8 @@ class ServerSection:
     max_body_bytes: int = 8 * 1024 * 1024
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests get this long to finish
     max_connections: int = 0  # open connections; 0: the open-file limit less 64
-    header_timeout_s: float = 10.0  # a new connection must send a request head this soon
+    header_timeout_s: float = 10.0  # a request head must arrive whole this soon
+    body_timeout_s: float = 30.0  # a request body must arrive whole this soon after its head
     keep_alive_s: float = 5.0  # an idle connection between requests is closed after this
 
 
@@ -117,6 +118,12 @@ class CacheSection:
     def disk_path(self) -> str:
         """The disk tier's directory, "auto" resolved; "" when the tier is off."""
         return default_cache_dir() if self.disk_dir == AUTO_DISK_DIR else self.disk_dir
+
+    def cache_config(self) -> CacheConfig:
+        """The cache's own config: the same keys, "auto" resolved; its ranges are checked
+        there, and only there (ValueError naming the key)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(CacheConfig)}
+        return CacheConfig(**{**values, "disk_dir": self.disk_path})
 
 
 @dataclass(frozen=True)
@@ -402,7 +409,7 @@ def _validate(s: Settings, labels: list[str]) -> None:
         raise ConfigError("server.shutdown_grace_s: must not be negative")
     if s.server.max_connections < 0:
         raise ConfigError("server.max_connections: must not be negative (0: automatic)")
-    for key in ("header_timeout_s", "keep_alive_s"):
+    for key in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
         if not getattr(s.server, key) > 0:
             raise ConfigError(f"server.{key}: must be above 0")
     for key in ("level", "llama_level"):
@@ -497,24 +504,25 @@ def _validate_engine(label: str, e: EngineSection) -> None:
     for key in ("n_ctx", "n_seq_max", "n_batch", "prefill_chunk", "embed_n_ctx", "embed_chunk"):
         if getattr(e, key) < 1:
             raise ConfigError(f"{label}.{key}: must be at least 1")
-    if e.n_batch < e.n_seq_max:
-        raise ConfigError(f"{label}.n_batch: must be at least n_seq_max ({e.n_seq_max})")
+    # The scheduler's own minimums (a prompt of 65..127 tokens must be schedulable).
+    least = least_step_tokens(e.n_seq_max, e.exact_reuse)
+    if e.n_batch < least:
+        rule = f"{EXACT_MIN_CHUNK} + n_seq_max - 1" if e.exact_reuse else "n_seq_max"
+        raise ConfigError(f"{label}.n_batch: must be at least {rule} ({least}){_with_exact(e)}")
+    least = least_prefill_chunk(e.exact_reuse)
+    if e.prefill_chunk < least:
+        raise ConfigError(f"{label}.prefill_chunk: must be at least {least}{_with_exact(e)}")
     for key in (
         "max_queue", "n_threads", "prefill_timeout_s", "token_timeout_s", "total_timeout_s",
         "decode_timeout_s",
     ):  # fmt: skip
         if getattr(e, key) < 0:
             raise ConfigError(f"{label}.{key}: must not be negative")
-    # Below these a prompt of 65..127 tokens could never be scheduled (see scheduler.py).
-    if e.exact_reuse and e.prefill_chunk < EXACT_MIN_CHUNK:
-        raise ConfigError(
-            f"{label}.prefill_chunk: must be at least {EXACT_MIN_CHUNK} with exact_reuse"
-        )
-    if e.exact_reuse and e.n_batch < EXACT_MIN_CHUNK + e.n_seq_max:
-        raise ConfigError(
-            f"{label}.n_batch: must be at least {EXACT_MIN_CHUNK} + n_seq_max with exact_reuse"
-        )
     _validate_kv_options(label, e)
+
+
+def _with_exact(e: EngineSection) -> str:
+    return " with exact_reuse" if e.exact_reuse else ""
 
 
 def _validate_kv_options(label: str, e: EngineSection) -> None:
@@ -545,19 +553,12 @@ def _validate_kv_options(label: str, e: EngineSection) -> None:
 
 
 def _validate_cache(c: CacheSection, s: SessionsSection) -> None:
-    for key in ("block_tokens", "writer_queue"):
-        if getattr(c, key) < 1:
-            raise ConfigError(f"cache.{key}: must be at least 1")
-    for key in ("ram_bytes", "disk_bytes", "min_tokens"):
-        if getattr(c, key) < 0:
-            raise ConfigError(f"cache.{key}: must not be negative")
+    try:
+        c.cache_config()  # the ranges: one check, the one the engine's cache makes
+    except ValueError as exc:
+        raise ConfigError(f"cache.{exc}") from None
     if c.shared_url and not c.shared_url.startswith(SHARED_SCHEMES):
         raise ConfigError(f"cache.shared_url: must start with {', '.join(SHARED_SCHEMES)}")
-    for key in ("shared_timeout_s", "shared_ttl_s"):
-        if getattr(c, key) <= 0:
-            raise ConfigError(f"cache.{key}: must be above 0")
-    if c.shared_retry_s < 0:
-        raise ConfigError("cache.shared_retry_s: must not be negative")
     path = c.disk_path
     if path and os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"cache.disk_dir: not a directory: {path}")

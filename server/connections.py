@@ -7,8 +7,10 @@ time. Measured before this module (issue 9): 1,200 silent connections against a
 1,100-descriptor limit stopped the server and wrote 178,003 EMFILE lines in ten seconds.
 
 Here each connection must deliver a complete request head within `header_timeout_s`
-of connecting (and of finishing its previous response, where uvicorn's keep-alive
-timeout applies too), or it is closed; past `max_connections` open connections a new
+of connecting, and every later head within `header_timeout_s` of its first byte (an
+idle connection between requests is closed by uvicorn's keep-alive timeout), or it is
+closed; a request's body is bounded by `BodyLimit` (server/middleware.py),
+`body_timeout_s`; past `max_connections` open connections a new
 one is closed at once (its descriptor is freed, the server stays responsive to the
 ones it holds); and the accept-failure report is logged at most once per
 `LOG_EVERY_S`, with a count of those suppressed.
@@ -43,27 +45,51 @@ def connection_limit(configured: int) -> int:
 
 
 def protocol_class(max_connections: int, header_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a connection bound and a request-head timeout."""
+    """uvicorn's h11 protocol with a connection bound and a timeout on every request head."""
 
     class BoundedH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > max_connections:
                 transport.abort()  # over the bound: the descriptor goes back at once
                 return
-            self._head_timer = self.loop.call_later(header_timeout_s, self._head_timed_out)
+            self._arm_head_timer()  # the first head: within header_timeout_s of connecting
 
-        def _head_timed_out(self) -> None:
-            # No request began (self.cycle is set when a request's head is complete);
-            # an idle keep-alive connection after a response is uvicorn's to close.
-            if self.cycle is None and not self.transport.is_closing():
-                self.transport.close()
+        def data_received(self, data: bytes) -> None:
+            # A later head: within header_timeout_s of its first byte. uvicorn's keep-alive
+            # timer stops at that byte, so before this a head sent a byte at a time (or
+            # the unread rest of a refused body) held the connection for ever (issue 17).
+            if self._head_timer is None and not self._request_in_progress():
+                self._arm_head_timer()
+            super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            self._cancel_head_timer()  # idle now: uvicorn's keep-alive timeout applies
+            super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            timer = getattr(self, "_head_timer", None)
-            if timer is not None:
-                timer.cancel()
+            self._cancel_head_timer()
             super().connection_lost(exc)
+
+        def _request_in_progress(self) -> bool:
+            # self.cycle is set when a request's head is complete, and stays after its
+            # response; the request's body is BodyLimit's to bound.
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _arm_head_timer(self) -> None:
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_timed_out)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if not self._request_in_progress() and not self.transport.is_closing():
+                self.transport.close()
 
     return BoundedH11Protocol
 

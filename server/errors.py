@@ -114,6 +114,10 @@ class Conflict(APIError):
     status = 409
 
 
+class RequestTimeout(APIError):
+    status = 408
+
+
 class PayloadTooLarge(APIError):
     status = 413
 

@@ -11,13 +11,18 @@ Every failure is a `HubError` whose text is one line naming the config key.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
+import logging
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("kvserve.server")
 
 Progress = Callable[[float], None]
 
@@ -108,7 +113,7 @@ def fetch(
         if offline:
             names, expected = _cached_names(source, cache_dir), None
         else:
-            names, expected = _remote_names(source, endpoint)
+            names, expected = _listing(source, endpoint, cache_dir)
         filename = choose_file(source, names)
         cached = hf.try_to_load_from_cache(source.repo, filename, cache_dir, revision)
         path = hf.hf_hub_download(
@@ -117,7 +122,7 @@ def fetch(
             revision=revision,
             cache_dir=cache_dir,
             endpoint=endpoint,
-            local_files_only=offline,
+            local_files_only=expected is None,  # offline, or the hub is out of reach
             tqdm_class=_progress_bar(on_progress),
         )
     except HubError:
@@ -136,6 +141,51 @@ def fetch(
     if on_progress is not None:
         on_progress(1.0)
     return str(path)
+
+
+def _listing(
+    source: HubSource, endpoint: str | None, cache_dir: str | None
+) -> tuple[list[str], dict[str, str] | None]:
+    """The hub's listing of the repository (names, sha256 sums); when the hub cannot be
+    reached and the local cache holds the revision, the cache's names and no sums (an
+    outage must not stop a model that is already here: issue 17)."""
+    try:
+        return _remote_names(source, endpoint)
+    except Exception as exc:
+        if not _unreachable(exc):
+            raise
+        try:
+            names = _cached_names(source, cache_dir)
+        except Exception:
+            raise exc from None  # nothing cached either: the hub's failure is the news
+        log.warning(
+            "%s: the hub cannot be reached (%s); using the copy in the local cache",
+            source.key,
+            _first_line(exc),
+        )
+        return names, None
+
+
+def _unreachable(exc: Exception) -> bool:
+    """A failure of the hub or the way to it (refused, timed out, 5xx, 429), not an
+    answer about the repository (not found, no access)."""
+    from huggingface_hub import errors as hf_errors
+
+    if isinstance(exc, hf_errors.HfHubHTTPError):  # the hub answered
+        status = getattr(exc.response, "status_code", 0)
+        return status >= 500 or status == 429
+    return isinstance(exc, _transport_errors())
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The errors of no answer at all. huggingface_hub's HTTP client is httpx2 (2.x) or
+    httpx (1.x), whose TransportError covers refused, reset and timed out; requests (0.x)
+    raises OSErrors, as sockets do."""
+    found: list[type[BaseException]] = [OSError]
+    for name in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError, AttributeError):
+            found.append(importlib.import_module(name).TransportError)
+    return tuple(found)
 
 
 def _remote_names(source: HubSource, endpoint: str | None) -> tuple[list[str], dict[str, str]]:

@@ -30,6 +30,8 @@ import uvicorn
 from server.connections import AcceptErrorLog, connection_limit, protocol_class
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from server.access import AccessRecord
     from server.config import Settings
 
@@ -110,13 +112,20 @@ def serve(settings: Settings) -> int:
     from server.app import create_app
 
     app = create_app(settings)
+    config = uvicorn_config(app, settings)
+    GracefulServer(config, app.state.lifecycle, settings.server.shutdown_grace_s).run()
+    return int(app.state.exit_code)  # 2: a model could not be fetched at start
+
+
+def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    """uvicorn's settings for `app`: one worker, our logging, our connection bounds."""
     server = settings.server
     max_connections = connection_limit(server.max_connections)
     log.info("accepting up to %d connections", max_connections)
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app,
-        host=settings.server.host,
-        port=settings.server.port,
+        host=server.host,
+        port=server.port,
         workers=1,  # the engine lives in this process: scale with replicas, not workers
         log_config=None,  # our logging set-up (text or JSON) applies to uvicorn's lines too
         log_level=settings.logging.level,
@@ -125,5 +134,3 @@ def serve(settings: Settings) -> int:
         http=protocol_class(max_connections, server.header_timeout_s),
         timeout_keep_alive=max(1, round(server.keep_alive_s)),
     )
-    GracefulServer(config, app.state.lifecycle, settings.server.shutdown_grace_s).run()
-    return int(app.state.exit_code)  # 2: a model could not be fetched at start

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.access import AccessRecord, activate, deactivate, request_id_from
-from server.errors import PayloadTooLarge, ServiceUnavailable
+from server.errors import PayloadTooLarge, RequestTimeout, ServiceUnavailable
 
 if TYPE_CHECKING:
     from server.lifecycle import Lifecycle
@@ -15,43 +16,43 @@ if TYPE_CHECKING:
 
 
 class BodyLimit:
-    """Refuse request bodies over `limit` bytes with 413, before the app parses them.
+    """Refuse request bodies over `limit` bytes with 413, and bodies that have not
+    arrived in full `timeout_s` after their head with 408, before the app parses them
+    (and before authentication: a stalled body held its connection for ever, issue 17).
 
     The body is read here (our bodies are JSON documents, read whole anyway) and
     replayed to the app; later `receive()` calls pass through, so the app still sees
     the client's disconnect."""
 
-    def __init__(self, app: ASGIApp, limit: int):
+    def __init__(self, app: ASGIApp, limit: int, timeout_s: float):
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+        if scope["type"] != "http" or not _has_body(scope):
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, receive, send)
+            await self._too_large().response()(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            size += len(body)
-            if size > self.limit:
-                await self._refuse(scope, receive, send)
-                return
-            chunks.append(body)
-            if not message.get("more_body", False):
-                break
-        replay: Message | None = {
-            "type": "http.request",
-            "body": b"".join(chunks),
-            "more_body": False,
-        }
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                body = await self._read(receive)
+        except TimeoutError:
+            # The client sends nothing more: close the connection instead of waiting.
+            message = f"the request body did not arrive within {self.timeout_s:g} s"
+            headers = {"Connection": "close"}
+            error = RequestTimeout(message, code="body_timeout", headers=headers)
+            await error.response()(scope, receive, send)
+            return
+        if body is None:  # the client left
+            return
+        if len(body) > self.limit:
+            await self._too_large().response()(scope, receive, send)
+            return
+        replay: Message | None = {"type": "http.request", "body": body, "more_body": False}
 
         async def replayed() -> Message:
             nonlocal replay
@@ -62,11 +63,29 @@ class BodyLimit:
 
         await self.app(scope, replayed, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = PayloadTooLarge(
-            f"the request body exceeds the limit of {self.limit} bytes", code="body_too_large"
-        )
-        await error.response()(scope, receive, send)
+    def _too_large(self) -> PayloadTooLarge:
+        message = f"the request body exceeds the limit of {self.limit} bytes"
+        return PayloadTooLarge(message, code="body_too_large")
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The whole body (or its first bytes past the limit); None: disconnected."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body = message.get("body", b"")
+            size += len(body)
+            chunks.append(body)
+            if size > self.limit or not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _has_body(scope: Scope) -> bool:
+    """Whether the request carries a body (h11 reads one only with either header)."""
+    headers = dict(scope["headers"])
+    return headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers
 
 
 # Answered while the server drains for shutdown, so that probes and a last scrape work.

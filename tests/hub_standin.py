@@ -35,6 +35,7 @@ class StandIn:
     downloads: list[str] = field(default_factory=list)  # file GETs, in order
     authorizations: list[str] = field(default_factory=list)  # Authorization headers seen
     url: str = ""
+    outage: int = 0  # non-zero: every request answers this status (a hub outage)
 
 
 def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
@@ -58,6 +59,11 @@ def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
         def _serve(self, body: bool) -> None:
             if self.headers.get("Authorization"):
                 hub.authorizations.append(self.headers["Authorization"])
+            if hub.outage:
+                self.send_response(hub.outage)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
             path = unquote(urlsplit(self.path).path)
             api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
             if api:

@@ -1,5 +1,6 @@
 """`kvserve --hf-repo` against a hub stand-in on loopback (HF_ENDPOINT): download at start,
-a cache hit on the second start, offline mode with the cache, exit 2 when it cannot."""
+a cache hit on the second start, the cache when the hub is out of reach, offline mode with
+the cache, exit 2 when it cannot."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ def test_download_cache_hit_offline(hub: StandIn, tmp_path: Path) -> None:
     with running(args, tmp_path, env=_env(hub, tmp_path / "hf")) as server:
         assert _answer(server.url) == first
     assert len(hub.downloads) == 1  # the second start found it in the cache
+    # The hub out of reach (nothing listens there), not offline: the cached file, a warning.
+    down = {**_env(hub, tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    with running(args, tmp_path, env=down) as server:
+        assert _answer(server.url) == first
+        assert "the hub cannot be reached" in server.log()
     hub.repos.clear()
     with running(args, tmp_path, env=_env(hub, tmp_path / "hf", offline=True)) as server:
         assert _answer(server.url) == first

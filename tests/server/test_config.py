@@ -197,8 +197,114 @@ def test_shared_tier_settings_are_checked() -> None:
     for env, message in (
         ({"KVSERVE_CACHE_SHARED_URL": "http://cache:6379"}, "cache.shared_url: must start with"),
         ({"KVSERVE_CACHE_SHARED_TIMEOUT_S": "0"}, "cache.shared_timeout_s: must be above 0"),
-        ({"KVSERVE_CACHE_SHARED_TTL_S": "-1"}, "cache.shared_ttl_s: must be above 0"),
+        ({"KVSERVE_CACHE_SHARED_TTL_S": "-1"}, "cache.shared_ttl_s: must be at least 1"),
         ({"KVSERVE_CACHE_SHARED_RETRY_S": "-1"}, "cache.shared_retry_s: must not be negative"),
     ):
         with pytest.raises(ConfigError, match=message):
             load_settings(env=env)
+
+
+def _start_without_serving(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    """`kvserve` up to the point where it would serve: what it would have served."""
+    import server.lifecycle
+    import server.logs
+
+    served: list[Settings] = []
+    monkeypatch.setattr(server.lifecycle, "serve", lambda s: served.append(s) or 0)
+    monkeypatch.setattr(server.logs, "setup_logging", lambda _: None)
+    return served
+
+
+def test_start_probes_the_resolved_disk_dir_not_a_local_auto(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server.cli import main
+
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.delenv("KVSERVE_CACHE_DISK_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    served = _start_without_serving(monkeypatch)
+    assert main([]) == 0 and len(served) == 1
+    assert list((tmp_path / "cwd").iterdir()) == []  # no stray ./auto (issue 17)
+    assert (tmp_path / "xdg" / "kvserve").is_dir()  # the real directory was probed
+    # ... so an unusable one stops the start with exit 2, before anything is served
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    assert main([]) == 2 and len(served) == 1
+    assert list((tmp_path / "cwd").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "values"),
+    [
+        ("block_tokens", (-1, 0, 1, 64)),
+        ("writer_queue", (-1, 0, 1)),
+        ("ram_bytes", (-1, 0, 1)),
+        ("disk_bytes", (-1, 0, 1)),
+        ("min_tokens", (-1, 0, 1)),
+        ("shared_timeout_s", (-1.0, 0.0, 0.001, 1.0)),
+        ("shared_retry_s", (-1.0, 0.0, 0.5)),
+        ("shared_ttl_s", (-1.0, 0.0, 0.5, 0.999, 1.0, 86400.0)),
+    ],
+)
+def test_config_accepts_exactly_the_cache_values_the_cache_accepts(
+    key: str, values: tuple[float, ...]
+) -> None:
+    from cache import CacheConfig
+
+    for value in values:
+        try:
+            CacheConfig(**{key: value})
+            cache_ok = True
+        except ValueError:
+            cache_ok = False
+        try:
+            load_settings(env={f"KVSERVE_CACHE_{key.upper()}": str(value)})
+            config_ok = True
+        except ConfigError as exc:
+            assert str(exc).startswith(f"cache.{key}: "), exc
+            config_ok = False
+        assert config_ok == cache_ok, (key, value)  # issue 17: shared_ttl_s = 0.5
+
+
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("n_seq_max", [1, 4, 8])
+def test_config_accepts_exactly_the_batch_sizes_the_scheduler_accepts(
+    exact: bool, n_seq_max: int
+) -> None:
+    from engine.scheduler import Scheduler, SchedulerConfig
+
+    for n_batch in range(n_seq_max - 1, 140):
+        for prefill_chunk in (1, 64, 127, 128, 256):
+            try:
+                Scheduler(SchedulerConfig(n_seq_max, 4096, 512, n_batch, prefill_chunk, exact))
+                scheduler_ok = True
+            except ValueError:
+                scheduler_ok = False
+            env = {
+                "KVSERVE_ENGINE_N_SEQ_MAX": str(n_seq_max),
+                "KVSERVE_ENGINE_N_BATCH": str(n_batch),
+                "KVSERVE_ENGINE_PREFILL_CHUNK": str(prefill_chunk),
+                "KVSERVE_ENGINE_EXACT_REUSE": str(exact).lower(),
+                "KVSERVE_ENGINE_N_UBATCH": "0",
+            }
+            try:
+                load_settings(env=env)
+                config_ok = True
+            except ConfigError:
+                config_ok = False
+            assert config_ok == scheduler_ok, (n_batch, prefill_chunk)
+
+
+def test_a_bad_cache_value_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from server.cli import main
+
+    cfg = tmp_path / "k.toml"
+    cfg.write_text("[cache]\nshared_ttl_s = 0.5\n")
+    assert main(["--config", str(cfg), "--print-config"]) == 2
+    assert capsys.readouterr().err == (
+        "kvserve: configuration error: cache.shared_ttl_s: must be at least 1 (second), got 0.5\n"
+    )

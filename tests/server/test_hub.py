@@ -60,6 +60,40 @@ def test_offline_uses_the_cache(hub: StandIn, tmp_path: Path) -> None:
     assert fetch(_src(tmp_path, REPO + ":Q8_0"), endpoint="http://127.0.0.1:9", offline=True)
 
 
+@pytest.mark.parametrize("outage", ["stopped", 503, 429])
+def test_a_hub_outage_uses_the_cached_file(
+    gguf: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, outage: str | int
+) -> None:
+    stand_in, server = start(StandIn({REPO: {"tiny-Q8_0.gguf": HubFile(gguf)}}))
+    try:
+        path = fetch(_src(tmp_path), endpoint=stand_in.url, offline=False)
+        if outage == "stopped":  # nothing listens there any more: connection refused
+            server.shutdown()
+            server.server_close()
+        else:
+            stand_in.outage = int(outage)
+        with caplog.at_level("WARNING", logger="kvserve.server"):
+            assert fetch(_src(tmp_path), endpoint=stand_in.url, offline=False) == path
+        (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert warning.startswith("models[0].hf_repo: the hub cannot be reached (")
+        assert warning.endswith("using the copy in the local cache")
+        # Nothing in the local cache: the outage is still an error naming the key.
+        with pytest.raises(HubError, match=r"^models\[0\]\.hf_repo: download failed"):
+            fetch(_src(tmp_path / "other"), endpoint=stand_in.url, offline=False)
+        assert stand_in.downloads == ["tiny-Q8_0.gguf"]
+    finally:
+        if outage != "stopped":
+            server.shutdown()
+            server.server_close()
+
+
+def test_an_answer_of_the_hub_is_not_an_outage(hub: StandIn, tmp_path: Path) -> None:
+    fetch(_src(tmp_path), endpoint=hub.url, offline=False)
+    hub.repos.clear()  # the hub says the repository is gone: that is news, not an outage
+    with pytest.raises(HubError, match="repository kvtest/tiny-GGUF not found"):
+        fetch(_src(tmp_path), endpoint=hub.url, offline=False)
+
+
 def test_checksum_mismatch_refused(hub: StandIn, tmp_path: Path) -> None:
     hub.repos[REPO]["tiny-Q8_0.gguf"].sha256 = "0" * 64
     with pytest.raises(HubError, match="sha256 mismatch"):
