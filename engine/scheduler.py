@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from engine.sequence import SeqStatus, Sequence
 from engine.slots import Copy, Drop, KvOp, Resident, Restore, SlotTable
 from engine.speculation import Drafter
+from engine.stats import StepCounters
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,7 @@ class _Prefix:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, counters: StepCounters | None = None):
         if config.step_tokens < config.num_slots:
             raise ValueError("step_tokens must be at least the number of slots")
         if config.exact and config.prefill_chunk < EXACT_MIN_CHUNK:
@@ -130,8 +131,10 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
-        self.slots = SlotTable(config.num_slots, config.keeps_prefixes)
-        self.num_preemptions = 0
+        # Shared with the worker, and with the scheduler that replaces this one after a
+        # rebuild (engine/stats.py): its preemption and reclaim counts carry on.
+        self.counters = counters if counters is not None else StepCounters()
+        self.slots = SlotTable(config.num_slots, config.keeps_prefixes, self.counters)
         self._lora_turns: dict[tuple[tuple[str, float], ...], int] = {}  # set -> last step
         self._num_steps = 0
 
@@ -212,7 +215,7 @@ class Scheduler:
         seq.num_computed = 0
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+        self.counters.num_preemptions += 1
         return slot
 
     def schedule(self) -> tuple[list[Chunk], KvPlan]:
