@@ -37,7 +37,7 @@ from cache.purges import PurgeLog
 from cache.ram import RamTier
 from cache.shared import SharedTier, connect
 from cache.types import CacheConfig, CacheHit, CacheStats, Entry, Tier, TierStats
-from cache.writer import Writer
+from cache.writer import STALL_S, Writer
 
 if TYPE_CHECKING:  # both tiers offer the narrow interface another tier would implement
     _TIERS: tuple[type[Tier], ...] = (RamTier, DiskTier)
@@ -204,10 +204,10 @@ class PrefixCache:
 
     # -- save -----------------------------------------------------------------------------
 
-    def save(self, tokens: Sequence[int], state: bytes, salt: str = "") -> bool:
-        """Queue `state` (the KV state for exactly `tokens`) for storing; never blocks.
-        False when not taken: the cache is closed or disabled, the prefix is shorter than
-        max(min_tokens, block_tokens), or the writer queue is full (counted as dropped)."""
+    def save(self, tokens: Sequence[int], state: bytes, salt: str = "", wait: bool = False) -> bool:
+        """Queue `state` (the KV state for exactly `tokens`); blocks only to `wait` for room
+        (a drain; while the writer progresses). False if not taken: closed or disabled,
+        shorter than max(min_tokens, block_tokens), or the queue full (counted, dropped)."""
         writer = self._writer
         if writer is None or self._closed or len(tokens) < self._min_tokens:
             return False
@@ -222,10 +222,12 @@ class PrefixCache:
             if self._index.covering(prompt, hashes) is not None:
                 self._counts.saves_skipped += 1
                 return True
-            if not writer.submit(_Save(entry, hashes, self._purges.generation)):
-                self._counts.saves_dropped += 1
-                return False
-        return True
+            job = _Save(entry, hashes, self._purges.generation)
+        if writer.submit(job, wait=wait):  # outside the lock: the writer's job takes it
+            return True
+        with self._lock:
+            self._counts.saves_dropped += 1
+        return False
 
     def _count_error(self) -> None:
         with self._lock:
@@ -379,11 +381,13 @@ class PrefixCache:
         local = self._writer is None or self._writer.flush(timeout)
         return (self._shared is None or self._shared.flush(timeout)) and local
 
-    def close(self, timeout: float | None = None) -> None:
-        """Refuse new saves, store the queued ones, and stop the writer thread."""
+    def close(self, timeout: float | None = STALL_S) -> None:
+        """Refuse new saves, store the queued ones (giving up on a writer that finished
+        none for `timeout` s: those are logged and counted as dropped), stop the writer."""
         with self._lock:
             self._closed = True
-        if self._writer is not None:
-            self._writer.close(timeout)
+        lost = self._writer.close(timeout) if self._writer is not None else 0
+        with self._lock:  # a stuck writer's saves, logged by it
+            self._counts.saves_dropped += lost
         if self._shared is not None:  # after the local writer: it queues shared saves
             self._shared.close(timeout)

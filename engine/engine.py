@@ -10,103 +10,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import enum
 import logging
-import math
 import os
 import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 
-from cache import CacheConfig, CacheHit, CacheStats, PrefixCache, model_fingerprint, namespace
+from cache import CacheConfig, CacheHit, CacheStats, PrefixCache
 from engine.detokenizer import IncrementalDetokenizer
-from engine.embedder import Embedder, EmbedJob
-from engine.llama import Context, ContextParams, Model, Sampler
-from engine.recovery import abandon, inherit
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.embedder import EmbedJob
+from engine.llama import Context, Model, Sampler
+from engine.loading import EngineConfig, load, open_prefix_cache
+from engine.recovery import abandon
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence as Seq
 from engine.sessions import Session, SessionLimits, SessionRegistry, pin_key
+from engine.stats import StepCounters
 from engine.types import (
     EngineNotReadyError,
     EngineRecoveringError,
     EngineStats,
     GenerateRequest,
     InvalidRequestError,
-    LoraAdapter,
     ModelInfo,
     NoSlotError,
     QueueFullError,
     SeqOutput,
     SessionBusyError,
     TenantCacheView,
-    TimeLimits,
 )
+from engine.validation import validate
 from engine.watchdog import Watchdog
 from engine.worker import Abort, Embed, Fork, ReleaseSession, Stop, Submit, Worker
 
 log = logging.getLogger("kvserve.engine")
 
 
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    model_path: str
-    model_id: str
-    n_ctx: int = 4096  # context of one sequence (prompt + output), in tokens
-    n_seq_max: int = 8  # slots: sequences decoded together
-    kv_unified: bool = False  # True: one pool of n_ctx cells shared by all slots
-    n_batch: int = 512  # token budget of one step
-    prefill_chunk: int = 256  # most prompt tokens of one sequence per step
-    n_threads: int = 0  # 0: every core
-    max_queue: int = 64  # sequences that may wait for a slot; more get 429
-    embeddings: bool = True
-    embed_n_ctx: int = 4096  # longest embedding input, in tokens
-    embed_chunk: int = 256  # embedding tokens computed per engine step
-    # True: reuse only KV that reproduces the cold output exactly, at the price of up to
-    # 64 prompt tokens computed again and decoded tokens never reused (scheduler.py).
-    exact_reuse: bool = False
-    speculative: bool = False  # prompt-lookup drafts verified in the step (engine/speculation.py)
-    flash_attn: bool = True
-    type_k: str = "f16"  # KV cache element types (engine.llama.KV_TYPES)
-    type_v: str = "f16"
-    n_ubatch: int = 0  # 0: n_batch
-    n_gpu_layers: int = 0  # needs a GPU build of llama-cpp-python
-    extra_bufts: bool | None = None  # repacked weight buffers; None: unless the CPU has AMX
-    cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
-    sessions: SessionLimits = SessionLimits()
-    limits: TimeLimits = TimeLimits()
-    # Called first on the engine thread when set: fetches the model (a hub download,
-    # reporting its progress 0..1) and returns its local path, used instead of model_path.
-    fetch: Callable[[Callable[[float], None]], str] | None = None
-    loras: tuple[LoraAdapter, ...] = ()  # loaded with the model; requests pick among them
-
-    @property
-    def threads(self) -> int:
-        return self.n_threads or os.cpu_count() or 1
-
-
-_INT32 = (-(2**31), 2**31 - 1)
-
-
-def _check_int32(request: GenerateRequest) -> None:
-    """Integers reach llama.cpp as C ints: ctypes would truncate larger ones silently."""
-    fields = [(f, getattr(request.sampling, f)) for f in _SAMPLING_INTS]
-    fields += [(f, getattr(request, f)) for f in ("max_tokens", "logprobs", "prompt_logprobs")]
-    for name, value in fields:
-        if value is not None and not _INT32[0] <= value <= _INT32[1]:
-            raise InvalidRequestError(
-                f"'{name}' must be within [{_INT32[0]}, {_INT32[1]}]", param=name
-            )
-
-
-_SAMPLING_INTS = (
-    "top_k", "min_keep", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat",
-)  # fmt: skip
+# Re-exported: the server builds engines from these.
+__all__ = ["CacheConfig", "Engine", "EngineConfig", "EngineState", "Generation", "SessionLimits"]
 
 
 class EngineState(enum.StrEnum):
@@ -198,8 +144,13 @@ class Engine:
         self._tenant_hits: dict[str, dict[str, int]] = {}
         self._tenant_reused: dict[str, int] = {}
         self._unloading = False
+        # Every worker counts into this one: counters survive rebuilds and reloads.
+        self._counters = StepCounters()
+        # The engine thread's READY <-> RECOVERING moves never undo an unload or a close
+        # (the event loop's), which take this lock too.
+        self._state_lock = threading.Lock()
         self.load_seconds = 0.0  # how long the last load took (download included)
-        self._memory_bytes = 0  # weights + KV once loaded (0: not known yet)
+        self.loaded_bytes = 0  # weights + KV once loaded (0: not known yet)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -220,15 +171,14 @@ class Engine:
     def _main(self) -> None:
         started = time.monotonic()
         try:
-            worker = self._load()
+            loaded = load(self.config, self, self._deliver, self._counters, self._open_cache_at)
         except Exception as exc:  # reported on /health; the process stays up to say so
             log.exception("model load failed")
-            if self._model is not None:
-                self._model.close()
-                self._model = None
             self.load_error = str(exc)
             self.state = EngineState.FAILED
             return
+        worker = loaded.worker
+        self._cache, self._info, self._model = loaded.cache, loaded.info, worker.model
         self.load_seconds = time.monotonic() - started
         self._worker = worker
         self.state = EngineState.READY
@@ -242,10 +192,10 @@ class Engine:
                     break
                 except Exception as exc:  # the loop died: rebuild it, keep the process
                     log.exception("the engine thread died; rebuilding it")
-                    self.state = EngineState.RECOVERING
+                    self._move(EngineState.READY, EngineState.RECOVERING)
                     worker = self._rebuild(worker, f"{type(exc).__name__}: {exc}")
                     self._worker = worker
-                    self.state = EngineState.READY
+                    self._move(EngineState.RECOVERING, EngineState.READY)
         finally:
             watchdog.stop()
             unloading = self._unloading
@@ -261,9 +211,15 @@ class Engine:
             if worker.cache is not None and not unloading:
                 worker.cache.close()
 
+    def _move(self, before: EngineState, after: EngineState) -> None:
+        """Engine thread: `before` -> `after`, unless an unload or a close came first."""
+        with self._state_lock:
+            if self.state is before:
+                self.state = after
+
     def _rebuild(self, old: Worker, cause: str) -> Worker:
-        """A new context and scheduler (slots empty) on the same model, embedder and
-        cache, after every request of the old one failed at once naming `cause`."""
+        """A new context and scheduler (slots empty) on the same model, embedder, cache
+        and counters, after every request of the old one failed at once naming `cause`."""
         try:
             abandon(old, cause)
         except Exception:
@@ -276,108 +232,27 @@ class Engine:
         worker = Worker(
             old.model,
             ctx,
-            Scheduler(old.scheduler.config),
+            Scheduler(old.scheduler.config, self._counters),
             old.embedder,
             self._deliver,
             old.cache,
             old.limits,
         )
-        inherit(worker, old)
+        self._counters.num_rebuilds += 1
         # The same queue: a command sent while this rebuild runs is not lost.
         worker.commands = old.commands
         worker._stopping = old._stopping
         return worker
 
-    def _load(self) -> Worker:
-        cfg = self.config
-
-        def progress(value: float) -> None:
-            self.load_progress = value
-
-        if cfg.fetch is not None:
-            self.load_phase = "downloading"
-            cfg = dataclasses.replace(cfg, model_path=cfg.fetch(progress))
-            self.load_phase, self.load_progress = "loading", 0.0
-        model = Model(
-            cfg.model_path,
-            on_progress=progress,
-            n_gpu_layers=cfg.n_gpu_layers,
-            extra_bufts=cfg.extra_bufts,
-        )
-        self._model = model
-        total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
-        embed_cells = cfg.embed_n_ctx if cfg.embeddings else 0
-        self._memory_bytes = model.size_bytes() + model.kv_bytes_per_cell() * (
-            total_cells + embed_cells
-        )
-        try:
-            for adapter in cfg.loras:
-                path = adapter.path
-                if adapter.fetch is not None:
-                    self.load_phase = "downloading"
-                    path = adapter.fetch(progress)
-                    self.load_phase = "loading"
-                model.load_lora(adapter.id, path)
-        except BaseException:
-            model.close()
-            raise
-        total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
-        ctx = Context(
-            model,
-            ContextParams(
-                total_cells,
-                cfg.n_batch,
-                cfg.n_seq_max,
-                cfg.threads,
-                kv_unified=cfg.kv_unified,
-                flash_attn=cfg.flash_attn,
-                type_k=cfg.type_k,
-                type_v=cfg.type_v,
-                n_ubatch=cfg.n_ubatch,
-            ),
-        )
-        embedder = None
-        if cfg.embeddings:
-            embed_ctx = Context(
-                model,
-                ContextParams(cfg.embed_n_ctx, cfg.embed_chunk, 1, cfg.threads, embeddings=True),
-            )
-            embedder = Embedder(embed_ctx, cfg.embed_chunk)
-        scheduler = Scheduler(
-            SchedulerConfig(
-                cfg.n_seq_max,
-                ctx.n_ctx,
-                ctx.n_ctx_seq,
-                cfg.n_batch,
-                cfg.prefill_chunk,
-                exact=cfg.exact_reuse,
-                speculative=cfg.speculative,
-            )
-        )
-        self._info = ModelInfo(
-            model_id=cfg.model_id,
-            path=cfg.model_path,
-            n_ctx=ctx.n_ctx_seq,
-            n_ctx_train=model.n_ctx_train,
-            n_vocab=model.n_vocab,
-            n_embd=model.n_embd,
-            n_seq_max=cfg.n_seq_max,
-            chat_template=model.chat_template(),
-            bos_token=model.token_text(model.bos_id) if model.bos_id >= 0 else "",
-            eos_token=model.token_text(model.eos_id) if model.eos_id >= 0 else "",
-            add_bos=model.add_bos,
-            description=model.description(),
-            size_bytes=model.size_bytes(),
-            n_params=model.n_params(),
-            loras=cfg.loras,
-        )
-        self._open_cache_at(cfg.model_path)  # kept across an unload and the next load
-        return Worker(model, ctx, scheduler, embedder, self._deliver, self._cache, cfg.limits)
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread: running sequences are aborted, handles freed."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the engine thread: running sequences are aborted, what the slots hold is
+        saved and the cache's writes drained (they give up only on a writer that stops
+        making progress, logging and counting what was not stored), handles freed.
+        Waits for all of it, or `timeout` seconds."""
         if self._worker is not None and self._thread is not None and self._thread.is_alive():
-            self._unloading = False
+            with self._state_lock:
+                self._unloading = False
+                self.state = EngineState.STOPPED  # before the thread ends: nothing slips in
             self._worker.commands.put(Stop())
             self._thread.join(timeout)
         elif self.state is EngineState.UNLOADED or not (self._thread and self._thread.is_alive()):
@@ -395,8 +270,9 @@ class Engine:
         worker, thread = self._worker, self._thread
         if worker is None or thread is None or not thread.is_alive():
             return False
-        self._unloading = True
-        self.state = EngineState.UNLOADED  # before the thread ends: no request slips in
+        with self._state_lock:
+            self._unloading = True
+            self.state = EngineState.UNLOADED  # before the thread ends: no request slips in
         worker.commands.put(Stop())
         return True
 
@@ -415,8 +291,8 @@ class Engine:
     @property
     def memory_bytes(self) -> int:
         """Weights + KV cache of the loaded model; before the first load, the GGUF's size."""
-        if self._memory_bytes:
-            return self._memory_bytes
+        if self.loaded_bytes:
+            return self.loaded_bytes
         try:
             return os.path.getsize(self.config.model_path)
         except OSError:
@@ -471,7 +347,7 @@ class Engine:
         (503) before anything is queued."""
         model = self._require_model()
         for request in requests:
-            self._validate(request)
+            validate(request, self.info)
         session_id = requests[0].session_id if requests else None
         if session_id is not None and len(requests) > 1:
             raise InvalidRequestError("a session continues one sequence: n must be 1", param="n")
@@ -483,17 +359,21 @@ class Engine:
             if session_id is not None
             else (None, False)
         )
+        samplers: list[Sampler] = []
         try:
-            if any(r.sampling.grammar is not None for r in requests):
-                samplers = await asyncio.to_thread(self._build_samplers, model, requests)
-            else:
-                samplers = self._build_samplers(model, requests)
+            samplers = await self._samplers(model, requests)
             hit = await self._lookup(requests[0]) if requests else None
-            if self._outstanding + len(requests) > self.capacity:  # re-check after awaits
-                for sampler in samplers:
-                    sampler.close()
+            # Re-checked after the awaits: an unload (or a rebuild) that began meanwhile
+            # would leave a Submit in a queue nobody reads, the request waiting forever
+            # and `_outstanding` raised for good (the model never unloadable again); and
+            # samplers of a model unloaded and loaded again meanwhile point at freed memory.
+            if self._require_model() is not model:
+                raise EngineNotReadyError("the model was loaded again meanwhile; retry")
+            if self._outstanding + len(requests) > self.capacity:
                 raise QueueFullError()
         except BaseException:
+            for sampler in samplers:  # never handed to the engine thread: ours to free
+                sampler.close()
             if session is not None:  # a refused request leaves no session behind
                 self.sessions.end(session, session.num_tokens)
                 if created:
@@ -520,6 +400,19 @@ class Engine:
         self._worker.commands.put(Submit(seqs))
         return generation
 
+    async def _samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
+        """The requests' samplers; built off the event loop when a grammar is compiled.
+        A caller cancelled meanwhile leaves the build running: its samplers are freed
+        when it ends."""
+        if not any(r.sampling.grammar is not None for r in requests):
+            return self._build_samplers(model, requests)
+        building = asyncio.ensure_future(asyncio.to_thread(self._build_samplers, model, requests))
+        try:
+            return await asyncio.shield(building)
+        except asyncio.CancelledError:
+            building.add_done_callback(_close_built)
+            raise
+
     async def _lookup(self, request: GenerateRequest) -> CacheHit | None:
         """The longest cached prefix of the prompt, read off the event loop (a disk hit
         reads a file). Skipped when the session's own slot already holds its KV."""
@@ -535,39 +428,6 @@ class Engine:
         ):
             return None
         return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.prefix_salt)
-
-    def _validate(self, request: GenerateRequest) -> None:
-        info = self.info
-        num_prompt = len(request.prompt_tokens)
-        if num_prompt == 0:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        if any(t < 0 or t >= info.n_vocab for t in request.prompt_tokens):
-            raise InvalidRequestError(
-                f"prompt contains a token id outside [0, {info.n_vocab})", param="prompt"
-            )
-        completion = 1 if request.max_tokens is None else request.max_tokens
-        wanted = num_prompt + completion
-        if wanted > info.n_ctx:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {info.n_ctx} tokens. However, you "
-                f"requested {wanted} tokens ({num_prompt} in the prompt, "
-                f"{completion} for the completion).",
-                param="messages" if request.max_tokens is None else "max_tokens",
-                code="context_length_exceeded",
-            )
-        _check_int32(request)
-        known = {a.id for a in info.loras}
-        for adapter_id, scale in request.lora:
-            if adapter_id not in known:
-                raise InvalidRequestError(f"unknown LoRA adapter '{adapter_id}'", param="lora")
-            if not math.isfinite(scale):
-                raise InvalidRequestError("a LoRA scale must be a finite number", param="lora")
-        for token, _ in request.sampling.logit_bias:
-            if token < 0 or token >= info.n_vocab:
-                raise InvalidRequestError(
-                    f"logit_bias names token {token}, outside [0, {info.n_vocab})",
-                    param="logit_bias",
-                )
 
     def _build_samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
         samplers: list[Sampler] = []
@@ -709,22 +569,14 @@ class Engine:
         elif self.config.fetch is None:
             self._open_cache_at(self.config.model_path)
 
-    def _open_cache_at(self, model_path: str) -> None:
-        cfg = self.config
-        if cfg.cache is None or not cfg.cache.enabled:
-            return
+    def _open_cache_at(self, model_path: str) -> PrefixCache | None:
+        """The prefix cache, opened for `model_path` if it is not open yet (None: no
+        cache configured, or the file can't be read). Called by the engine thread's load
+        and by routes (off the event loop), hence the lock."""
         with self._cache_lock:
-            if self._cache is not None:
-                return
-            try:
-                fingerprint = model_fingerprint(model_path)
-            except OSError as exc:  # the model cannot load either; it will say so
-                log.warning("prefix cache not opened: %s", exc)
-                return
-            # Everything that changes the layout of a sequence's KV state, from the file
-            # and the configuration alone, so the namespace is known before a load.
-            layout = (cfg.n_ctx, cfg.type_k, cfg.type_v, "flash" if cfg.flash_attn else "no-flash")
-            self._cache = PrefixCache(cfg.cache, namespace(fingerprint, *layout))
+            if self._cache is None:
+                self._cache = open_prefix_cache(self.config, model_path)
+            return self._cache
 
     def cache_stats(self) -> CacheStats | None:
         return self._cache.stats() if self._cache is not None else None
@@ -741,9 +593,7 @@ class Engine:
     def _count_for_tenant(self, tenant: str, output: SeqOutput) -> None:
         hits = self._tenant_hits.setdefault(tenant, {})
         hits[output.hit_kind] = hits.get(output.hit_kind, 0) + 1
-        self._tenant_reused[tenant] = (
-            self._tenant_reused.get(tenant, 0) + output.num_cached_tokens
-        )
+        self._tenant_reused[tenant] = self._tenant_reused.get(tenant, 0) + output.num_cached_tokens
 
     def purge_cache(self, owns: Callable[[str], bool] | None = None) -> int:
         """Drop stored prefixes: every one, or those whose salt `owns` accepts (one
@@ -801,3 +651,9 @@ class Engine:
         except asyncio.CancelledError:
             job.cancelled = True  # read by the engine thread at its next embedding step
             raise
+
+
+def _close_built(building: asyncio.Future[list[Sampler]]) -> None:
+    if not building.cancelled() and building.exception() is None:
+        for sampler in building.result():
+            sampler.close()

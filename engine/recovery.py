@@ -5,7 +5,9 @@
 - `abandon`: the engine thread died (engine.py rebuilds a worker): every request in
   flight, queued or still in the command queue fails at once, naming the cause,
   without touching llama.cpp state (it may be what broke).
-- `inherit`: the rebuilt worker carries the old one's counters (they only grow).
+
+The counters need no carrying over: the rebuilt worker counts into the same
+`StepCounters` (engine/stats.py).
 """
 
 from __future__ import annotations
@@ -20,13 +22,6 @@ from engine.types import ENGINE_RESTARTED, FinishReason, SeqOutput, coded_error
 if TYPE_CHECKING:
     from engine.worker import Worker
 
-_COUNTERS = (
-    "num_steps", "num_prefill_tokens", "num_generated_tokens", "num_decode_failures",
-    "num_restore_failures", "num_reused_tokens", "batch_size_sum", "num_decode_aborts",
-    "num_timeouts",
-)  # fmt: skip
-
-
 def enforce_limits(worker: Worker) -> None:
     """End every sequence past one of its time limits (its slot is freed)."""
     lim, now = worker.limits, time.monotonic()
@@ -39,7 +34,7 @@ def enforce_limits(worker: Worker) -> None:
             code, limit = "token_timeout", lim.token_s
         else:
             continue
-        worker.num_timeouts += 1
+        worker.counters.num_timeouts += 1
         message = f"the request ran past its {code.split('_')[0]} time limit ({limit:g} s)"
         worker._finish(seq, FinishReason.ERROR, "", error=coded_error(code, message))
 
@@ -85,12 +80,3 @@ def abandon_seq(worker: Worker, seq: Sequence, error: str) -> None:
         error=error,
     )
     worker._outbox.append((seq.sink, output))
-
-
-def inherit(worker: Worker, old: Worker) -> None:
-    """Carry the counters of the worker this one replaces (they only ever grow)."""
-    for name in _COUNTERS:
-        setattr(worker, name, getattr(old, name))
-    worker.hits, worker.hit_sources = dict(old.hits), dict(old.hit_sources)
-    worker.batch_size_counts = list(old.batch_size_counts)
-    worker.num_rebuilds = old.num_rebuilds + 1

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from engine.sequence import SeqStatus, Sequence
 from engine.slots import Copy, Drop, KvOp, Resident, Restore, SlotTable
 from engine.speculation import Drafter
+from engine.stats import StepCounters
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ class _Prefix:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, counters: StepCounters | None = None):
         least = least_prefill_chunk(config.exact)
         if config.prefill_chunk < least:
             raise ValueError(f"prefill_chunk must be at least {least}")
@@ -138,8 +139,10 @@ class Scheduler:
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
-        self.slots = SlotTable(config.num_slots, config.keeps_prefixes)
-        self.num_preemptions = 0
+        # Shared with the worker, and with the scheduler that replaces this one after a
+        # rebuild (engine/stats.py): its preemption and reclaim counts carry on.
+        self.counters = counters if counters is not None else StepCounters()
+        self.slots = SlotTable(config.num_slots, config.keeps_prefixes, self.counters)
         self._lora_turns: dict[tuple[tuple[str, float], ...], int] = {}  # set -> last step
         self._num_steps = 0
 
@@ -220,7 +223,7 @@ class Scheduler:
         seq.num_computed = 0
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+        self.counters.num_preemptions += 1
         return slot
 
     def schedule(self) -> tuple[list[Chunk], KvPlan]:

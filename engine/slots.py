@@ -10,6 +10,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine.stats import StepCounters
+
 if TYPE_CHECKING:
     from cache import CacheHit
     from engine.sequence import Sequence
@@ -75,13 +77,13 @@ class SlotTable:
     is idle, until `reclaim` takes it from the least recently used idle session.
     """
 
-    def __init__(self, num_slots: int, keeps_prefixes: bool):
+    def __init__(self, num_slots: int, keeps_prefixes: bool, counters: StepCounters | None = None):
         self.keeps_prefixes = keeps_prefixes
         self.free: list[int] = list(range(num_slots))
         self.resident: dict[int, Resident] = {}  # free slot -> what it still holds
         self.pins: OrderedDict[str, int] = OrderedDict()  # session -> slot, LRU first
         self.pinned: dict[int, str] = {}  # slot -> session
-        self.num_reclaims = 0
+        self.counters = counters if counters is not None else StepCounters()  # num_reclaims
 
     def pin(self, session_id: str, slot: int) -> None:
         self.unpin(session_id)
@@ -113,7 +115,7 @@ class SlotTable:
                 ops.append(Save(slot, tuple(resident.tokens), resident.salt))
                 resident.saved = True
             self.unpin(session_id)
-            self.num_reclaims += 1
+            self.counters.num_reclaims += 1
             return slot
         return None
 

@@ -29,14 +29,13 @@ from engine.runner import DecodeError, Runner, Sampled, StepResult
 from engine.scheduler import Chunk, Scheduler
 from engine.sequence import SeqStatus, Sequence
 from engine.slots import Copy, Drop, KvOp, Restore, Save
+from engine.stats import BATCH_SIZE_BOUNDS
 from engine.types import EngineStats, FinishReason, SeqOutput, TimeLimits, coded_error
 
 log = logging.getLogger("kvserve.engine")
 
 Deliver = Callable[[list[tuple[object, SeqOutput]]], None]
 
-# Bucket bounds of the tokens-per-step histogram in `stats()`.
-BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,23 +114,10 @@ class Worker:
         self._stopping = False
         self._eog = model.eog_ids
         self._n_ctx_seq = scheduler.config.n_ctx_seq
-        # counters for stats(); plain ints, written by this thread only
-        self.num_steps = 0
-        self.num_prefill_tokens = 0
-        self.num_generated_tokens = 0
-        self.num_decode_failures = 0
-        self.last_batch_size = 0
-        self.num_restore_failures = 0
-        self.num_reused_tokens = 0
-        self.num_drafted_tokens = 0  # speculative decoding: guesses verified
-        self.num_accepted_tokens = 0  # and kept
-        self.hits: dict[str, int] = {}  # (kind) cold / partial / exact / session
-        self.hit_sources: dict[str, int] = {}  # none / slot / ram / disk
-        self.batch_size_counts = [0] * (len(BATCH_SIZE_BOUNDS) + 1)
-        self.batch_size_sum = 0
-        self.num_decode_aborts = 0  # decodes interrupted past limits.decode_s
-        self.num_timeouts = 0  # sequences ended by a time limit
-        self.num_rebuilds = 0  # times the engine thread died and was rebuilt
+        # For stats(): the scheduler's, so one object counts everything and outlives
+        # this worker (engine/stats.py). Written by this thread only.
+        self.counters = scheduler.counters
+        self.last_batch_size = 0  # a gauge: not carried over
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -235,11 +221,12 @@ class Worker:
                 self.kv.remove_seq(op.slot, op.start)
         return failed
 
-    def _save(self, slot: int, tokens: list[int], salt: str) -> bool:
+    def _save(self, slot: int, tokens: list[int], salt: str, *, wait: bool = False) -> bool:
         """Hand the slot's KV for `tokens` to the cache; True if it was taken.
 
         The state is copied out here, on the engine thread (a few ms for thousands of
-        tokens); the cache's writer thread does the rest."""
+        tokens); the cache's writer thread does the rest. `wait`: for room in its queue
+        (a drain), where a step's save is dropped rather than stall decoding."""
         cache = self.cache
         if cache is None or len(tokens) < cache.config.min_tokens:
             return False
@@ -249,7 +236,7 @@ class Worker:
             if self.check_kv:
                 raise KvMismatch(f"save of slot {slot} under tokens it does not hold")
             return False
-        return cache.save(tokens, self.ctx.get_seq_state(slot), salt)
+        return cache.save(tokens, self.ctx.get_seq_state(slot), salt, wait=wait)
 
     def _restore(self, op: Restore) -> bool:
         seq, slot = op.seq, op.slot
@@ -261,7 +248,7 @@ class Worker:
             if self.kv.holds(slot, seq.tokens[: op.keep]):
                 return True
         log.warning("restoring a cached prefix failed; prefilling %s cold", seq.request_id)
-        self.num_restore_failures += 1
+        self.counters.num_restore_failures += 1
         self.kv.remove_seq(slot)
         self._start_cold(seq)
         return False
@@ -319,13 +306,20 @@ class Worker:
         self.kv.check(self.scheduler)
 
     def _save_residents(self) -> None:
-        """Shutdown: what the slots hold goes to the cache (finished requests already
-        did; this catches saves that were dropped), then the writer drains."""
+        """Shutdown or unload: what the slots hold goes to the cache (finished requests
+        already did; this catches saves that were dropped). Each save waits for room in
+        the writer's queue: the README promises these. What the cache would not take
+        (too short, too big, a stuck writer) is logged; the cache counts its drops."""
         if self.cache is None:
             return
+        unsaved = 0
         for slot, resident in self.scheduler.slots.resident.items():
             if not resident.saved:
-                resident.saved = self._save(slot, resident.tokens, resident.salt)
+                resident.saved = self._save(slot, resident.tokens, resident.salt, wait=True)
+                wanted = len(resident.tokens) >= self.cache.config.min_tokens
+                unsaved += wanted and not resident.saved
+        if unsaved:
+            log.warning("%d slot(s) not saved to the cache at the drain", unsaved)
 
     def _postprocess(self, chunks: list[Chunk], result: StepResult) -> None:
         self.kv.decoded(chunks)
@@ -337,11 +331,11 @@ class Worker:
             chunk.seq.num_computed += chunk.length - len(chunk.draft)
             if chunk.seq.t_prompt_done is None and not chunk.seq.num_pending_prompt:
                 chunk.seq.t_prompt_done = time.monotonic()
-        self.num_steps += 1
+        self.counters.num_steps += 1
         self.last_batch_size = num_tokens
-        self.batch_size_counts[bisect.bisect_left(BATCH_SIZE_BOUNDS, num_tokens)] += 1
-        self.batch_size_sum += num_tokens
-        self.num_prefill_tokens += num_tokens - num_decode_rows
+        self.counters.batch_size_counts[bisect.bisect_left(BATCH_SIZE_BOUNDS, num_tokens)] += 1
+        self.counters.batch_size_sum += num_tokens
+        self.counters.num_prefill_tokens += num_tokens - num_decode_rows
         for seq, logprobs in result.scored:
             seq.prompt_logprobs.extend(logprobs)
             seq.num_scored += len(logprobs)
@@ -350,8 +344,8 @@ class Worker:
             if accepted < drafted:  # the rejected guesses' KV (num_computed: the pending token's)
                 self.kv.remove_seq(seq.slot, seq.num_computed + accepted)
             seq.drafter.feedback(drafted, accepted)
-            self.num_drafted_tokens += drafted
-            self.num_accepted_tokens += accepted
+            self.counters.num_drafted_tokens += drafted
+            self.counters.num_accepted_tokens += accepted
         for item in result.sampled:
             if item.after_draft:
                 if item.seq.status is not SeqStatus.RUNNING:
@@ -371,7 +365,7 @@ class Worker:
             self._finish(seq, FinishReason.STOP, seq.detokenizer.flush())
             return
         seq.tokens.append(token)
-        self.num_generated_tokens += 1
+        self.counters.num_generated_tokens += 1
         seq.t_last_token = time.monotonic()
         if seq.t_first_token is None:
             seq.t_first_token = seq.t_last_token
@@ -423,9 +417,10 @@ class Worker:
             num_kv = len(kept)
             self.kv.remove_seq(seq.slot, num_kv)  # what may not be reused goes first
             saved = self._save(seq.slot, kept, seq.salt)
-        self.hits[seq.hit_kind] = self.hits.get(seq.hit_kind, 0) + 1
-        self.hit_sources[seq.hit_source] = self.hit_sources.get(seq.hit_source, 0) + 1
-        self.num_reused_tokens += seq.num_cached
+        counts = self.counters
+        counts.hits[seq.hit_kind] = counts.hits.get(seq.hit_kind, 0) + 1
+        counts.hit_sources[seq.hit_source] = counts.hit_sources.get(seq.hit_source, 0) + 1
+        counts.num_reused_tokens += seq.num_cached
         drop = self.scheduler.remove(seq, keep_kv=keep, saved=saved)
         if drop is not None:
             self.kv.remove_seq(drop.slot, drop.start)
@@ -461,12 +456,12 @@ class Worker:
             return
         error = str(exc)
         if exc.code == 2:  # interrupted by the watchdog: the context stays usable
-            self.num_decode_aborts += 1
+            self.counters.num_decode_aborts += 1
             error = coded_error(
                 "decode_timeout", f"a model step ran past {self.limits.decode_s:g} s"
             )
         else:
-            self.num_decode_failures += 1
+            self.counters.num_decode_failures += 1
         log.error("%s; failing %d sequence(s)", error, len(chunks))
         for seq in {id(c.seq): c.seq for c in chunks}.values():
             self._finish(seq, FinishReason.ERROR, "", error=error)
@@ -501,31 +496,32 @@ class Worker:
         """Safe to call from another thread: reads plain ints, list lengths and copies
         of the dicts (a copy is one C call under the GIL; iterating a dict the engine
         thread grows could fail mid-way)."""
-        hits, sources = self.hits.copy(), self.hit_sources.copy()
+        c = self.counters
+        hits, sources = c.hits.copy(), c.hit_sources.copy()
         return EngineStats(
             num_slots=self.scheduler.config.num_slots,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             kv_cells_used=self.scheduler.kv_cells_used,
-            num_steps=self.num_steps,
-            num_prefill_tokens=self.num_prefill_tokens,
-            num_generated_tokens=self.num_generated_tokens,
-            num_preemptions=self.scheduler.num_preemptions,
-            num_decode_failures=self.num_decode_failures,
+            num_steps=c.num_steps,
+            num_prefill_tokens=c.num_prefill_tokens,
+            num_generated_tokens=c.num_generated_tokens,
+            num_preemptions=c.num_preemptions,
+            num_decode_failures=c.num_decode_failures,
             last_batch_size=self.last_batch_size,
             num_sessions_pinned=len(self.scheduler.slots.pins),
-            num_reclaims=self.scheduler.slots.num_reclaims,
-            num_restore_failures=self.num_restore_failures,
-            num_reused_tokens=self.num_reused_tokens,
-            num_drafted_tokens=self.num_drafted_tokens,
-            num_accepted_tokens=self.num_accepted_tokens,
+            num_reclaims=c.num_reclaims,
+            num_restore_failures=c.num_restore_failures,
+            num_reused_tokens=c.num_reused_tokens,
+            num_drafted_tokens=c.num_drafted_tokens,
+            num_accepted_tokens=c.num_accepted_tokens,
             hits=tuple(sorted(hits.items())),
             hit_sources=tuple(sorted(sources.items())),
             cache=self.cache.stats() if self.cache is not None else None,
             batch_size_bounds=BATCH_SIZE_BOUNDS,
-            batch_size_counts=tuple(self.batch_size_counts),
-            batch_size_sum=self.batch_size_sum,
-            num_decode_aborts=self.num_decode_aborts,
-            num_timeouts=self.num_timeouts,
-            num_rebuilds=self.num_rebuilds,
+            batch_size_counts=tuple(c.batch_size_counts),
+            batch_size_sum=c.batch_size_sum,
+            num_decode_aborts=c.num_decode_aborts,
+            num_timeouts=c.num_timeouts,
+            num_rebuilds=c.num_rebuilds,
         )

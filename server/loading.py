@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvserve.server")
 
 _POLL_S = 0.1
+# A failed load is tried again by the first request this long after it failed (the
+# Retry-After its 503 names); a load by hand tries at once.
+RETRY_FAILED_S = 10.0
+# Becoming ready by themselves: a load, or the rebuild of a dead engine thread (quick).
+_COMING = (EngineState.LOADING, EngineState.RECOVERING)
 _LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -55,18 +60,20 @@ class ModelLoader:
         )
         self._locks = {m.id: asyncio.Lock() for m in models}
         self._seen = {m.id: m.engine.state for m in models}
+        self._failed_at: dict[str, float] = {}  # model -> when its last load failed
 
     # -- what requests call ------------------------------------------------------------
 
-    async def ensure_loaded(self, served: ServedModel) -> None:
+    async def ensure_loaded(self, served: ServedModel, *, retry_now: bool = False) -> None:
         """Return once `served` is ready; load it first if need be. 503 (Retry-After)
-        when the load fails or takes longer than `wait_s`."""
+        when the load fails or takes longer than `wait_s`. A load that failed less than
+        RETRY_FAILED_S ago is not tried again (unless `retry_now`: a load by hand)."""
         if served.engine.ready:
             return
-        await self.load(served)
+        await self.load(served, retry_now=retry_now)
         engine = served.engine
         deadline = time.monotonic() + self.config.wait_s
-        while engine.state is EngineState.LOADING and time.monotonic() < deadline:
+        while engine.state in _COMING and time.monotonic() < deadline:
             await asyncio.sleep(_POLL_S)
         self._observe()
         if engine.ready:
@@ -75,7 +82,7 @@ class ModelLoader:
             raise ServiceUnavailable(
                 f"the model '{served.id}' failed to load: {engine.load_error}",
                 code="model_load_failed",
-                headers={"Retry-After": "10"},
+                headers={"Retry-After": f"{RETRY_FAILED_S:.0f}"},
             )
         raise ServiceUnavailable(
             f"the model '{served.id}' is still loading ({engine.load_progress:.0%})",
@@ -83,13 +90,17 @@ class ModelLoader:
             headers={"Retry-After": "5"},
         )
 
-    async def load(self, served: ServedModel) -> None:
+    async def load(self, served: ServedModel, *, retry_now: bool = False) -> None:
         """Start loading `served` (unloading idle models first to keep within the budget);
         returns without waiting for the load."""
         async with self._locks[served.id]:
             engine = served.engine
-            if engine.ready or engine.state is EngineState.LOADING:
+            if engine.ready or engine.state in _COMING:
                 return
+            failed_at = self._failed_at.get(served.id)
+            if not retry_now and failed_at and time.monotonic() - failed_at < RETRY_FAILED_S:
+                return  # each attempt reads the whole file: not one per request
+            self._failed_at.pop(served.id, None)
             await self._make_room(served)
             log.info("loading model %s", served.id)
             engine.start()
@@ -140,7 +151,7 @@ class ModelLoader:
 
     @staticmethod
     def _holds_memory(served: ServedModel) -> bool:
-        return served.engine.state in (EngineState.READY, EngineState.LOADING)
+        return served.engine.state in (EngineState.READY, *_COMING)
 
     async def run(self) -> None:
         """Background task: idle unloads, and the load/unload metrics."""
@@ -165,4 +176,6 @@ class ModelLoader:
                 self.load_seconds.labels(served.id).observe(served.engine.load_seconds)
             elif state is EngineState.UNLOADED and before is EngineState.READY:
                 self.unloads.labels(served.id).inc()
+            elif state is EngineState.FAILED:
+                self._failed_at[served.id] = time.monotonic()
             self._seen[served.id] = state

@@ -1,8 +1,11 @@
-"""ASGI middleware: a generation request for a model that is not loaded waits for it.
+"""ASGI middleware: a request for a model that is not loaded waits for it.
 
-It reads the JSON body's `model` (of POSTs to the generating endpoints), counts the
-request as in flight on that model (so it is not unloaded under it), and when the model
-is not ready has the loader load it. A plain request simply waits; a stream (`"stream":
+Every route that uses a model's engine (generation, embeddings, token counting, cache
+warming, tokenize) passes here. The gate finds the model (the JSON body's `model`, or
+the default model for the endpoints that name none), counts the request as in flight on
+it (so it is not unloaded under it: an unload frees the vocabulary a tokenize reads),
+marks it used (idle unloads count from the last request), and when the model is not
+ready has the loader load it. A plain request simply waits; a stream (`"stream":
 true`) gets its 200 and SSE comment lines (`: loading ...`) at once, every second, so
 that clients and proxies see the connection alive, and then the route's own events. A
 load that fails or outlasts `loading.wait_s` answers 503 with Retry-After (a stream
@@ -26,13 +29,18 @@ if TYPE_CHECKING:
     from server.loading import ModelLoader
     from server.registry import ServedModel
 
-PATHS = (
+# POSTs whose route uses the engine of the model named in the body's `model` ...
+BODY_MODEL_PATHS = (
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
     "/v1/responses",
     "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/cache/warm",
 )
+# ... or the default (first) model's, for the endpoints that name no model.
+DEFAULT_MODEL_PATHS = ("/tokenize", "/detokenize")
 _COMMENT_EVERY_S = 1.0
 
 
@@ -42,7 +50,8 @@ class ModelGate:
         self.loader = loader
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in PATHS:
+        path = scope["path"] if scope["type"] == "http" and scope["method"] == "POST" else None
+        if path not in BODY_MODEL_PATHS and path not in DEFAULT_MODEL_PATHS:
             await self.app(scope, receive, send)
             return
         messages, body = await _read_body(receive)
@@ -51,8 +60,12 @@ class ModelGate:
             fields = json.loads(body) if body else None
         except (ValueError, RecursionError):  # the route answers bad JSON with a 400
             fields = None
-        name = fields.get("model") if isinstance(fields, dict) else None
-        served = self.loader.models.get(name) if isinstance(name, str) else None
+        served: ServedModel | None
+        if path in DEFAULT_MODEL_PATHS:
+            served = self.loader.models.default
+        else:
+            name = fields.get("model") if isinstance(fields, dict) else None
+            served = self.loader.models.get(name) if isinstance(name, str) else None
         if served is None or not _authorized(scope):
             # The route answers: 400 for bad JSON, 404 for a bad model, 401 for a bad key
             # (an anonymous request must not get a model loaded).

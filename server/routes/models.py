@@ -2,8 +2,8 @@
 
 The list has one entry per served model, under its id (OpenAI's shape); aliases are
 named in its `meta` and are accepted wherever a model is named, retrieval included.
-`meta.state` is loaded, loading, unloaded or failed; load and unload do it by hand
-(see server/loading.py).
+`meta.state` is loaded, loading, unloaded, failed or recovering (the engine thread died
+and is being rebuilt); load and unload do it by hand (see server/loading.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from engine.engine import EngineState
+from engine.types import EngineRecoveringError
 from server.deps import registry, resolve_model
-from server.errors import APIError
+from server.errors import APIError, from_engine_error
 from server.loading import ModelLoader
 from server.registry import ServedModel
 
@@ -26,6 +27,7 @@ _STATES = {
     EngineState.UNLOADED: "unloaded",
     EngineState.STOPPED: "unloaded",
     EngineState.FAILED: "failed",
+    EngineState.RECOVERING: "recovering",
 }
 
 
@@ -81,7 +83,7 @@ def _loader(request: Request) -> ModelLoader:
 async def load_model(model_id: str, request: Request) -> dict[str, Any]:
     """Load a model now and wait for it (503 with the reason if it fails)."""
     served = resolve_model(request, model_id, require_ready=False)
-    await _loader(request).ensure_loaded(served)
+    await _loader(request).ensure_loaded(served, retry_now=True)
     return _card(served, request.app.state.started)
 
 
@@ -89,6 +91,8 @@ async def load_model(model_id: str, request: Request) -> dict[str, Any]:
 async def unload_model(model_id: str, request: Request) -> dict[str, Any]:
     """Unload a model (its slots' KV is saved to the cache first); 409 while it serves."""
     served = resolve_model(request, model_id, require_ready=False)
+    if served.engine.state is EngineState.RECOVERING:
+        raise from_engine_error(EngineRecoveringError(f"the model '{served.id}' is being rebuilt"))
     if served.engine.ready and not await _loader(request).unload(served):
         raise ModelBusy(f"the model '{served.id}' has requests in flight", code="model_busy")
     return _card(served, request.app.state.started)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -176,3 +177,47 @@ def test_an_entry_is_not_evicted_from_ram_before_it_is_on_disk(make_cache: MakeC
     assert cache.flush(timeout=30)
     cache.check_integrity()  # back within budget, b on disk
     assert cache.stats().disk.entries == 2 and cache.stats().ram.entries == 1
+
+
+def test_a_drain_save_waits_for_room_and_is_stored(
+    make_cache: MakeCache, block_writer: BlockWriter
+) -> None:
+    """Shutdown and unload save every resident slot (the README's promise): their saves
+    wait for the 1-deep queue instead of being dropped."""
+    cache = make_cache(writer_queue=1)
+    entered, release = block_writer(cache)
+    lists = [[i] * 8 for i in range(4)]
+    assert cache.save(lists[0], state_for(lists[0]), wait=True)
+    assert entered.wait(timeout=30)  # the writer holds the first; the queue is empty
+    assert cache.save(lists[1], state_for(lists[1]), wait=True)  # fills the queue
+    results: list[bool] = []
+    saver = threading.Thread(
+        target=lambda: results.extend(cache.save(t, state_for(t), wait=True) for t in lists[2:])
+    )
+    saver.start()
+    saver.join(timeout=0.3)
+    assert saver.is_alive()  # waiting for room, not dropped
+    release.set()
+    saver.join(timeout=30)
+    assert results == [True, True]
+    cache.close(timeout=30)
+    stats = cache.stats()
+    assert (stats.saves, stats.saves_dropped, stats.disk.entries) == (4, 0, 4)
+
+
+def test_a_drain_gives_up_on_a_stuck_writer_and_counts_what_it_lost(
+    make_cache: MakeCache, block_writer: BlockWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("cache.writer.STALL_S", 0.2)
+    cache = make_cache(writer_queue=1)
+    entered, _ = block_writer(cache)  # stuck until the test ends (a dead disk)
+    lists = [[i] * 8 for i in range(3)]
+    assert cache.save(lists[0], state_for(lists[0]), wait=True)
+    assert entered.wait(timeout=30)
+    assert cache.save(lists[1], state_for(lists[1]), wait=True)
+    assert not cache.save(lists[2], state_for(lists[2]), wait=True)  # no progress: given up
+    started = time.monotonic()
+    cache.close(timeout=0.2)
+    assert time.monotonic() - started < 5
+    # The one refused, and the two the writer never stored.
+    assert cache.stats().saves_dropped == 3

@@ -109,7 +109,7 @@ def test_newest_is_preempted_when_decoding_outgrows_the_cache() -> None:
     assert kv.ops == [Drop(slot_b, 0)]
     assert b.status is SeqStatus.WAITING and b.num_computed == 0 and len(b.tokens) == 11
     assert [c.seq.request_id for c in chunks] == ["a"]
-    assert s.num_preemptions == 1
+    assert s.counters.num_preemptions == 1
     s.check_integrity()
 
 
@@ -290,7 +290,7 @@ def test_idle_session_is_reclaimed_lru_and_saved_first() -> None:
     slot_b = 1
     assert c.slot == slot_b and "/B" not in s.slots.pins and "/A" in s.slots.pins
     assert isinstance(kv.ops[0], Save) and kv.ops[0].slot == slot_b
-    assert s.slots.num_reclaims == 1
+    assert s.counters.num_reclaims == 1
     s.check_integrity()
 
 

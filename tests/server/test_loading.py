@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -204,3 +205,96 @@ def test_bad_loading_config() -> None:
             load_settings(env={}, overrides=overrides)
     s = load_settings(env={}, overrides={"model.load": "on_demand"})
     assert dataclasses.astuple(s.loading) == (0, 120.0) and s.models[0].load == "on_demand"
+
+
+class BlockingTokenizer(SlowLoading):
+    """Its tokenize of a long text waits for `release` (a worker thread runs it)."""
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(model_id)
+        self.release = threading.Event()
+        self.tokenizing = threading.Event()
+
+    def tokenize(self, text: str, **kw: Any) -> list[int]:
+        if len(text) > 10_000:
+            self.tokenizing.set()
+            assert self.release.wait(10)
+        return super().tokenize(text, **kw)
+
+
+def _count(model: str, text: str = "hi") -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": text}]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages/count_tokens", _count("a")),
+        ("/v1/cache/warm", {"model": "a", "prompt": "hello"}),
+        ("/tokenize", {"content": "hello"}),  # the default model: the first, "a"
+        ("/detokenize", {"tokens": [104, 105]}),
+    ],
+)
+async def test_every_route_that_uses_an_engine_loads_its_model(
+    pair: Any, path: str, body: dict[str, Any]
+) -> None:
+    client, a, _, _ = pair
+    r = await client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert a.state is EngineState.READY and a.num_starts == 1
+
+
+async def test_no_unload_during_a_long_tokenize_and_it_counts_as_use() -> None:
+    a = BlockingTokenizer("a")
+    app = _app({"a": a})
+    served = app.state.models.get("a")
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t", headers=AUTH
+    ) as client:
+        assert (await client.post("/v1/models/a/load")).status_code == 200
+        before = served.last_used
+        counting = asyncio.create_task(
+            client.post("/v1/messages/count_tokens", json=_count("a", "x" * 20_000))
+        )
+        assert await asyncio.to_thread(a.tokenizing.wait, 5)
+        assert served.in_flight == 1 and served.last_used > before
+        # The tokenize reads the model's vocabulary: no unload may free it meanwhile.
+        r = await client.post("/v1/models/a/unload")
+        assert r.status_code == 409 and a.state is EngineState.READY
+        a.release.set()
+        r = await counting
+        assert r.status_code == 200 and r.json()["input_tokens"] > 20_000
+        assert served.in_flight == 0
+
+
+async def test_a_failed_load_is_not_tried_again_by_every_request(
+    pair: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, a, _, _ = pair
+    a.fail = "llama.cpp could not load the model at /x/corrupt.gguf"
+    for _ in range(3):  # each attempt reads the whole file: one, then the Retry-After
+        r = await client.post("/v1/chat/completions", json=_chat("a"))
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
+        assert r.headers["retry-after"] == "10"
+    assert a.num_starts == 1
+    assert (await client.post("/v1/models/a/load")).status_code == 503  # by hand: at once
+    assert a.num_starts == 2
+    monkeypatch.setattr("server.loading.RETRY_FAILED_S", 0.0)  # ... the Retry-After later
+    a.fail = ""
+    assert (await client.post("/v1/chat/completions", json=_chat("a"))).status_code == 200
+    assert a.num_starts == 3
+
+
+async def test_a_rebuilding_engine_is_listed_and_load_waits_for_it(pair: Any) -> None:
+    client, a, _, _ = pair
+    assert (await client.post("/v1/models/a/load")).status_code == 200
+    a.state = EngineState.RECOVERING  # the engine thread died and is being rebuilt
+    r = await client.get("/v1/models")
+    assert r.status_code == 200 and _states(r.json())["a"] == "recovering"
+    assert (await client.get("/v1/models/a")).json()["meta"]["state"] == "recovering"
+    r = await client.post("/v1/models/a/unload")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_recovering"
+    asyncio.get_running_loop().call_later(0.3, setattr, a, "state", EngineState.READY)
+    r = await client.post("/v1/models/a/load")  # no second load: it waits for the rebuild
+    assert r.status_code == 200 and r.json()["meta"]["state"] == "loaded"
+    assert a.num_starts == 1

@@ -1,0 +1,198 @@
+"""Loading a model: `EngineConfig`, and `load`, which builds everything a worker owns.
+
+Runs on the engine thread. A load that fails part way frees what it had made (the
+model, its contexts) before it raises: an on-demand model whose load
+fails is loaded again by a later request, and each failure must not keep a context's
+KV buffers behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from cache import CacheConfig, PrefixCache, model_fingerprint, namespace
+from engine.embedder import Embedder
+from engine.llama import Context, ContextParams, Model
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sessions import SessionLimits
+from engine.stats import StepCounters
+from engine.types import LoraAdapter, ModelInfo, TimeLimits
+from engine.worker import Deliver, Worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: str
+    model_id: str
+    n_ctx: int = 4096  # context of one sequence (prompt + output), in tokens
+    n_seq_max: int = 8  # slots: sequences decoded together
+    kv_unified: bool = False  # True: one pool of n_ctx cells shared by all slots
+    n_batch: int = 512  # token budget of one step
+    prefill_chunk: int = 256  # most prompt tokens of one sequence per step
+    n_threads: int = 0  # 0: every core
+    max_queue: int = 64  # sequences that may wait for a slot; more get 429
+    embeddings: bool = True
+    embed_n_ctx: int = 4096  # longest embedding input, in tokens
+    embed_chunk: int = 256  # embedding tokens computed per engine step
+    # True: reuse only KV that reproduces the cold output exactly, at the price of up to
+    # 64 prompt tokens computed again and decoded tokens never reused (scheduler.py).
+    exact_reuse: bool = False
+    speculative: bool = False  # prompt-lookup drafts verified in the step (engine/speculation.py)
+    flash_attn: bool = True
+    type_k: str = "f16"  # KV cache element types (engine.llama.KV_TYPES)
+    type_v: str = "f16"
+    n_ubatch: int = 0  # 0: n_batch
+    n_gpu_layers: int = 0  # needs a GPU build of llama-cpp-python
+    extra_bufts: bool | None = None  # repacked weight buffers; None: unless the CPU has AMX
+    cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
+    sessions: SessionLimits = SessionLimits()
+    limits: TimeLimits = TimeLimits()
+    # Called first on the engine thread when set: fetches the model (a hub download,
+    # reporting its progress 0..1) and returns its local path, used instead of model_path.
+    fetch: Callable[[Callable[[float], None]], str] | None = None
+    loras: tuple[LoraAdapter, ...] = ()  # loaded with the model; requests pick among them
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or os.cpu_count() or 1
+
+
+class LoadReport(Protocol):
+    """Where a load reports how far it is (the Engine: read by /health and the loader)."""
+
+    load_progress: float  # 0..1
+    load_phase: str  # "downloading" while a fetch runs, else "loading"
+    loaded_bytes: int  # weights + KV, known once the model file is read
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    worker: Worker
+    info: ModelInfo
+    cache: PrefixCache | None  # the one given, or the one this load made
+
+
+def load(
+    cfg: EngineConfig,
+    report: LoadReport,
+    deliver: Deliver,
+    counters: StepCounters,
+    open_cache: Callable[[str], PrefixCache | None],
+) -> Loaded:
+    """Fetch and load the model, make its contexts and a worker counting into
+    `counters`. `open_cache(model_path)`: the engine's prefix cache, which outlives a
+    load (it is open whether or not the model is loaded). Frees everything it made when
+    it raises."""
+
+    def progress(value: float) -> None:
+        report.load_progress = value
+
+    if cfg.fetch is not None:
+        report.load_phase = "downloading"
+        cfg = dataclasses.replace(cfg, model_path=cfg.fetch(progress))
+        report.load_phase, report.load_progress = "loading", 0.0
+    with contextlib.ExitStack() as undo:  # emptied once everything is made
+        model = Model(
+            cfg.model_path,
+            on_progress=progress,
+            n_gpu_layers=cfg.n_gpu_layers,
+            extra_bufts=cfg.extra_bufts,
+        )
+        undo.callback(model.close)  # called last: the contexts go first
+        total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
+        embed_cells = cfg.embed_n_ctx if cfg.embeddings else 0
+        report.loaded_bytes = model.size_bytes() + model.kv_bytes_per_cell() * (
+            total_cells + embed_cells
+        )
+        for adapter in cfg.loras:
+            path = adapter.path
+            if adapter.fetch is not None:
+                report.load_phase = "downloading"
+                path = adapter.fetch(progress)
+                report.load_phase = "loading"
+            model.load_lora(adapter.id, path)
+        ctx = Context(model, _context_params(cfg, total_cells))
+        undo.callback(ctx.close)
+        embedder = None
+        if cfg.embeddings:
+            embed_ctx = Context(
+                model,
+                ContextParams(cfg.embed_n_ctx, cfg.embed_chunk, 1, cfg.threads, embeddings=True),
+            )
+            undo.callback(embed_ctx.close)
+            embedder = Embedder(embed_ctx, cfg.embed_chunk)
+        scheduler = Scheduler(
+            SchedulerConfig(
+                cfg.n_seq_max,
+                ctx.n_ctx,
+                ctx.n_ctx_seq,
+                cfg.n_batch,
+                cfg.prefill_chunk,
+                exact=cfg.exact_reuse,
+                speculative=cfg.speculative,
+            ),
+            counters,
+        )
+        info = _model_info(cfg, model, ctx)
+        cache = open_cache(cfg.model_path)
+        worker = Worker(model, ctx, scheduler, embedder, deliver, cache, cfg.limits)
+        undo.pop_all()
+    return Loaded(worker, info, cache)
+
+
+def _context_params(cfg: EngineConfig, total_cells: int) -> ContextParams:
+    return ContextParams(
+        total_cells,
+        cfg.n_batch,
+        cfg.n_seq_max,
+        cfg.threads,
+        kv_unified=cfg.kv_unified,
+        flash_attn=cfg.flash_attn,
+        type_k=cfg.type_k,
+        type_v=cfg.type_v,
+        n_ubatch=cfg.n_ubatch,
+    )
+
+
+def _model_info(cfg: EngineConfig, model: Model, ctx: Context) -> ModelInfo:
+    return ModelInfo(
+        model_id=cfg.model_id,
+        path=cfg.model_path,
+        n_ctx=ctx.n_ctx_seq,
+        n_ctx_train=model.n_ctx_train,
+        n_vocab=model.n_vocab,
+        n_embd=model.n_embd,
+        n_seq_max=cfg.n_seq_max,
+        chat_template=model.chat_template(),
+        bos_token=model.token_text(model.bos_id) if model.bos_id >= 0 else "",
+        eos_token=model.token_text(model.eos_id) if model.eos_id >= 0 else "",
+        add_bos=model.add_bos,
+        description=model.description(),
+        size_bytes=model.size_bytes(),
+        n_params=model.n_params(),
+        loras=cfg.loras,
+    )
+
+
+def open_prefix_cache(cfg: EngineConfig, model_path: str) -> PrefixCache | None:
+    """The prefix cache of `model_path` under `cfg` (None: none configured, or the file
+    can't be read). Its namespace comes from the file and the configuration alone, so it
+    is known before a load and the cache can be opened with the model unloaded."""
+    if cfg.cache is None or not cfg.cache.enabled:
+        return None
+    try:
+        fingerprint = model_fingerprint(model_path)
+    except OSError as exc:  # the model cannot load either; it will say so
+        log.warning("prefix cache not opened: %s", exc)
+        return None
+    # Everything that changes the layout of a sequence's KV state.
+    layout = (cfg.n_ctx, cfg.type_k, cfg.type_v, "flash" if cfg.flash_attn else "no-flash")
+    return PrefixCache(cfg.cache, namespace(fingerprint, *layout))

@@ -1,0 +1,39 @@
+"""`StepCounters`: every counter of the engine thread, in one object.
+
+Prometheus counters must never go backwards, so these outlive what counts into them:
+the Engine makes one `StepCounters` and hands the same object to every worker,
+scheduler and slot table it builds, after a rebuild of a dead engine thread
+(engine/recovery.py) and after an unload and a reload alike.
+
+Threads: written by the engine thread only; `stats()` copies them for other threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Bucket bounds of the tokens-per-step histogram.
+BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclass(slots=True)
+class StepCounters:
+    num_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_decode_failures: int = 0
+    num_restore_failures: int = 0
+    num_reused_tokens: int = 0
+    num_drafted_tokens: int = 0  # speculative decoding: guesses verified
+    num_accepted_tokens: int = 0  # and kept
+    num_preemptions: int = 0  # sequences sent back to the queue for KV space (scheduler)
+    num_reclaims: int = 0  # idle sessions' slots taken for others (slot table)
+    num_decode_aborts: int = 0  # decodes interrupted past limits.decode_s
+    num_timeouts: int = 0  # sequences ended by a time limit
+    num_rebuilds: int = 0  # times the engine thread died and was rebuilt
+    hits: dict[str, int] = field(default_factory=dict)  # (kind) cold / partial / exact / session
+    hit_sources: dict[str, int] = field(default_factory=dict)  # none / slot / ram / disk
+    batch_size_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(BATCH_SIZE_BOUNDS) + 1)
+    )
+    batch_size_sum: int = 0

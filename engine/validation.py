@@ -1,0 +1,62 @@
+"""Validating a generation request against the loaded model, before anything is queued."""
+
+from __future__ import annotations
+
+import math
+
+from engine.types import GenerateRequest, InvalidRequestError, ModelInfo
+
+
+def validate(request: GenerateRequest, info: ModelInfo) -> None:
+    """Refuse (InvalidRequestError: 400, naming the field) what llama.cpp must never
+    see: token ids outside the vocabulary, a context overrun, C ints that would
+    truncate, unknown LoRA adapters, non-finite scales."""
+    num_prompt = len(request.prompt_tokens)
+    if num_prompt == 0:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    if any(t < 0 or t >= info.n_vocab for t in request.prompt_tokens):
+        raise InvalidRequestError(
+            f"prompt contains a token id outside [0, {info.n_vocab})", param="prompt"
+        )
+    completion = 1 if request.max_tokens is None else request.max_tokens
+    wanted = num_prompt + completion
+    if wanted > info.n_ctx:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {info.n_ctx} tokens. However, you "
+            f"requested {wanted} tokens ({num_prompt} in the prompt, "
+            f"{completion} for the completion).",
+            param="messages" if request.max_tokens is None else "max_tokens",
+            code="context_length_exceeded",
+        )
+    _check_int32(request)
+    known = {a.id for a in info.loras}
+    for adapter_id, scale in request.lora:
+        if adapter_id not in known:
+            raise InvalidRequestError(f"unknown LoRA adapter '{adapter_id}'", param="lora")
+        if not math.isfinite(scale):
+            raise InvalidRequestError("a LoRA scale must be a finite number", param="lora")
+    for token, _ in request.sampling.logit_bias:
+        if token < 0 or token >= info.n_vocab:
+            raise InvalidRequestError(
+                f"logit_bias names token {token}, outside [0, {info.n_vocab})",
+                param="logit_bias",
+            )
+
+
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _check_int32(request: GenerateRequest) -> None:
+    """Integers reach llama.cpp as C ints: ctypes would truncate larger ones silently."""
+    fields = [(f, getattr(request.sampling, f)) for f in _SAMPLING_INTS]
+    fields += [(f, getattr(request, f)) for f in ("max_tokens", "logprobs", "prompt_logprobs")]
+    for name, value in fields:
+        if value is not None and not _INT32[0] <= value <= _INT32[1]:
+            raise InvalidRequestError(
+                f"'{name}' must be within [{_INT32[0]}, {_INT32[1]}]", param=name
+            )
+
+
+_SAMPLING_INTS = (
+    "top_k", "min_keep", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat",
+)  # fmt: skip
