@@ -219,7 +219,7 @@ async def test_a_session_retired_at_the_key_quota_resumes_warm(cold: Engine) -> 
         worker = engine._worker
         assert worker is not None and worker.cache is not None
         save = worker.cache.save
-        worker.cache.save = lambda *args: False  # type: ignore[method-assign]
+        worker.cache.save = lambda *args, **kwargs: False  # type: ignore[method-assign]
         assert (await run(engine, first, session_id="a", tenant="k"))[0] == reply
         worker.cache.save = save  # type: ignore[method-assign]
         other = "<|im_start|>user\nHello! Who are you?<|im_end|>\n<|im_start|>assistant\n"
