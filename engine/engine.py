@@ -29,7 +29,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.embedder import Embedder, EmbedJob
 from engine.llama import Context, ContextParams, Model, Sampler
 from engine.recovery import abandon, inherit
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sequence import Sequence as Seq
 from engine.sessions import Session, SessionLimits, SessionRegistry, pin_key
 from engine.types import (
@@ -68,7 +68,8 @@ class EngineConfig:
     embed_n_ctx: int = 4096  # longest embedding input, in tokens
     embed_chunk: int = 256  # embedding tokens computed per engine step
     # True: reuse only KV that reproduces the cold output exactly, at the price of up to
-    # 64 prompt tokens computed again and decoded tokens never reused (scheduler.py).
+    # 64 prompt tokens computed again (2 with flash_attn off) and decoded tokens never
+    # reused (scheduler.exact_min_rows).
     exact_reuse: bool = False
     speculative: bool = False  # prompt-lookup drafts verified in the step (engine/speculation.py)
     flash_attn: bool = True
@@ -351,6 +352,7 @@ class Engine:
                 cfg.n_batch,
                 cfg.prefill_chunk,
                 exact=cfg.exact_reuse,
+                exact_min_rows=exact_min_rows(cfg.flash_attn),
                 speculative=cfg.speculative,
             )
         )

@@ -54,17 +54,35 @@ class KvPlan:
     ops: list[KvOp] = field(default_factory=list)
 
 
-# Exact reuse. llama.cpp computes a sequence's rows with different kernels when a step
-# holds fewer than 64 of them than when it holds 64 or more (measured on this build: the
-# logits differ by up to ~0.7), so a position's KV depends on the size of the chunk it
-# was computed in. To make a warm start give exactly the cold output, prefill chunks of
-# a prompt of 64+ tokens are never smaller than 64 rows, only prompt positions (never
-# decoded ones) are reused, and at least the last 64 prompt tokens are computed again.
-EXACT_MIN_ROWS = 64
-# The least prefill room per step that exact mode needs: a prompt of 65..127 pending
-# tokens cannot be cut into two chunks of EXACT_MIN_ROWS+ rows, so it must fit whole.
-# With less room such a prompt would wait for ever (refused at construction instead).
-EXACT_MIN_CHUNK = 2 * EXACT_MIN_ROWS
+# Exact reuse. llama.cpp computes a sequence's rows with other kernels when a step holds
+# few of them than when it holds many, so a position's KV and logits depend on the size
+# of the step that computed them. Measured on this build with bench/batch_invariance.py
+# (default model, a KV stream per slot, repacked weights, prompts of 512..4000 tokens,
+# a prompt's last k rows computed again vs the whole prompt in one step):
+# - flash attention on: every step of fewer than 64 rows of a sequence differs (max
+#   |dlogit| up to ~1), 64+ rows are identical;
+# - flash attention off: steps of 2+ rows are identical, a one-row step is not always;
+# - either way, a token decoded one row per step (alone or beside other sequences) has
+#   other KV than the same token prefilled: reusing it changes the next logits.
+# So to make a warm start give exactly the cold output, prefill chunks of a prompt of
+# `min_rows`+ tokens are never smaller than `min_rows`, each runs alone in its decode
+# (engine/runner.py), only prompt positions (never decoded ones) are reused, and at
+# least the last `min_rows` prompt tokens are computed again.
+
+
+def exact_min_rows(flash_attn: bool) -> int:
+    """The fewest rows of one sequence a step must compute to give exactly the KV and
+    logits of one big step (see above): the one home of this rule."""
+    return 64 if flash_attn else 2
+
+
+def exact_min_chunk(min_rows: int) -> int:
+    """The least prefill room per step that exact mode needs: a prompt of
+    min_rows+1 .. 2*min_rows-1 pending tokens cannot be cut into two chunks of
+    `min_rows`+ rows, so it must fit whole. With less room such a prompt would wait for
+    ever (refused at construction instead)."""
+    return 2 * min_rows
+
 
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
 # ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
@@ -80,6 +98,7 @@ class SchedulerConfig:
     step_tokens: int  # token budget of one llama_decode
     prefill_chunk: int  # most prompt tokens of one sequence in one step
     exact: bool = True  # reuse only what reproduces the cold output exactly (see above)
+    exact_min_rows: int = 64  # exact_min_rows(flash_attn) of the context
     speculative: bool = False  # draft tokens by prompt lookup, unless a request says otherwise
 
     @property
@@ -119,14 +138,13 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig):
         if config.step_tokens < config.num_slots:
             raise ValueError("step_tokens must be at least the number of slots")
-        if config.exact and config.prefill_chunk < EXACT_MIN_CHUNK:
-            raise ValueError(f"exact reuse needs prefill chunks of {EXACT_MIN_CHUNK}+ tokens")
+        least = exact_min_chunk(config.exact_min_rows)
+        if config.exact and config.prefill_chunk < least:
+            raise ValueError(f"exact reuse needs prefill chunks of {least}+ tokens")
         # The oldest prefilling sequence shares the step with at most num_slots - 1
-        # decode rows: it always gets EXACT_MIN_CHUNK rows, so every prompt progresses.
-        if config.exact and config.step_tokens < EXACT_MIN_CHUNK + config.num_slots - 1:
-            raise ValueError(
-                f"exact reuse needs step_tokens of at least {EXACT_MIN_CHUNK} + slots - 1"
-            )
+        # decode rows: it always gets `least` rows, so every prompt progresses.
+        if config.exact and config.step_tokens < least + config.num_slots - 1:
+            raise ValueError(f"exact reuse needs step_tokens of at least {least} + slots - 1")
         self.config = config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
@@ -170,7 +188,7 @@ class Scheduler:
         only prompt positions of a prompt computed in full-size chunks."""
         if not self.config.exact:
             return seq.tokens[: seq.num_computed]
-        if seq.num_prompt_tokens < EXACT_MIN_ROWS:
+        if seq.num_prompt_tokens < self.config.exact_min_rows:
             return []
         return seq.tokens[: min(seq.num_computed, seq.num_prompt_tokens)]
 
@@ -282,13 +300,13 @@ class Scheduler:
 
     def _chunk_length(self, seq: Sequence, room: int) -> int:
         """How many pending tokens of `seq` to prefill now, at most `room`; 0: wait."""
-        pending = seq.num_pending
+        pending, least = seq.num_pending, self.config.exact_min_rows
         length = min(pending, room)
-        if not self.config.exact or length == pending or pending < EXACT_MIN_ROWS:
+        if not self.config.exact or length == pending or pending < least:
             return length
-        if pending - length < EXACT_MIN_ROWS:
-            length = pending - EXACT_MIN_ROWS  # leave a full-size last chunk
-        return length if length >= EXACT_MIN_ROWS else 0
+        if pending - length < least:
+            length = pending - least  # leave a full-size last chunk
+        return length if length >= least else 0
 
     def _make_room(self) -> list[int]:
         freed = []
@@ -357,12 +375,12 @@ class Scheduler:
         prefix = self._best_prefix(seq, candidates) if reuse else _Prefix(min(candidates))
         slot = prefix.slot
         # At least the last token is computed again: its logits are needed to sample.
-        # In exact mode, the last EXACT_MIN_ROWS prompt tokens (see above); n > 1
+        # In exact mode, the last exact_min_rows prompt tokens (see above); n > 1
         # choices copying their leader only need the last one.
         limit = len(seq.tokens) - 1
         sibling = seq.leader is not None and prefix.copy_from == seq.leader.slot
         if self.config.exact and not sibling:
-            limit = len(seq.tokens) - EXACT_MIN_ROWS
+            limit = len(seq.tokens) - self.config.exact_min_rows
         keep = max(0, min(prefix.length, limit))
         had_resident = slots.resident.pop(slot, None) is not None
         if prefix.restore:

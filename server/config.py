@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import KV_TYPES, gpu_offload_supported
-from engine.scheduler import EXACT_MIN_CHUNK
+from engine.scheduler import exact_min_chunk, exact_min_rows
 from server.config_values import ConfigError, coerce
 from server.hub import HubError, HubSource
 
@@ -504,14 +504,18 @@ def _validate_engine(label: str, e: EngineSection) -> None:
     ):  # fmt: skip
         if getattr(e, key) < 0:
             raise ConfigError(f"{label}.{key}: must not be negative")
-    # Below these a prompt of 65..127 tokens could never be scheduled (see scheduler.py).
-    if e.exact_reuse and e.prefill_chunk < EXACT_MIN_CHUNK:
+    # Below these a prompt of 65..127 tokens (3 with flash_attn off) could never be
+    # scheduled (see exact_min_chunk in engine/scheduler.py).
+    least = exact_min_chunk(exact_min_rows(e.flash_attn))
+    if e.exact_reuse and e.prefill_chunk < least:
         raise ConfigError(
-            f"{label}.prefill_chunk: must be at least {EXACT_MIN_CHUNK} with exact_reuse"
+            f"{label}.prefill_chunk: must be at least {least} with exact_reuse"
+            f" and flash_attn = {str(e.flash_attn).lower()}"
         )
-    if e.exact_reuse and e.n_batch < EXACT_MIN_CHUNK + e.n_seq_max:
+    if e.exact_reuse and e.n_batch < least + e.n_seq_max:
         raise ConfigError(
-            f"{label}.n_batch: must be at least {EXACT_MIN_CHUNK} + n_seq_max with exact_reuse"
+            f"{label}.n_batch: must be at least {least} + n_seq_max with exact_reuse"
+            f" and flash_attn = {str(e.flash_attn).lower()}"
         )
     _validate_kv_options(label, e)
 
@@ -530,7 +534,7 @@ def _validate_kv_options(label: str, e: EngineSection) -> None:
     if e.n_ubatch < 0 or e.n_ubatch > e.n_batch:
         raise ConfigError(f"{label}.n_ubatch: between 0 (= n_batch) and n_batch")
     if e.exact_reuse and 0 < e.n_ubatch < e.prefill_chunk:
-        # A prompt chunk split over ubatches could end in one under 64 rows.
+        # A prompt chunk split over ubatches could end in one under exact_min_rows rows.
         raise ConfigError(f"{label}.n_ubatch: at least prefill_chunk with exact_reuse (or 0)")
     if e.extra_bufts not in ("auto", "on", "off"):
         raise ConfigError(f"{label}.extra_bufts: one of auto, on, off")
