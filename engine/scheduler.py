@@ -60,10 +60,11 @@ class KvPlan:
 # (default model, a KV stream per slot, repacked weights, prompts of 512..4000 tokens,
 # a prompt's last k rows computed again vs the whole prompt in one step):
 # - flash attention on: every step of fewer than 64 rows of a sequence differs (max
-#   |dlogit| up to ~1), 64+ rows are identical;
-# - flash attention off: steps of 2+ rows are identical, a one-row step is not always;
-# - either way, a token decoded one row per step (alone or beside other sequences) has
-#   other KV than the same token prefilled: reusing it changes the next logits.
+#   |dlogit| 0.31-0.60), 64+ rows are identical;
+# - flash attention off: steps of 2+ rows are identical, a one-row step differs (0.19-0.35);
+# - a token decoded one row per step (alone or beside 3 other sequences) has other KV
+#   than the same token prefilled: reusing 32 of them moved the next logits by 0.38-0.70
+#   (flash attention off).
 # So to make a warm start give exactly the cold output, prefill chunks of a prompt of
 # `min_rows`+ tokens are never smaller than `min_rows`, each runs alone in its decode
 # (engine/runner.py), only prompt positions (never decoded ones) are reused, and at
