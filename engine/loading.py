@@ -19,7 +19,7 @@ from typing import Protocol
 from cache import CacheConfig, PrefixCache, model_fingerprint, namespace
 from engine.embedder import Embedder
 from engine.llama import Context, ContextParams, Model
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sessions import SessionLimits
 from engine.stats import StepCounters
 from engine.types import LoraAdapter, ModelInfo, TimeLimits
@@ -43,7 +43,8 @@ class EngineConfig:
     embed_n_ctx: int = 4096  # longest embedding input, in tokens
     embed_chunk: int = 256  # embedding tokens computed per engine step
     # True: reuse only KV that reproduces the cold output exactly, at the price of up to
-    # 64 prompt tokens computed again and decoded tokens never reused (scheduler.py).
+    # 64 prompt tokens computed again (2 with flash_attn off) and decoded tokens never
+    # reused (scheduler.exact_min_rows).
     exact_reuse: bool = False
     speculative: bool = False  # prompt-lookup drafts verified in the step (engine/speculation.py)
     flash_attn: bool = True
@@ -137,6 +138,7 @@ def load(
                 cfg.n_batch,
                 cfg.prefill_chunk,
                 exact=cfg.exact_reuse,
+                exact_min_rows=exact_min_rows(cfg.flash_attn),
                 speculative=cfg.speculative,
             ),
             counters,

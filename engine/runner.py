@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.llama import Batch, Context
-from engine.scheduler import EXACT_MIN_ROWS, Chunk
+from engine.scheduler import Chunk
 from engine.sequence import Sequence
 from engine.types import TokenLogprob, TopLogprob
 
@@ -55,26 +55,26 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
 class Runner:
     """The model runner: computes what the scheduler decided, decides nothing."""
 
-    def __init__(self, ctx: Context, capacity: int, *, chunk_per_decode: bool = False):
+    def __init__(self, ctx: Context, capacity: int, *, solo_rows: int = 0):
         self.ctx = ctx
         self.batch = Batch(capacity)
-        self.chunk_per_decode = chunk_per_decode
+        self.solo_rows = solo_rows  # chunks of this many rows get their own decode; 0: none
 
     def run(self, chunks: list[Chunk]) -> StepResult:
-        """Compute the step: one llama_decode, or (chunk_per_decode) one for the decode
-        rows and short chunks together and one for each chunk of EXACT_MIN_ROWS+ rows.
+        """Compute the step: one llama_decode, or (solo_rows) one for the decode rows and
+        short chunks together and one for each chunk of solo_rows+ rows.
 
         Why split: with a KV stream per sequence, llama.cpp cuts a batch into ubatches
-        holding the same number of rows of each sequence, so a long prompt chunk sharing
-        a batch with decode rows is computed partly in small ubatches, with other kernels
-        than the same chunk alone (see EXACT_MIN_ROWS in scheduler.py). Alone in its
+        holding the same number of rows of each sequence, so a prompt chunk sharing a
+        batch with decode rows is computed partly in one-row ubatches, with other kernels
+        than the same chunk alone (see exact_min_rows in scheduler.py). Alone in its
         decode, a chunk is one ubatch, exactly as a cold prefill computes it. Shorter
-        chunks are computed with the small-ubatch kernels either way."""
-        if not self.chunk_per_decode:
+        chunks are computed with the small-step kernels either way."""
+        if not self.solo_rows:
             return self._run(chunks)
-        result = self._run([c for c in chunks if c.length < EXACT_MIN_ROWS])
+        result = self._run([c for c in chunks if c.length < self.solo_rows])
         for chunk in chunks:
-            if chunk.length >= EXACT_MIN_ROWS:
+            if chunk.length >= self.solo_rows:
                 more = self._run([chunk])
                 result.sampled += more.sampled
                 result.scored += more.scored

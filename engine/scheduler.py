@@ -55,17 +55,36 @@ class KvPlan:
     ops: list[KvOp] = field(default_factory=list)
 
 
-# Exact reuse. llama.cpp computes a sequence's rows with different kernels when a step
-# holds fewer than 64 of them than when it holds 64 or more (measured on this build: the
-# logits differ by up to ~0.7), so a position's KV depends on the size of the chunk it
-# was computed in. To make a warm start give exactly the cold output, prefill chunks of
-# a prompt of 64+ tokens are never smaller than 64 rows, only prompt positions (never
-# decoded ones) are reused, and at least the last 64 prompt tokens are computed again.
-EXACT_MIN_ROWS = 64
-# The least prefill room per step that exact mode needs: a prompt of 65..127 pending
-# tokens cannot be cut into two chunks of EXACT_MIN_ROWS+ rows, so it must fit whole.
-# With less room such a prompt would wait for ever (refused at construction instead).
-EXACT_MIN_CHUNK = 2 * EXACT_MIN_ROWS
+# Exact reuse. llama.cpp computes a sequence's rows with other kernels when a step holds
+# few of them than when it holds many, so a position's KV and logits depend on the size
+# of the step that computed them. Measured on this build with bench/batch_invariance.py
+# (default model, a KV stream per slot, repacked weights, prompts of 512..4000 tokens,
+# a prompt's last k rows computed again vs the whole prompt in one step):
+# - flash attention on: every step of fewer than 64 rows of a sequence differs (max
+#   |dlogit| 0.31-0.60), 64+ rows are identical;
+# - flash attention off: steps of 2+ rows are identical, a one-row step differs (0.19-0.35);
+# - a token decoded one row per step (alone or beside 3 other sequences) has other KV
+#   than the same token prefilled: reusing 32 of them moved the next logits by 0.38-0.70
+#   (flash attention off).
+# So to make a warm start give exactly the cold output, prefill chunks of a prompt of
+# `min_rows`+ tokens are never smaller than `min_rows`, each runs alone in its decode
+# (engine/runner.py), only prompt positions (never decoded ones) are reused, and at
+# least the last `min_rows` prompt tokens are computed again.
+
+
+def exact_min_rows(flash_attn: bool) -> int:
+    """The fewest rows of one sequence a step must compute to give exactly the KV and
+    logits of one big step (see above): the one home of this rule."""
+    return 64 if flash_attn else 2
+
+
+def exact_min_chunk(min_rows: int) -> int:
+    """The least prefill room per step that exact mode needs: a prompt of
+    min_rows+1 .. 2*min_rows-1 pending tokens cannot be cut into two chunks of
+    `min_rows`+ rows, so it must fit whole. With less room such a prompt would wait for
+    ever (refused at construction instead)."""
+    return 2 * min_rows
+
 
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
 # ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
@@ -81,6 +100,7 @@ class SchedulerConfig:
     step_tokens: int  # token budget of one llama_decode
     prefill_chunk: int  # most prompt tokens of one sequence in one step
     exact: bool = True  # reuse only what reproduces the cold output exactly (see above)
+    exact_min_rows: int = 64  # exact_min_rows(flash_attn) of the context
     speculative: bool = False  # draft tokens by prompt lookup, unless a request says otherwise
 
     @property
@@ -93,14 +113,14 @@ class SchedulerConfig:
 
 # The least settings a scheduler works with; the server's config validation asks these
 # too, so a configuration it accepts is one the engine can run (issue 17).
-def least_step_tokens(num_slots: int, exact: bool) -> int:
+def least_step_tokens(num_slots: int, exact: bool, min_rows: int) -> int:
     """A row per slot; in exact mode the oldest prefilling sequence shares the step with
-    at most num_slots - 1 decode rows and must still get EXACT_MIN_CHUNK of them."""
-    return EXACT_MIN_CHUNK + num_slots - 1 if exact else num_slots
+    at most num_slots - 1 decode rows and must still get exact_min_chunk(min_rows)."""
+    return exact_min_chunk(min_rows) + num_slots - 1 if exact else num_slots
 
 
-def least_prefill_chunk(exact: bool) -> int:
-    return EXACT_MIN_CHUNK if exact else 1
+def least_prefill_chunk(exact: bool, min_rows: int) -> int:
+    return exact_min_chunk(min_rows) if exact else 1
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -130,10 +150,10 @@ class _Prefix:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, counters: StepCounters | None = None):
-        least = least_prefill_chunk(config.exact)
+        least = least_prefill_chunk(config.exact, config.exact_min_rows)
         if config.prefill_chunk < least:
             raise ValueError(f"prefill_chunk must be at least {least}")
-        least = least_step_tokens(config.num_slots, config.exact)
+        least = least_step_tokens(config.num_slots, config.exact, config.exact_min_rows)
         if config.step_tokens < least:
             raise ValueError(f"step_tokens must be at least {least}")
         self.config = config
@@ -181,7 +201,7 @@ class Scheduler:
         only prompt positions of a prompt computed in full-size chunks."""
         if not self.config.exact:
             return seq.tokens[: seq.num_computed]
-        if seq.num_prompt_tokens < EXACT_MIN_ROWS:
+        if seq.num_prompt_tokens < self.config.exact_min_rows:
             return []
         return seq.tokens[: min(seq.num_computed, seq.num_prompt_tokens)]
 
@@ -293,13 +313,13 @@ class Scheduler:
 
     def _chunk_length(self, seq: Sequence, room: int) -> int:
         """How many pending tokens of `seq` to prefill now, at most `room`; 0: wait."""
-        pending = seq.num_pending
+        pending, least = seq.num_pending, self.config.exact_min_rows
         length = min(pending, room)
-        if not self.config.exact or length == pending or pending < EXACT_MIN_ROWS:
+        if not self.config.exact or length == pending or pending < least:
             return length
-        if pending - length < EXACT_MIN_ROWS:
-            length = pending - EXACT_MIN_ROWS  # leave a full-size last chunk
-        return length if length >= EXACT_MIN_ROWS else 0
+        if pending - length < least:
+            length = pending - least  # leave a full-size last chunk
+        return length if length >= least else 0
 
     def _make_room(self) -> list[int]:
         freed = []
@@ -368,12 +388,12 @@ class Scheduler:
         prefix = self._best_prefix(seq, candidates) if reuse else _Prefix(min(candidates))
         slot = prefix.slot
         # At least the last token is computed again: its logits are needed to sample.
-        # In exact mode, the last EXACT_MIN_ROWS prompt tokens (see above); n > 1
+        # In exact mode, the last exact_min_rows prompt tokens (see above); n > 1
         # choices copying their leader only need the last one.
         limit = len(seq.tokens) - 1
         sibling = seq.leader is not None and prefix.copy_from == seq.leader.slot
         if self.config.exact and not sibling:
-            limit = len(seq.tokens) - EXACT_MIN_ROWS
+            limit = len(seq.tokens) - self.config.exact_min_rows
         keep = max(0, min(prefix.length, limit))
         had_resident = slots.resident.pop(slot, None) is not None
         if prefix.restore:

@@ -103,9 +103,8 @@ class Worker:
         self.check_kv = False  # tests: check the ledger against the scheduler every loop
         self.scheduler = scheduler
         config = scheduler.config
-        self.runner = Runner(
-            ctx, config.step_tokens, chunk_per_decode=config.exact and config.keeps_prefixes
-        )
+        solo = config.exact_min_rows if config.exact and config.keeps_prefixes else 0
+        self.runner = Runner(ctx, config.step_tokens, solo_rows=solo)
         self.embedder = embedder
         self.deliver = deliver
         self.cache = cache

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import KV_TYPES, CacheConfig, gpu_offload_supported
-from engine.scheduler import EXACT_MIN_CHUNK, least_prefill_chunk, least_step_tokens
+from engine.scheduler import exact_min_chunk, exact_min_rows, least_prefill_chunk, least_step_tokens
 from server.config_values import ConfigError, coerce
 from server.hub import HubError, HubSource
 
@@ -40,6 +40,7 @@ def default_cache_dir() -> str:
     a plain restart is warm. The Docker image sets /var/cache/kvserve instead."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "kvserve")
+
 
 LOAD_POLICIES = ("startup", "on_demand")
 
@@ -504,12 +505,14 @@ def _validate_engine(label: str, e: EngineSection) -> None:
     for key in ("n_ctx", "n_seq_max", "n_batch", "prefill_chunk", "embed_n_ctx", "embed_chunk"):
         if getattr(e, key) < 1:
             raise ConfigError(f"{label}.{key}: must be at least 1")
-    # The scheduler's own minimums (a prompt of 65..127 tokens must be schedulable).
-    least = least_step_tokens(e.n_seq_max, e.exact_reuse)
+    # The scheduler's own minimums (in exact mode a prompt of min_rows+1 .. 2*min_rows-1
+    # tokens must be schedulable; min_rows depends on flash attention).
+    min_rows = exact_min_rows(e.flash_attn)
+    least = least_step_tokens(e.n_seq_max, e.exact_reuse, min_rows)
     if e.n_batch < least:
-        rule = f"{EXACT_MIN_CHUNK} + n_seq_max - 1" if e.exact_reuse else "n_seq_max"
+        rule = f"{exact_min_chunk(min_rows)} + n_seq_max - 1" if e.exact_reuse else "n_seq_max"
         raise ConfigError(f"{label}.n_batch: must be at least {rule} ({least}){_with_exact(e)}")
-    least = least_prefill_chunk(e.exact_reuse)
+    least = least_prefill_chunk(e.exact_reuse, min_rows)
     if e.prefill_chunk < least:
         raise ConfigError(f"{label}.prefill_chunk: must be at least {least}{_with_exact(e)}")
     for key in (
@@ -522,7 +525,9 @@ def _validate_engine(label: str, e: EngineSection) -> None:
 
 
 def _with_exact(e: EngineSection) -> str:
-    return " with exact_reuse" if e.exact_reuse else ""
+    if not e.exact_reuse:
+        return ""
+    return f" with exact_reuse and flash_attn = {str(e.flash_attn).lower()}"
 
 
 def _validate_kv_options(label: str, e: EngineSection) -> None:
@@ -539,7 +544,7 @@ def _validate_kv_options(label: str, e: EngineSection) -> None:
     if e.n_ubatch < 0 or e.n_ubatch > e.n_batch:
         raise ConfigError(f"{label}.n_ubatch: between 0 (= n_batch) and n_batch")
     if e.exact_reuse and 0 < e.n_ubatch < e.prefill_chunk:
-        # A prompt chunk split over ubatches could end in one under 64 rows.
+        # A prompt chunk split over ubatches could end in one under exact_min_rows rows.
         raise ConfigError(f"{label}.n_ubatch: at least prefill_chunk with exact_reuse (or 0)")
     if e.extra_bufts not in ("auto", "on", "off"):
         raise ConfigError(f"{label}.extra_bufts: one of auto, on, off")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cache import CacheHit
 from engine.detokenizer import IncrementalDetokenizer
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sequence import SeqStatus, Sequence
 from engine.slots import Copy, Drop, Restore, Save
 from engine.types import GenerateRequest
@@ -393,8 +393,9 @@ def test_fork_copies_an_idle_session_into_a_free_slot() -> None:
 # -- exact mode: every reused position is computed as a cold run computes it ----------
 
 
-def exact(slots: int = 2, chunk: int = 256, step: int = 512) -> Scheduler:
-    return Scheduler(SchedulerConfig(slots, 1000 * slots, 1000, step, chunk))
+def exact(slots: int = 2, chunk: int = 256, step: int = 512, rows: int = 64) -> Scheduler:
+    """Exact reuse; `rows`: exact_min_rows (64 with flash attention, 2 without)."""
+    return Scheduler(SchedulerConfig(slots, 1000 * slots, 1000, step, chunk, exact_min_rows=rows))
 
 
 def test_exact_prefill_chunks_are_never_under_64_rows() -> None:
@@ -430,6 +431,44 @@ def test_exact_reuse_keeps_prompt_positions_only_and_recomputes_64() -> None:
     apply(s)
     drop = s.remove(short)
     assert drop == Drop(short_slot := 1, 0) and s.slots.resident[short_slot].tokens == []
+
+
+def test_exact_min_rows_follows_flash_attention() -> None:
+    assert exact_min_rows(flash_attn=True) == 64
+    assert exact_min_rows(flash_attn=False) == 2  # bench/batch_invariance.py
+
+
+def test_exact_prefill_chunks_without_flash_attention_are_never_under_2_rows() -> None:
+    s = exact(chunk=256, rows=2)
+    s.add(seq_of("a", list(range(1, 258))))
+    assert apply(s) == [("a", 0, 255, False)]  # not 256: that would leave a 1-row chunk
+    assert apply(s) == [("a", 255, 2, True)]
+    t = exact(chunk=256, step=6, rows=2)
+    t.add(seq_of("b", list(range(1, 6))))  # 5 rows: all of it, in one chunk
+    t.add(seq_of("c", list(range(1, 7))))
+    assert apply(t) == [("b", 0, 5, True)]  # 1 row left for c: it waits a step
+    # 5 rows of room would leave c's last row alone: c takes 4 and leaves a 2-row chunk.
+    assert [p[:3] for p in apply(t)] == [("b", 5, 1), ("c", 0, 4)]
+    assert [p[:3] for p in apply(t)] == [("b", 6, 1), ("c", 4, 2)]
+
+
+def test_exact_reuse_without_flash_attention_recomputes_2_prompt_tokens() -> None:
+    s = exact(rows=2)
+    prompt = list(range(1, 101))
+    a = seq_of("a", prompt)
+    s.add(a)
+    apply(s)
+    for _ in range(5):
+        apply(s)  # five tokens decoded: one-row steps, never reused (their KV differs)
+    assert s.remove(a) == Drop(0, 100)
+    b = seq_of("b", prompt)
+    s.add(b)
+    apply(s)
+    assert b.num_cached == 100 - 2  # 100 - 64 with flash attention
+    one = seq_of("one", [9])
+    s.add(one)
+    apply(s)
+    assert s.remove(one) == Drop(1, 0) and s.slots.resident[1].tokens == []
 
 
 def test_a_single_slot_keeps_its_prefix_even_with_a_unified_cache() -> None:

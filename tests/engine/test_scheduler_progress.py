@@ -2,7 +2,8 @@
 every configuration the scheduler accepts (an exhaustive grid, no model).
 
 Regression: with exact reuse and a prefill room of 64..127 tokens, a prompt of
-65..127 tokens waited for ever (`_chunk_length` returned 0 at every step).
+65..127 tokens waited for ever (`_chunk_length` returned 0 at every step). Exact reuse
+is checked with the minimum rows of both flash attention settings (64 on, 2 off).
 """
 
 from __future__ import annotations
@@ -12,18 +13,22 @@ import math
 
 import pytest
 
-from engine.scheduler import EXACT_MIN_CHUNK, Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler, SchedulerConfig, exact_min_chunk, exact_min_rows
 from tests.engine.test_scheduler import apply, seq_of
 
-CHUNKS = (1, 2, 16, 63, 64, 65, 100, 127, 128, 129, 200, 256)
-STEPS = (1, 2, 3, 16, 64, 65, 100, 127, 128, 129, 130, 131, 200, 512)
-PROMPTS = (1, 2, 3, 63, 64, 65, 66, 100, 126, 127, 128, 129, 130, 191, 192, 193, 256, 257, 511)
+CHUNKS = (1, 2, 3, 4, 5, 16, 63, 64, 65, 100, 127, 128, 129, 200, 256)
+STEPS = (1, 2, 3, 4, 5, 6, 16, 64, 65, 100, 127, 128, 129, 130, 131, 200, 512)
+PROMPTS = (1, 2, 3, 4, 5, 63, 64, 65, 66, 100, 126, 127, 128, 129, 130, 191, 192, 193, 256, 257,
+           511)  # fmt: skip
+MODES = ((False, 64), (True, exact_min_rows(True)), (True, exact_min_rows(False)))
 
 
 def configs() -> list[SchedulerConfig]:
     out = []
-    for slots, chunk, step, exact in itertools.product((1, 2, 3), CHUNKS, STEPS, (True, False)):
-        config = SchedulerConfig(slots, 4096 * slots, 4096, step, chunk, exact=exact)
+    for slots, chunk, step, (exact, rows) in itertools.product((1, 2, 3), CHUNKS, STEPS, MODES):
+        config = SchedulerConfig(
+            slots, 4096 * slots, 4096, step, chunk, exact=exact, exact_min_rows=rows
+        )
         try:
             Scheduler(config)
         except ValueError:
@@ -49,7 +54,7 @@ def steps_to_first_token(config: SchedulerConfig, num_prompt: int, max_steps: in
 
 
 @pytest.mark.parametrize("config", configs(), ids=lambda c: f"{c.num_slots}-{c.prefill_chunk}-"
-                         f"{c.step_tokens}-{'x' if c.exact else 'f'}")  # fmt: skip
+                         f"{c.step_tokens}-{f'x{c.exact_min_rows}' if c.exact else 'f'}")  # fmt: skip
 def test_every_admitted_prompt_is_scheduled_within_a_bound(config: SchedulerConfig) -> None:
     room = max(1, min(config.prefill_chunk, config.step_tokens - (config.num_slots - 1)))
     for num_prompt in PROMPTS:
@@ -62,4 +67,9 @@ def test_configurations_that_could_starve_a_prompt_are_refused() -> None:
     for chunk, step in ((64, 512), (127, 512), (256, 128)):
         with pytest.raises(ValueError):
             Scheduler(SchedulerConfig(2, 8192, 4096, step, chunk, exact=True))
-    Scheduler(SchedulerConfig(2, 8192, 4096, EXACT_MIN_CHUNK + 1, EXACT_MIN_CHUNK, exact=True))
+    least = exact_min_chunk(64)
+    Scheduler(SchedulerConfig(2, 8192, 4096, least + 1, least, exact=True))
+    for chunk, step in ((3, 512), (256, 4)):  # without flash attention: 2-row chunks
+        with pytest.raises(ValueError):
+            Scheduler(SchedulerConfig(2, 8192, 4096, step, chunk, exact=True, exact_min_rows=2))
+    Scheduler(SchedulerConfig(2, 8192, 4096, 5, 4, exact=True, exact_min_rows=2))

@@ -8,7 +8,9 @@ must equal cold exactly), and the KV ledger is checked after every engine step.
 The CI variant is short. For the longer run by hand:
     KVSERVE_RANDOM_LONG=1 pytest -s tests/integration/test_random_sessions.py
 (KVSERVE_RANDOM_SEEDS=3 runs three seeds; KVSERVE_RANDOM_SPECULATIVE=1 decodes the warm
-engine's sequences speculatively; the figures are printed.)
+engine's sequences speculatively; KVSERVE_RANDOM_FLASH_ATTN=0 runs both engines without
+flash attention, where exact reuse recomputes 2 prompt rows instead of 64; the figures
+are printed.)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ GREEDY = SamplingParams(temperature=0.0)
 LONG = os.environ.get("KVSERVE_RANDOM_LONG") == "1"
 SEEDS = range(int(os.environ.get("KVSERVE_RANDOM_SEEDS", "1")))
 SPECULATIVE = os.environ.get("KVSERVE_RANDOM_SPECULATIVE") == "1"
+FLASH_ATTN = os.environ.get("KVSERVE_RANDOM_FLASH_ATTN", "1") == "1"
 MEMOS = {
     "ka": "Public memo for Alpha Inc. The vault access code is 2580. ",
     "kb": "Confidential memo for Bravo Corp. The vault access code is 7431. ",
@@ -166,7 +169,7 @@ async def run_world(seed: int, tmp: Path, *, conversations: int, turns: int, slo
     cache = CacheConfig(
         block_tokens=32, min_tokens=32, ram_bytes=8 << 20, disk_dir=str(tmp / f"disk{seed}")
     )
-    common = {"n_ctx": 1024, "embeddings": False, "n_threads": 2}
+    common = {"n_ctx": 1024, "embeddings": False, "n_threads": 2, "flash_attn": FLASH_ATTN}
     warm = await start_engine(**common, n_seq_max=slots, cache=cache, speculative=SPECULATIVE)
     cold = await start_engine(**common, n_seq_max=4, cache=None)
     assert warm._worker is not None and cold._worker is not None
@@ -200,7 +203,8 @@ async def run_world(seed: int, tmp: Path, *, conversations: int, turns: int, slo
             f" slot reuse {sources.get('slot', 0)}, forks {world.figures.forks}"
             f" (refused {world.figures.forks_refused}), deletes refused while busy"
             f" {world.figures.busy_deletes_refused}, idle deletes {world.figures.idle_deletes},"
-            f" restore failures {stats.num_restore_failures}"
+            f" restore failures {stats.num_restore_failures},"
+            f" flash_attn {FLASH_ATTN}, prompt tokens reused {stats.num_reused_tokens}"
         )
         return world.figures
     finally:
