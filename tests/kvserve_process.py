@@ -21,6 +21,9 @@ from pathlib import Path
 import httpx
 
 MODEL = "SmolLM2-135M-Instruct"
+# A server process's environment: Python hides ResourceWarning by default; shown, a leaked
+# socket, file, event loop or transport is written to the server's log.
+SHOW_LEAKS = {"PYTHONWARNINGS": "default::ResourceWarning"}
 
 
 def free_port() -> int:
@@ -80,10 +83,17 @@ def running(
     """`kvserve <args>` on a free port; logs go to log_dir/kvserve-<port>.log. The disk
     tier is on by default: unless `env` sets XDG_CACHE_HOME, each server gets its own
     empty cache directory, log_dir/xdg-<port> (never the real home, never another
-    test's entries)."""
+    test's entries).
+
+    The server reports what it leaks (SHOW_LEAKS): a block that ends normally fails if
+    the log has a leaked socket, file, event loop or transport in it."""
     port = free_port()
     log_path = log_dir / f"kvserve-{port}.log"
-    env = {"XDG_CACHE_HOME": str(log_dir / f"xdg-{port}"), **(env or {})}
+    env = {
+        "XDG_CACHE_HOME": str(log_dir / f"xdg-{port}"),
+        **SHOW_LEAKS,
+        **(env or {}),
+    }
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "server", "--port", str(port), *args],
@@ -98,6 +108,13 @@ def running(
             yield server
         finally:
             stop(server)
+    assert_no_leaks(server)
+
+
+def assert_no_leaks(server: Server) -> None:
+    """No ResourceWarning in the stopped server's log (see `running`)."""
+    log = server.log()
+    assert "ResourceWarning" not in log, log[max(0, log.index("ResourceWarning") - 2000) :][:6000]
 
 
 def metrics(url: str) -> dict[str, float]:

@@ -117,9 +117,11 @@ def ensure_base(docker: Docker, work: Path) -> None:
              "bookworm", str(rootfs), MIRROR],
             check=True, capture_output=True, timeout=1200,
         )
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        docker.run("import", "-", DEBOOTSTRAP_IMAGE, stdin=tar.stdout, timeout=600)
-        assert tar.wait() == 0
+        # `with`: the pipe's read end is closed (not left to the garbage collector, an
+        # unclosed file) and tar waited for, whatever `docker import` did
+        with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE) as tar:
+            docker.run("import", "-", DEBOOTSTRAP_IMAGE, stdin=tar.stdout, timeout=600)
+        assert tar.returncode == 0
         shutil.rmtree(rootfs, ignore_errors=True)
     context = work / "base"
     context.mkdir()

@@ -37,13 +37,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def oai(server: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+def oai(server: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0) as client:
+        yield client
 
 
 @pytest.fixture
-def claude(server: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server, api_key=KEY, max_retries=0)
+def claude(server: str) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=server, api_key=KEY, max_retries=0) as client:
+        yield client
 
 
 # -- openai: Responses -------------------------------------------------------------------

@@ -65,13 +65,13 @@ def get_weather(city: str) -> str:
 )
 def test_pydantic_tool_schema_in_every_mode(server: str, choice: Any) -> None:
     # Grammar-constrained decoding of a long schema on a loaded 2-core machine is slow.
-    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=1800)
     tools: Any = [{"type": "function", "function": {"name": "register_pet",
                    "description": "Register a pet", "parameters": PET_SCHEMA}}]  # fmt: skip
-    reply = client.chat.completions.create(
-        model=MODEL, tools=tools, tool_choice=choice, max_tokens=120, seed=3,
-        messages=[{"role": "user", "content": "Register my dog Rex, a good boy, at 1.5, 2."}],
-    )  # fmt: skip
+    with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=1800) as client:
+        reply = client.chat.completions.create(
+            model=MODEL, tools=tools, tool_choice=choice, max_tokens=120, seed=3,
+            messages=[{"role": "user", "content": "Register my dog Rex, a good boy, at 1.5, 2."}],
+        )  # fmt: skip
     for call in reply.choices[0].message.tool_calls or []:
         PetArgs.model_validate_json(call.function.arguments)  # type: ignore[union-attr]
     if choice != "auto":

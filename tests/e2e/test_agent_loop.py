@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -31,8 +32,9 @@ TOOLS: list[Any] = [
 
 
 @pytest.fixture
-def sdk(server: str) -> openai.OpenAI:  # noqa: F811
-    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+def sdk(server: str) -> Iterator[openai.OpenAI]:  # noqa: F811
+    with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0) as client:
+        yield client
 
 
 def test_three_step_agent_loop(sdk: openai.OpenAI) -> None:

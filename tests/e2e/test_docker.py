@@ -129,13 +129,13 @@ def test_the_container_runs_as_a_user_and_becomes_healthy(
 
 def test_the_openai_sdk_chats_with_the_container(first: tuple[str, str]) -> None:
     _, url = first
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    reply = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Say hello."}],
-        max_tokens=8,
-        temperature=0,
-    )
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=8,
+            temperature=0,
+        )
     assert reply.choices[0].message.content
     assert reply.usage is not None and reply.usage.completion_tokens > 0
 

@@ -46,8 +46,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def metric_values(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

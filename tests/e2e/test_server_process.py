@@ -30,8 +30,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def client(server: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+def client(server: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0) as client:
+        yield client
 
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -98,18 +99,18 @@ def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
 async def test_async_client_concurrent_requests(server: str) -> None:
     import asyncio
 
-    client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
     questions = ["Name a color.", "Name a fruit.", "Name a planet."]
-    results = await asyncio.gather(
-        *(
-            client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": q}], temperature=0, max_tokens=16
+    async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0) as client:
+        results = await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": q}], temperature=0,
+                    max_tokens=16,
+                )
+                for q in questions
             )
-            for q in questions
         )
-    )
     assert all(r.choices[0].message.content for r in results)
-    await client.close()
 
 
 def test_completions_embeddings_models(client: openai.OpenAI) -> None:
@@ -133,8 +134,10 @@ def test_sdk_errors(client: openai.OpenAI, server: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=5)  # type: ignore[arg-type]
     assert err.value.body["param"] == "temperature"  # type: ignore[index]
-    bad_key = openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
+    with (
+        openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0) as bad_key,
+        pytest.raises(openai.AuthenticationError),
+    ):
         bad_key.models.list()
 
 

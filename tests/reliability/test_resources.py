@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.kvserve_process import free_port, running
+from tests.kvserve_process import SHOW_LEAKS, free_port, running
 
 pytestmark = pytest.mark.model
 
@@ -38,7 +38,7 @@ def test_silent_connections_are_bounded_and_timed_out_under_a_descriptor_limit(
     port = free_port()
     log_path = tmp_path / "kvserve.log"
     limit = 256  # descriptors for the whole server process
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "KVSERVE_SERVER_HEADER_TIMEOUT_S": "2"}
+    env = {**os.environ, **SHOW_LEAKS, "PYTHONUNBUFFERED": "1", "KVSERVE_SERVER_HEADER_TIMEOUT_S": "2"}
     command = ["prlimit", f"--nofile={limit}:{limit}", sys.executable, "-m", "server"]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -75,6 +75,7 @@ def test_silent_connections_are_bounded_and_timed_out_under_a_descriptor_limit(
         text = log_path.read_text(errors="replace")
         assert text.count("Too many open files") <= 5, text[-3000:]
         assert len(text) < 20_000, text[-3000:]
+        assert "ResourceWarning" not in text, text[-3000:]  # no connection leaked
     finally:
         for s in silent:
             s.close()
