@@ -220,9 +220,12 @@ def main() -> None:
     p.add_argument("--agents", type=int, default=16)
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--catalogue-words", type=int, default=560, help="about 800 tokens")
-    p.add_argument("--task-words", type=int, default=120)
-    p.add_argument("--result-words", type=int, default=30)
+    # The words are syllable pairs of about 2 tokens each: these defaults make an
+    # ~810-token catalogue, ~160-token tasks and ~42-token tool results (the shape:
+    # an 800-token catalogue, 120-word tasks, 30-word results).
+    p.add_argument("--catalogue-words", type=int, default=300, help="about 810 tokens")
+    p.add_argument("--task-words", type=int, default=75, help="about 160 tokens")
+    p.add_argument("--result-words", type=int, default=20, help="about 42 tokens")
     p.add_argument("--reply-tokens", type=int, default=24)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=7)
