@@ -117,8 +117,15 @@ def test_pydantic_ai_native_output_with_a_tool(server: str) -> None:
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=f"{server}/v1", api_key=KEY))
-    agent = Agent(model, tools=[get_weather], output_type=NativeOutput(Capital),
-                  model_settings={"max_tokens": 400, "temperature": 0})  # fmt: skip
-    result = agent.run_sync("What is the capital of France?")
+    # Our client, closed in our loop: run_sync would run on an event loop pydantic-ai makes
+    # and never closes, and a provider that makes its own client closes it only when the
+    # agent is used as an async context manager (both leak a socket).
+    async def run() -> Any:
+        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0) as client:
+            model = OpenAIChatModel(MODEL, provider=OpenAIProvider(openai_client=client))
+            agent = Agent(model, tools=[get_weather], output_type=NativeOutput(Capital),
+                          model_settings={"max_tokens": 400, "temperature": 0})  # fmt: skip
+            return await agent.run("What is the capital of France?")
+
+    result = asyncio.run(run())
     assert isinstance(result.output, Capital)
