@@ -210,6 +210,25 @@ class Model:
             C.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace")
 
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Every metadata key and value but the tokenizer's (its arrays run to megabytes)."""
+        out = []
+        buf = ctypes.create_string_buffer(256)
+        for i in range(C.llama_model_meta_count(self.handle)):
+            if C.llama_model_meta_key_by_index(self.handle, i, buf, len(buf)) < 0:
+                continue
+            key = buf.value.decode("utf-8", "replace")
+            value = None if key.startswith("tokenizer.") else self.meta(key)
+            if value is not None:
+                out.append((key, value))
+        return tuple(out)
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) fill-in-the-middle tokens, if the vocabulary has all."""
+        ids = (C.llama_vocab_fim_pre(self.vocab), C.llama_vocab_fim_suf(self.vocab),
+               C.llama_vocab_fim_mid(self.vocab))  # fmt: skip
+        return None if min(ids) < 0 else ids
+
     def chat_template(self) -> str | None:
         ptr = C.llama_model_chat_template(self.handle, None)
         return ptr.decode("utf-8") if ptr else None

@@ -181,6 +181,9 @@ def _model_info(cfg: EngineConfig, model: Model, ctx: Context) -> ModelInfo:
         size_bytes=model.size_bytes(),
         n_params=model.n_params(),
         loras=cfg.loras,
+        metadata=model.metadata(),
+        fim_tokens=model.fim_tokens(),
+        embed_n_ctx=cfg.embed_n_ctx if cfg.embeddings else 0,
     )
 
 

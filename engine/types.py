@@ -208,6 +208,12 @@ class ModelInfo:
     size_bytes: int = 0
     n_params: int = 0
     loras: tuple[LoraAdapter, ...] = ()
+    # The GGUF's metadata (tokenizer.* arrays left out), for descriptions such as
+    # Ollama's /api/show; the fill-in-the-middle tokens (prefix, suffix, middle) when
+    # the vocabulary has all three; the longest input /v1/embeddings takes (0: none).
+    metadata: tuple[tuple[str, str], ...] = ()
+    fim_tokens: tuple[int, int, int] | None = None
+    embed_n_ctx: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from server.routes import (
     health,
     messages,
     models,
+    ollama,
     responses,
     sessions,
     tokenize,
@@ -250,6 +251,7 @@ def create_app(
         tokenize.router,
         sessions.router,
         cache.router,
+        ollama.router,
     ):
         app.include_router(router, dependencies=authed)
 

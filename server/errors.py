@@ -61,8 +61,15 @@ class APIError(Exception):
         message = self.message if self.param is None else f"{self.param}: {self.message}"
         return {"type": "error", "error": {"type": kind, "message": message}}
 
-    def response(self, anthropic: bool = False) -> JSONResponse:
+    def ollama_body(self) -> dict[str, Any]:
+        """Ollama's error shape: one string, which names the field when there is one."""
+        named = self.param is None or self.param in self.message
+        return {"error": self.message if named else f"{self.param}: {self.message}"}
+
+    def response(self, anthropic: bool = False, ollama: bool = False) -> JSONResponse:
         body = self.anthropic_body() if anthropic else self.body()
+        if ollama:
+            body = self.ollama_body()
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
@@ -217,8 +224,13 @@ def speaks_anthropic(request: Request) -> bool:
     return request.url.path.startswith("/v1/messages")
 
 
+def speaks_ollama(path: str) -> bool:
+    """Whether a request path is one of Ollama's routes (`/api/...`)."""
+    return path.startswith("/api/")
+
+
 def render(request: Request, err: APIError) -> JSONResponse:
-    return err.response(anthropic=speaks_anthropic(request))
+    return err.response(anthropic=speaks_anthropic(request), ollama=speaks_ollama(request.url.path))
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:

@@ -2,7 +2,8 @@
 
 A model with `load = "on_demand"` is not loaded at start; the first request naming it
 loads it and waits (up to `loading.wait_s`, then 503 with Retry-After). A model with
-`idle_unload_s` is unloaded after that long without requests. With
+`idle_unload_s` (or a request's keep_alive, Ollama's API) is unloaded after that long
+without requests. With
 `loading.memory_budget_bytes`, loading a model first unloads the least recently used
 idle models until its weights and KV fit. Unloading saves what the slots hold to the
 prefix cache, which the engine keeps (as it keeps its sessions): a reloaded model, and a
@@ -160,8 +161,8 @@ class ModelLoader:
             self._observe()
             now = time.monotonic()
             for served in self.models:
-                limit = served.idle_unload_s
-                if limit and served.engine.ready and now - served.last_used >= limit:
+                limit = served.unload_after_s
+                if limit is not None and served.engine.ready and now - served.last_used >= limit:
                     with contextlib.suppress(Exception):
                         await self.unload(served)
 

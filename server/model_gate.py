@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.apis.ollama_common import resolve_ollama_model
 from server.deps import require_api_key
 from server.errors import APIError, Unauthorized
 
@@ -41,6 +42,10 @@ BODY_MODEL_PATHS = (
 )
 # ... or the default (first) model's, for the endpoints that name no model.
 DEFAULT_MODEL_PATHS = ("/tokenize", "/detokenize")
+# Ollama's routes name the model Ollama's way (`name:tag`; /api/show also as `name`).
+# Their streams are NDJSON, not SSE: they wait for a load like a plain request, and
+# the gate's own load wait is what their `load_duration` reports.
+OLLAMA_MODEL_PATHS = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show")
 _COMMENT_EVERY_S = 1.0
 
 
@@ -51,7 +56,8 @@ class ModelGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" and scope["method"] == "POST" else None
-        if path not in BODY_MODEL_PATHS and path not in DEFAULT_MODEL_PATHS:
+        ollama = path in OLLAMA_MODEL_PATHS
+        if path not in BODY_MODEL_PATHS and path not in DEFAULT_MODEL_PATHS and not ollama:
             await self.app(scope, receive, send)
             return
         messages, body = await _read_body(receive)
@@ -63,6 +69,10 @@ class ModelGate:
         served: ServedModel | None
         if path in DEFAULT_MODEL_PATHS:
             served = self.loader.models.default
+        elif ollama:
+            name = (fields.get("model") or fields.get("name")) if isinstance(fields, dict) else None
+            models = self.loader.models
+            served = resolve_ollama_model(models, name) if isinstance(name, str) else None
         else:
             name = fields.get("model") if isinstance(fields, dict) else None
             served = self.loader.models.get(name) if isinstance(name, str) else None
@@ -76,14 +86,16 @@ class ModelGate:
         try:
             if served.engine.ready:
                 await self.app(scope, replay, send)
-            elif isinstance(fields, dict) and fields.get("stream") is True:
+            elif isinstance(fields, dict) and fields.get("stream") is True and not ollama:
                 await self._stream_after_load(served, scope, replay, send)
             else:
+                waited = time.monotonic()
                 try:
                     await self.loader.ensure_loaded(served)
                 except APIError as exc:
-                    await exc.response()(scope, replay, send)
+                    await exc.response(ollama=ollama)(scope, replay, send)
                     return
+                scope.setdefault("state", {})["load_wait_s"] = time.monotonic() - waited
                 await self.app(scope, replay, send)
         finally:
             served.in_flight -= 1

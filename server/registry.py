@@ -27,7 +27,17 @@ class ServedModel:
     idle_unload_s: float = 0.0  # unloaded after this long without requests; 0: never
     in_flight: int = 0  # generation requests on it now (see server/model_gate.py)
     last_used: float = 0.0  # time.monotonic() of its last request's start or end
+    # Set by a request's keep_alive (Ollama's API): idle seconds before an unload, inf
+    # for never; None: `idle_unload_s` as configured.
+    keep_alive_s: float | None = None
     _template: ChatTemplate | None = None
+
+    @property
+    def unload_after_s(self) -> float | None:
+        """Idle seconds after which the model is unloaded; None: never."""
+        if self.keep_alive_s is None:
+            return self.idle_unload_s or None
+        return None if self.keep_alive_s == float("inf") else self.keep_alive_s
 
     @property
     def template(self) -> ChatTemplate:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from chat.callstream import Delta
 from chat.plan import OutputParser
-from engine.types import FinishReason, SeqOutput, TokenLogprob
+from engine.types import FinishReason, SeqOutput, Timings, TokenLogprob
 
 
 @dataclass(slots=True)
@@ -24,6 +25,8 @@ class Choice:
     num_output_tokens: int = 0
     error: str | None = None
     stop_sequence: str = ""
+    timings: Timings | None = None  # the engine's stage times, with the finish
+    finished_at: float = 0.0  # time.monotonic() when the finish arrived here
 
     def add(self, out: SeqOutput) -> None:
         if out.text:
@@ -38,6 +41,8 @@ class Choice:
             self.num_output_tokens = out.num_output_tokens
             self.error = out.error
             self.stop_sequence = out.stop_sequence
+            self.timings = out.timings
+            self.finished_at = time.monotonic()
 
 
 @dataclass(slots=True)
