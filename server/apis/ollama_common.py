@@ -72,8 +72,8 @@ _PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 def parse_keep_alive(value: Any) -> float | None:
     """Seconds to keep the model loaded once idle (inf: for ever); None if not given.
-    As Ollama reads it: a number is seconds; a string is a Go duration; negative: for
-    ever."""
+    As Ollama reads it: a number is seconds; a string is a Go duration (or whole
+    seconds); negative: for ever."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -91,8 +91,10 @@ def parse_keep_alive(value: Any) -> float | None:
 def _go_duration(text: str) -> float:
     sign = -1.0 if text.startswith("-") else 1.0
     body = text.lstrip("+-")
-    if body == "0":
-        return 0.0
+    try:  # bare seconds, as Ollama's OLLAMA_KEEP_ALIVE takes them ("-1", "300")
+        return sign * float(int(body))
+    except ValueError:
+        pass
     total, at = 0.0, 0
     for match in _PART.finditer(body):
         if match.start() != at:
