@@ -36,7 +36,7 @@ from server.config import (
     lora_source,
 )
 from server.deps import EngineLike, require_api_key
-from server.lifecycle import Lifecycle
+from server.drain import Lifecycle
 from server.loading import ModelLoader
 from server.metrics import make_registry
 from server.metrics import router as metrics_router
