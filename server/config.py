@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import typing
 from collections.abc import Mapping
 from dataclasses import field
 from typing import Annotated, Any
@@ -151,9 +152,24 @@ def section(label: str, default: Any, values: Mapping[str, Any]) -> Any:
         return dataclasses.replace(default, **values)
     except ValidationError as exc:  # a server section's field constraints
         error = exc.errors()[0]
-        raise ConfigError(f"{label}.{error['loc'][0]}: {error['msg']}") from None
+        key = str(error["loc"][0])
+        raise ConfigError(f"{label}.{key}: {_rule(error, type(default), key)}") from None
     except ValueError as exc:  # the engine's and the cache's "<key>: <rule>"
         raise ConfigError(f"{label}.{exc}") from None
+
+
+def _rule(error: Any, cls: type, key: str) -> str:
+    """A field constraint's error in the words of the engine's and the cache's checks."""
+    bound = error.get("ctx", {})
+    if error["type"] == "greater_than_equal":
+        return "must not be negative" if bound["ge"] == 0 else f"must be at least {bound['ge']}"
+    if error["type"] == "greater_than":
+        return f"must be above {bound['gt']}"
+    if error["type"] == "less_than_equal":
+        return f"must be at most {bound['le']}"
+    if error["type"] == "literal_error":
+        return "one of " + ", ".join(typing.get_args(typing.get_type_hints(cls)[key]))
+    return str(error["msg"])
 
 
 def load_settings(
