@@ -52,7 +52,7 @@ Count = Annotated[int, Field(ge=0)]
 @dataclass(frozen=True)
 class ServerSection:
     host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65535)] = 8080
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080  # 0 (tests): a free port
     cors_origins: tuple[str, ...] = ()  # empty: CORS off
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     shutdown_grace_s: NotNegative = 30.0  # SIGTERM: in-flight requests get this long to finish
@@ -249,6 +249,8 @@ def _model(
 
 def _validate(s: Settings, labels: list[str]) -> None:
     """What no one section can check on its own."""
+    if s.server.port == 0:  # a free port is for tests that build ServerSection themselves
+        raise ConfigError("server.port: must be at least 1")
     for key in ("level", "llama_level"):
         if getattr(s.logging, key).lower() not in LOG_LEVELS:
             raise ConfigError(f"logging.{key}: one of {', '.join(LOG_LEVELS)}")
