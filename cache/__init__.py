@@ -6,6 +6,7 @@ the engine decides what to save and how to restore it.
 """
 
 from cache.keys import model_fingerprint, namespace
+from cache.redis_tier import redis_client
 from cache.store import PrefixCache
 from cache.types import CacheConfig, CacheHit, CacheStats, TierStats
 
@@ -17,4 +18,5 @@ __all__ = [
     "TierStats",
     "model_fingerprint",
     "namespace",
+    "redis_client",
 ]

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Collection, Iterator
 
-from cache import record
+import cache.record as record
 from cache.keys import entry_key, seed
 from cache.policy import UsagePolicy
 from cache.types import Entry, EntryInfo, TierStats

@@ -31,12 +31,25 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cache import record
+import cache.record as record
 from cache.types import Entry
 
 KEY_PREFIX = "kvserve"
 MAX_POINTERS = 4  # entries tried, deepest boundary first, when newer ones have expired
 ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)  # store down or slow
+
+
+def redis_client(url: str, timeout_s: float) -> redis.Redis:
+    """A client for the store every replica shares: each call bounded by `timeout_s`,
+    never retried (a down store costs one timeout, not several). The responses store
+    (server/apis/responses_shared.py) uses the same."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        health_check_interval=0,
+    )
 
 
 class RedisTier:
@@ -47,13 +60,7 @@ class RedisTier:
     name = "shared"
 
     def __init__(self, url: str, namespace: str, timeout_s: float, ttl_s: float) -> None:
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),  # a down store costs one timeout, not several
-            health_check_interval=0,
-        )
+        self._client = redis_client(url, timeout_s)
         self._namespace = namespace
         self._prefix = f"{KEY_PREFIX}:{namespace}:"
         self._ttl_ms = int(ttl_s * 1000)

@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from cache import record
+import cache.record as record
 from cache.purges import PurgeLog
+from cache.redis_tier import ERRORS, RedisTier
 from cache.types import Entry, TierStats
 from cache.writer import Writer
 
@@ -268,7 +269,5 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], start: int) -> int:
 
 def connect(url: str, namespace: str, block_tokens: int, **limits: float) -> SharedTier:
     """The shared tier on the store `url` names (redis:// or rediss://, unix://)."""
-    from cache.redis_tier import ERRORS, RedisTier
-
     store = RedisTier(url, namespace, limits["timeout_s"], limits["ttl_s"])
     return SharedTier(store, ERRORS, block_tokens, limits["retry_s"], int(limits["max_pending"]))

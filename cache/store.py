@@ -67,8 +67,8 @@ class PrefixCache:
         self._index = BlockIndex(config.block_tokens)
         self._ram = RamTier(config.ram_bytes)
         self._disk = (
-            DiskTier(config.disk_dir, namespace, config.disk_bytes)
-            if config.enabled and config.disk_dir
+            DiskTier(config.disk_path, namespace, config.disk_bytes)
+            if config.enabled and config.disk_path
             else None
         )
         self._shared: SharedTier | None = (

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Protocol
+
+AUTO_DISK_DIR = "auto"  # disk_dir: the user's cache directory (default_cache_dir())
+SHARED_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def default_cache_dir() -> str:
+    """Where the disk tier lives for disk_dir = "auto": the user's cache directory (XDG),
+    so a plain restart is warm. The Docker image sets /var/cache/kvserve instead."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kvserve")
 
 
 @dataclass(frozen=True)
@@ -15,7 +26,7 @@ class CacheConfig:
     enabled: bool = True
     block_tokens: int = 64  # key granularity
     ram_bytes: int = 1 << 30  # RAM tier budget
-    disk_dir: str = ""  # "" = no disk tier
+    disk_dir: str = ""  # "" = no disk tier; "auto": default_cache_dir()
     disk_bytes: int = 8 << 30  # disk tier budget
     writer_queue: int = 4  # pending saves; a full queue drops the save (counted)
     min_tokens: int = 64  # don't store shorter prefixes (== one block by default)
@@ -25,11 +36,18 @@ class CacheConfig:
     shared_ttl_s: float = 86400.0  # shared entries expire (the store also evicts, LRU)
 
     def __post_init__(self) -> None:
-        # The one check of these ranges: the server's config validation builds a
-        # CacheConfig and reports this error against its `cache.` key (issue 17).
+        # The one check of these values: CacheConfig is the server's [cache] section,
+        # which reports this error against its `cache.` key (issue 17).
         for name, (ok, rule) in _RANGES.items():
             if not ok(getattr(self, name)):
                 raise ValueError(f"{name}: {rule}, got {getattr(self, name)!r}")
+        if self.shared_url and not self.shared_url.startswith(SHARED_SCHEMES):
+            raise ValueError(f"shared_url: must start with {', '.join(SHARED_SCHEMES)}")
+
+    @property
+    def disk_path(self) -> str:
+        """The disk tier's directory, "auto" resolved; "" when the tier is off."""
+        return default_cache_dir() if self.disk_dir == AUTO_DISK_DIR else self.disk_dir
 
 
 # field -> (test, what it needs)

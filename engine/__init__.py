@@ -1,5 +1,6 @@
 """The batched llama.cpp engine: one thread owns the context; asyncio talks to it."""
 
+from cache import redis_client  # the server's stored responses share the cache's store
 from engine.engine import CacheConfig, Engine, EngineConfig, EngineState, Generation
 from engine.llama import KV_TYPES, gpu_offload_supported
 from engine.types import (
@@ -33,4 +34,5 @@ __all__ = [
     "SamplingParams",
     "SeqOutput",
     "gpu_offload_supported",
+    "redis_client",
 ]

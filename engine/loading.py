@@ -11,59 +11,44 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from cache import CacheConfig, PrefixCache, model_fingerprint, namespace
 from engine.embedder import Embedder
 from engine.llama import Context, ContextParams, Model
 from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sessions import SessionLimits
+from engine.settings import EngineSettings
 from engine.stats import StepCounters
-from engine.types import LoraAdapter, ModelInfo, TimeLimits
+from engine.types import LoraAdapter, ModelInfo
 from engine.worker import Deliver, Worker
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
+class EngineConfig(EngineSettings):
+    """One model's engine: its settings (the `[engine]` keys, engine/settings.py) and
+    what its load needs."""
+
     model_path: str
     model_id: str
-    n_ctx: int = 4096  # context of one sequence (prompt + output), in tokens
-    n_seq_max: int = 8  # slots: sequences decoded together
-    kv_unified: bool = False  # True: one pool of n_ctx cells shared by all slots
-    n_batch: int = 512  # token budget of one step
-    prefill_chunk: int = 256  # most prompt tokens of one sequence per step
-    n_threads: int = 0  # 0: every core
-    max_queue: int = 64  # sequences that may wait for a slot; more get 429
-    embeddings: bool = True
-    embed_n_ctx: int = 4096  # longest embedding input, in tokens
-    embed_chunk: int = 256  # embedding tokens computed per engine step
-    # True: reuse only KV that reproduces the cold output exactly, at the price of up to
-    # 64 prompt tokens computed again (2 with flash_attn off) and decoded tokens never
-    # reused (scheduler.exact_min_rows).
-    exact_reuse: bool = False
-    speculative: bool = False  # prompt-lookup drafts verified in the step (engine/speculation.py)
-    flash_attn: bool = True
-    type_k: str = "f16"  # KV cache element types (engine.llama.KV_TYPES)
-    type_v: str = "f16"
-    n_ubatch: int = 0  # 0: n_batch
-    n_gpu_layers: int = 0  # needs a GPU build of llama-cpp-python
-    extra_bufts: bool | None = None  # repacked weight buffers; None: unless the CPU has AMX
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
     sessions: SessionLimits = SessionLimits()
-    limits: TimeLimits = TimeLimits()
     # Called first on the engine thread when set: fetches the model (a hub download,
     # reporting its progress 0..1) and returns its local path, used instead of model_path.
     fetch: Callable[[Callable[[float], None]], str] | None = None
     loras: tuple[LoraAdapter, ...] = ()  # loaded with the model; requests pick among them
 
-    @property
-    def threads(self) -> int:
-        return self.n_threads or os.cpu_count() or 1
+    @classmethod
+    def of(
+        cls, settings: EngineSettings, model_path: str, model_id: str, **rest: Any
+    ) -> EngineConfig:
+        """`settings` for the model at `model_path` (`rest`: cache, sessions, fetch, loras)."""
+        tunables = {f.name: getattr(settings, f.name) for f in dataclasses.fields(EngineSettings)}
+        return cls(model_path=model_path, model_id=model_id, **tunables, **rest)
 
 
 class LoadReport(Protocol):
@@ -105,7 +90,7 @@ def load(
             cfg.model_path,
             on_progress=progress,
             n_gpu_layers=cfg.n_gpu_layers,
-            extra_bufts=cfg.extra_bufts,
+            extra_bufts=cfg.use_extra_bufts,
         )
         undo.callback(model.close)  # called last: the contexts go first
         total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max

@@ -58,6 +58,13 @@ class SessionLimits:
     max_sessions: int = 1024  # in all (per pool)
     max_sessions_per_key: int = 256  # per key (and pool); past either, an idle one retires
 
+    def __post_init__(self) -> None:  # the server's [sessions] section: "<key>: <rule>"
+        if not 0 < self.default_ttl_s <= self.max_ttl_s:
+            raise ValueError("default_ttl_s: must be above 0 and at most max_ttl_s")
+        for key in ("max_sessions", "max_sessions_per_key"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}: must be at least 1")
+
 
 def check_session_id(session_id: str, param: str = "session_id") -> str:
     if not SESSION_ID.fullmatch(session_id):

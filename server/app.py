@@ -16,13 +16,12 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from engine.engine import Engine, EngineConfig, EngineState, SessionLimits
+from engine.engine import Engine, EngineConfig, EngineState
 from engine.types import (
     EngineNotReadyError,
     LoraAdapter,
     SessionBusyError,
     SessionNotFoundError,
-    TimeLimits,
 )
 from server import errors, hub
 from server.apis.responses_shared import RedisResponses
@@ -36,7 +35,7 @@ from server.config import (
     lora_source,
 )
 from server.deps import EngineLike, require_api_key
-from server.lifecycle import Lifecycle
+from server.drain import Lifecycle
 from server.loading import ModelLoader
 from server.metrics import make_registry
 from server.metrics import router as metrics_router
@@ -63,48 +62,21 @@ log = logging.getLogger("kvserve.server")
 def engine_config(
     model: ModelSection, settings: Settings | None = None, label: str = "model"
 ) -> EngineConfig:
-    e = model.engine
+    """The engine of `model`: its settings as configured, the cache and session limits
+    of the process, and how to fetch it (and its adapters) from a hub."""
     settings = settings or Settings()
     fetch = None
     if model.hf_repo:
         fetch = functools.partial(hub.fetch, hub_source(label, model, settings.hub))
-    c, sessions = settings.cache, settings.sessions
-    cache = None
-    if c.enabled and not c.disk_path:
+    cache = settings.cache
+    if cache.enabled and not cache.disk_path:
         log.info("cache: disk tier off (cache.disk_dir is empty): a restart starts cold")
-    if c.enabled:
-        cache = c.cache_config()
-    return EngineConfig(
-        model_path=model.model_path,
-        model_id=model.id,
-        n_ctx=e.n_ctx,
-        n_seq_max=e.n_seq_max,
-        kv_unified=e.kv_unified,
-        n_batch=e.n_batch,
-        prefill_chunk=e.prefill_chunk,
-        n_threads=e.n_threads,
-        max_queue=e.max_queue,
-        embeddings=e.embeddings,
-        embed_n_ctx=e.embed_n_ctx,
-        embed_chunk=e.embed_chunk,
-        exact_reuse=e.exact_reuse,
-        limits=TimeLimits(
-            e.prefill_timeout_s, e.token_timeout_s, e.total_timeout_s, e.decode_timeout_s
-        ),
-        speculative=e.speculative,
-        flash_attn=e.flash_attn,
-        type_k=e.type_k,
-        type_v=e.type_v,
-        n_ubatch=e.n_ubatch,
-        n_gpu_layers=e.n_gpu_layers,
-        extra_bufts=None if e.extra_bufts == "auto" else e.extra_bufts == "on",
-        cache=cache,
-        sessions=SessionLimits(
-            sessions.default_ttl_s,
-            sessions.max_ttl_s,
-            sessions.max_sessions,
-            sessions.max_sessions_per_key,
-        ),
+    return EngineConfig.of(
+        model.engine,
+        model.model_path,
+        model.id,
+        cache=cache if cache.enabled else None,
+        sessions=settings.sessions,
         fetch=fetch,
         loras=tuple(
             _adapter(f"{label}.loras[{j}]", a, settings) for j, a in enumerate(model.loras)

@@ -17,6 +17,8 @@ class ConfigError(ValueError):
 def coerce(key: str, value: Any, annotation: Any, *, from_text: bool) -> Any:
     """`value` as `annotation` (bool, int, float, str, tuple[str, ...]), or ConfigError.
 
+    The type only: ranges and choices are checked where each section declares them.
+
     `from_text`: the value is environment text ("8", "true", "a,b"), not a TOML value."""
     if annotation is bool:
         return _bool(key, value, from_text)
@@ -24,8 +26,8 @@ def coerce(key: str, value: Any, annotation: Any, *, from_text: bool) -> Any:
         return _int(key, value, from_text)
     if annotation is float:
         return _float(key, value, from_text)
-    if annotation is str:
-        if isinstance(value, str):
+    if annotation is str or typing.get_origin(annotation) is typing.Literal:
+        if isinstance(value, str):  # a Literal's values: checked by its section
             return value
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     if typing.get_origin(annotation) is tuple:

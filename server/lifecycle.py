@@ -27,44 +27,16 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from server.app import create_app
 from server.connections import AcceptErrorLog, connection_limit, protocol_class
+from server.drain import ABORT_WAIT_S, Lifecycle
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from server.access import AccessRecord
     from server.config import Settings
 
 log = logging.getLogger("kvserve.server")
-
-# After the grace, aborted requests get this long to send their last bytes.
-ABORT_WAIT_S = 5.0
-
-
-class Lifecycle:
-    """The app's shutdown state: whether it drains, and the requests in flight."""
-
-    def __init__(self) -> None:
-        self.draining = False
-        self.inflight: set[AccessRecord] = set()
-
-    async def drain(self, grace_s: float) -> None:
-        """Refuse new requests, wait up to `grace_s` for in-flight ones, abort the rest."""
-        self.draining = True
-        loop = asyncio.get_running_loop()
-        log.info("draining: %d request(s) in flight, grace %.1fs", len(self.inflight), grace_s)
-        if await self._wait_idle(loop.time() + grace_s):
-            return
-        log.warning("shutdown grace over: cancelling %d request(s)", len(self.inflight))
-        for record in list(self.inflight):
-            record.cancel()
-        await self._wait_idle(loop.time() + ABORT_WAIT_S)
-
-    async def _wait_idle(self, deadline: float) -> bool:
-        loop = asyncio.get_running_loop()
-        while self.inflight and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        return not self.inflight
 
 
 class GracefulServer(uvicorn.Server):
@@ -109,8 +81,6 @@ class GracefulServer(uvicorn.Server):
 
 def serve(settings: Settings) -> int:
     """Run kvserve until a signal stops it; the exit status."""
-    from server.app import create_app
-
     app = create_app(settings)
     config = uvicorn_config(app, settings)
     GracefulServer(config, app.state.lifecycle, settings.server.shutdown_grace_s).run()

@@ -11,7 +11,7 @@ from server.access import AccessRecord, activate, deactivate, request_id_from
 from server.errors import PayloadTooLarge, RequestTimeout, ServiceUnavailable
 
 if TYPE_CHECKING:
-    from server.lifecycle import Lifecycle
+    from server.drain import Lifecycle
     from server.metrics import ServerMetrics
 
 

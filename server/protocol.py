@@ -2,14 +2,14 @@
 (they sit on the per-token path, where pydantic serialisation would cost throughput).
 
 Unknown fields are accepted and logged (clients send vendor extras all the time).
-Fields OpenAI defines that kvserve does not implement are refused by `refuse_unsupported`
-with a 400 that names them, never silently ignored.
+Fields OpenAI defines that kvserve does not implement are refused by `refuse_unsupported`,
+run as the request is parsed, with a 400 that names them, never silently ignored.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -67,6 +67,17 @@ class _Open(BaseModel):
         if _has_lone_surrogate(value):
             raise ValueError("text must be valid Unicode (it contains a lone surrogate)")
         return value
+
+    @model_validator(mode="after")
+    def _request_rules(self) -> Self:
+        """The rules no field constraint states (unsupported fields, fields that go
+        together), checked once, as the request is parsed. They raise the APIError that
+        names the field, which pydantic passes through unchanged to the error handlers."""
+        self.refuse_unsupported()
+        return self
+
+    def refuse_unsupported(self) -> None:
+        """This model's own rules (see `_request_rules`); none by default."""
 
     def log_unknown(self, where: str) -> None:
         if self.model_extra:

@@ -10,7 +10,7 @@ from chat.template import ChatTemplate, TemplateError
 from server.errors import ServerError
 
 if TYPE_CHECKING:
-    from server.deps import EngineLike
+    from server.engine_like import EngineLike
 
 
 @dataclass(eq=False)

@@ -51,7 +51,6 @@ async def serve_chat(
     body: ChatCompletionRequest, request: Request, response: Response, caller: Caller
 ) -> Any:
     body.log_unknown("chat.completions")
-    body.refuse_unsupported()
     served = resolve_model(request, body.model)
     engine = served.engine
     check_n(body.n, engine.info.n_seq_max)

@@ -60,7 +60,6 @@ def completion_logprobs(
 
 async def serve_completion(body: CompletionRequest, request: Request, caller: Caller) -> Any:
     body.log_unknown("completions")
-    body.refuse_unsupported()
     engine = resolve_engine(request, body.model)
     info = engine.info
     check_n(body.n, info.n_seq_max)

@@ -40,7 +40,6 @@ def _id(prefix: str) -> str:
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, Any]:
     """The prompt's length, rendered exactly as /v1/messages would render it."""
     body.log_unknown("messages.count_tokens")
-    body.refuse_unsupported()
     served = resolve_model(request, body.model)
     try:
         plan = make_plan(served.template, chat_messages(body), message_options(body))
@@ -52,7 +51,6 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
 
 async def serve_messages(body: MessagesRequest, request: Request, caller: Caller) -> Any:
     body.log_unknown("messages")
-    body.refuse_unsupported()
     served = resolve_model(request, body.model)
     engine = served.engine
     sampling = SamplingExtras.model_validate({

@@ -59,7 +59,6 @@ def _sampling(body: ResponsesRequest, session_id: str | None) -> SamplingExtras:
 
 async def serve_response(body: ResponsesRequest, request: Request, caller: Caller) -> Any:
     body.log_unknown("responses")
-    body.refuse_unsupported()
     store = response_store(request)
     previous = None
     if body.previous_response_id is not None:

@@ -25,9 +25,8 @@ from collections.abc import Callable
 from typing import TypeVar, cast
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from engine import redis_client
 from server.apis.responses_store import SharedUnavailable, Stored
 
 log = logging.getLogger("kvserve.server")
@@ -40,13 +39,7 @@ class RedisResponses:
     def __init__(
         self, url: str, *, max_per_key: int, ttl_s: float, timeout_s: float, retry_s: float
     ) -> None:
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),  # a down store costs one timeout, not several
-            health_check_interval=0,
-        )
+        self._client = redis_client(url, timeout_s)
         self.max_per_key = max_per_key
         self._ttl_ms = int(ttl_s * 1000)
         self._retry_s = retry_s

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from chat.template import TemplateError
 from engine.types import GenerateRequest
 from server.deps import Caller, CallerDep, registry, resolve_model
-from server.errors import BadRequest, from_engine_error
+from server.errors import BadRequest, generation_failure
 from server.protocol import _Open
 from server.registry import ServedModel
 from server.serving.drive import tokenize
@@ -134,15 +134,12 @@ async def warm_cache(body: CacheWarmRequest, request: Request, caller: CallerDep
         cache_salt=caller.salt(body.cache_salt),
     )
     last = None
-    try:
-        generation = await engine.generate([job])
-        async with generation:
-            async for _, output in generation:
-                if output.error is not None:
-                    raise RuntimeError(output.error)
-                last = output
-    except Exception as exc:
-        raise from_engine_error(exc) from exc
+    generation = await engine.generate([job])  # an EngineError: its handler (server/errors.py)
+    async with generation:
+        async for _, output in generation:
+            if output.error is not None:
+                raise generation_failure(output.error)
+            last = output
     return {
         "object": "cache.warm",
         "model": engine.info.model_id,

@@ -16,7 +16,6 @@ from pydantic import Field
 from engine.sessions import Session
 from engine.types import SessionNotFoundError
 from server.deps import CallerDep, registry, resolve_model
-from server.errors import from_engine_error
 from server.protocol import _Open
 from server.registry import ServedModel
 
@@ -58,7 +57,7 @@ def _find(request: Request, tenant: str, session_id: str) -> tuple[ServedModel, 
             return served, served.engine.get_session(tenant, session_id)
         except SessionNotFoundError:
             continue
-    raise from_engine_error(SessionNotFoundError(session_id))
+    raise SessionNotFoundError(session_id)
 
 
 @router.post("/v1/sessions")
@@ -69,10 +68,7 @@ async def create_session(
     body = body or SessionCreate()
     name = body.model or registry(request).default.id
     served = resolve_model(request, name, require_ready=False)  # a session needs no engine
-    try:
-        session = served.engine.create_session(caller.tenant, body.id, body.ttl_s)
-    except Exception as exc:
-        raise from_engine_error(exc) from exc
+    session = served.engine.create_session(caller.tenant, body.id, body.ttl_s)
     return session_object(served, session)
 
 
@@ -105,8 +101,6 @@ async def fork_session(
     try:
         await request.app.state.loader.ensure_loaded(served)
         session = await served.engine.fork_session(caller.tenant, session_id, body.id, body.ttl_s)
-    except Exception as exc:
-        raise from_engine_error(exc) from exc
     finally:
         served.in_flight -= 1
         served.last_used = time.monotonic()
@@ -117,8 +111,5 @@ async def fork_session(
 async def delete_session(session_id: str, request: Request, caller: CallerDep) -> dict[str, Any]:
     """End a session and release its slot."""
     served, _ = _find(request, caller.tenant, session_id)
-    try:
-        session = served.engine.delete_session(caller.tenant, session_id)
-    except Exception as exc:
-        raise from_engine_error(exc) from exc
+    session = served.engine.delete_session(caller.tenant, session_id)
     return {"id": session.id, "object": "session.deleted", "deleted": True}

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
+from engine import CacheConfig
+from engine.settings import EngineSettings
 from server.app import create_app
 from server.config import (
-    CacheSection,
-    EngineSection,
     LoadingSection,
     ModelSection,
     Settings,
@@ -22,7 +22,7 @@ from server.config import (
 pytestmark = pytest.mark.model
 
 # Exact reuse: a model reloaded warm must answer exactly as it did cold.
-ENGINE = EngineSection(n_ctx=512, n_seq_max=1, n_threads=2, embeddings=False, exact_reuse=True)
+ENGINE = EngineSettings(n_ctx=512, n_seq_max=1, n_threads=2, embeddings=False, exact_reuse=True)
 # One model: ~97 MB of weights + ~12 MB of KV at 512 cells. Two do not fit.
 BUDGET = 160 * 1024 * 1024
 LONG = "Tell me about the history of the city of Paris, its bridges and its river. " * 6
@@ -43,7 +43,7 @@ async def client(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]
     settings = Settings(
         models=models,
         loading=LoadingSection(memory_budget_bytes=BUDGET, wait_s=120),
-        cache=CacheSection(block_tokens=16, min_tokens=16),
+        cache=CacheConfig(disk_dir="auto", block_tokens=16, min_tokens=16),
     )
     app = create_app(settings)
     transport = httpx.ASGITransport(app=app)

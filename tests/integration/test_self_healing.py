@@ -65,7 +65,7 @@ async def test_a_dead_engine_thread_is_rebuilt_and_serves_again() -> None:
 
 async def test_time_limits_end_the_request_and_free_the_slot() -> None:
     engine = await start(n_seq_max=1, n_threads=1, embeddings=False,
-                         limits=TimeLimits(prefill_s=1e-6))  # fmt: skip
+                         prefill_timeout_s=1e-6)  # fmt: skip
     try:
         prompt = chat_prompt(engine, "Say hi.")
         _, reason, error = await outcome(engine, request(prompt, max_tokens=4))
@@ -83,7 +83,7 @@ async def test_time_limits_end_the_request_and_free_the_slot() -> None:
 
 async def test_a_decode_past_its_budget_is_interrupted_and_the_engine_carries_on() -> None:
     engine = await start(n_seq_max=1, n_threads=1, embeddings=False, exact_reuse=False,
-                         limits=TimeLimits(decode_s=0.05))  # fmt: skip
+                         decode_timeout_s=0.05)  # fmt: skip
     try:
         long = tuple(engine.tokenize("The quick brown fox jumps over the lazy dog. " * 45))
         _, reason, error = await outcome(engine, request(long, max_tokens=2))

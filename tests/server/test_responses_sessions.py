@@ -11,11 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
+from engine import CacheConfig
 from engine.sessions import SessionLimits
 from engine.types import SessionPool
 from server.apis.responses_store import ResponseStore, Stored
 from server.app import create_app
-from server.config import AuthSection, CacheSection, ResponsesSection, Settings
+from server.config import AuthSection, ResponsesSection, Settings
 from tests.fakes import FakeEngine
 from tests.redis_process import Redis, running_redis
 from tests.server.test_api import MODEL, assert_error
@@ -34,7 +35,7 @@ async def build() -> AsyncIterator[Build]:
     def make(engine: Any, *, max_stored: int = 1000, shared_url: str = "") -> httpx.AsyncClient:
         settings = Settings(
             responses=ResponsesSection(max_stored=max_stored),
-            cache=CacheSection(disk_dir="", shared_url=shared_url, shared_retry_s=0.2),
+            cache=CacheConfig(disk_dir="", shared_url=shared_url, shared_retry_s=0.2),
             auth=AuthSection(api_keys=("k1", "k2")),
         )
         app = create_app(settings, engine=engine)
