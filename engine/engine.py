@@ -22,11 +22,11 @@ from typing import cast
 import numpy as np
 
 from cache import CacheConfig, CacheHit, CacheStats, PrefixCache
+from engine.commands import Abort, Embed, Fork, ReleaseSession, Stop, Submit
 from engine.detokenizer import IncrementalDetokenizer
 from engine.embedder import EmbedJob
 from engine.llama import Context, Model, Sampler
 from engine.loading import EngineConfig, load, open_prefix_cache
-from engine.recovery import abandon
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence as Seq
 from engine.sessions import Session, SessionLimits, SessionRegistry, pin_key
@@ -46,7 +46,7 @@ from engine.types import (
 )
 from engine.validation import validate
 from engine.watchdog import Watchdog
-from engine.worker import Abort, Embed, Fork, ReleaseSession, Stop, Submit, Worker
+from engine.worker import Worker
 
 log = logging.getLogger("kvserve.engine")
 
@@ -221,7 +221,7 @@ class Engine:
         """A new context and scheduler (slots empty) on the same model, embedder, cache
         and counters, after every request of the old one failed at once naming `cause`."""
         try:
-            abandon(old, cause)
+            old.abandon(cause)
         except Exception:
             log.exception("failing the requests of the dead engine thread failed")
         old.ctx.close()
