@@ -13,6 +13,17 @@ from dataclasses import dataclass, field
 from cache import CacheStats  # re-exported: server/ reports it and may not import cache/
 
 
+class EngineState(enum.StrEnum):
+    """Where the engine stands; the server answers 503 unless READY."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    RECOVERING = "recovering"  # the engine thread died and is being rebuilt (503)
+    STOPPED = "stopped"
+    UNLOADED = "unloaded"  # model and context freed; the prefix cache and sessions kept
+
+
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOG token or a stop string
     LENGTH = "length"  # max_tokens or the context ran out

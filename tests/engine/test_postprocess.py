@@ -6,6 +6,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.postprocess import (
     SAVE_EVERY_TOKENS,
     SAVE_PROMPT_MIN_TOKENS,
+    Action,
     Emit,
     End,
     StepRules,
@@ -48,14 +49,14 @@ def rules(n_ctx_seq: int = 4096, saves: bool = True) -> StepRules:
     return StepRules(frozenset({EOG}), n_ctx_seq, saves)
 
 
-def prefill(seq: Sequence, token: int | None = None, r: StepRules | None = None) -> list[object]:
+def prefill(seq: Sequence, token: int | None = None, r: StepRules | None = None) -> list[Action]:
     """The whole prompt in one chunk; sampling `token` at its end unless None."""
     chunk = Chunk(seq, 0, seq.num_prompt_tokens, sample=token is not None)
     sampled = [Sampled(seq, token, None)] if token is not None else []
     return postprocess([chunk], StepResult(sampled, []), r or rules(), StepCounters()).actions
 
 
-def decode(seq: Sequence, token: int | None, r: StepRules | None = None) -> list[object]:
+def decode(seq: Sequence, token: int | None, r: StepRules | None = None) -> list[Action]:
     """One decode row: the pending (last sampled) token in, `token` sampled."""
     chunk = Chunk(seq, seq.num_computed, 1, sample=True)
     result = StepResult([Sampled(seq, token, None)], [])
