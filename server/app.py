@@ -16,11 +16,14 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from engine.engine import Engine, EngineConfig, EngineState, SessionLimits
-from engine.types import (
+from engine.client import (
+    Engine,
+    EngineConfig,
     EngineNotReadyError,
+    EngineState,
     LoraAdapter,
     SessionBusyError,
+    SessionLimits,
     SessionNotFoundError,
     TimeLimits,
 )

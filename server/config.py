@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine import KV_TYPES, CacheConfig, gpu_offload_supported
-from engine.scheduler import exact_min_chunk, exact_min_rows, least_prefill_chunk, least_step_tokens
+from engine.client import (
+    KV_TYPES,
+    CacheConfig,
+    exact_min_chunk,
+    exact_min_rows,
+    gpu_offload_supported,
+    least_prefill_chunk,
+    least_step_tokens,
+)
 from server.config_values import ConfigError, coerce
 from server.hub import HubError, HubSource
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from chat.callstream import Delta
 from chat.plan import OutputParser
-from engine.types import FinishReason, SeqOutput, TokenLogprob
+from engine.client import FinishReason, SeqOutput, TokenLogprob
 
 
 @dataclass(slots=True)
