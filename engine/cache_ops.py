@@ -23,7 +23,6 @@ class CacheOps:
     _tenant_hits: dict[str, dict[str, int]]
     _tenant_reused: dict[str, int]
 
-
     def open_cache(self) -> None:
         """Open the prefix cache now if it is not open yet: it exists whether or not the
         model is loaded (unloaded, failed, not loaded yet), so its stats, a tenant's view

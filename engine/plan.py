@@ -65,7 +65,6 @@ def exact_min_chunk(min_rows: int) -> int:
     return 2 * min_rows
 
 
-
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     num_slots: int
@@ -106,4 +105,3 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-

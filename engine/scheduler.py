@@ -282,4 +282,3 @@ class Scheduler:
         self.slots.check(self.config.num_slots, busy)
         assert all(s.status is SeqStatus.WAITING and s.slot is None for s in self.waiting)
         assert all(s.status is SeqStatus.RUNNING for s in self.running)
-

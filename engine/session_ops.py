@@ -27,7 +27,6 @@ class SessionOps:
 
         def _require_model(self) -> Model: ...
 
-
     def _expire_sessions(self) -> None:
         for session in self.sessions.expired():
             self._command(ReleaseSession(session.key))

@@ -36,9 +36,7 @@ class StepCounters:
     num_rebuilds: int = 0  # times the engine thread died and was rebuilt
     hits: dict[str, int] = field(default_factory=dict)  # (kind) cold / partial / exact / session
     hit_sources: dict[str, int] = field(default_factory=dict)  # none / slot / ram / disk
-    batch_size_counts: list[int] = field(
-        default_factory=lambda: [0] * (len(BATCH_SIZE_BOUNDS) + 1)
-    )
+    batch_size_counts: list[int] = field(default_factory=lambda: [0] * (len(BATCH_SIZE_BOUNDS) + 1))
     batch_size_sum: int = 0
 
 

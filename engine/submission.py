@@ -56,7 +56,6 @@ class Submitting:
         def session_slot(self, key: str | None) -> int | None: ...
         def _count_for_tenant(self, tenant: str, output: SeqOutput) -> None: ...
 
-
     async def generate(self, requests: Sequence[GenerateRequest]) -> Generation:
         """Validate and queue `requests` (the n choices of one API request).
 
@@ -182,7 +181,6 @@ class Submitting:
                 if generation.session is not None:
                     self.sessions.end(generation.session, output.num_kv_tokens)
             generation.put(index, output)
-
 
     async def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
         """Mean-pooled, unit-length embeddings of token lists."""

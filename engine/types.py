@@ -68,6 +68,9 @@ class SamplingParams:
     grammar_lazy: bool = False
     grammar_trigger_patterns: tuple[str, ...] = ()
     grammar_trigger_tokens: tuple[int, ...] = ()
+    # Words that trigger it, tokenized by the engine against its vocabulary: a word that
+    # is one (special) token triggers on that token, any other on its text.
+    grammar_trigger_words: tuple[str, ...] = ()
 
     @property
     def greedy(self) -> bool:

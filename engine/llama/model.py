@@ -123,9 +123,9 @@ class Model:
 
     def kv_bytes_per_cell(self) -> int:
         """Bytes of f16 K and V one KV cell takes over all layers (for memory budgets)."""
-        n_head = max(1, C.llama_model_n_head(self.handle))
+        n_head = max(1, int(C.llama_model_n_head(self.handle)))
         head_dim = self.n_embd // n_head
-        n_head_kv = C.llama_model_n_head_kv(self.handle)
+        n_head_kv = int(C.llama_model_n_head_kv(self.handle))
         return 2 * 2 * int(C.llama_model_n_layer(self.handle)) * n_head_kv * head_dim
 
     def n_params(self) -> int:

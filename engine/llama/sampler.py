@@ -7,7 +7,7 @@ import ctypes
 import llama_cpp as C
 import numpy as np
 
-from engine.grammar import LazyTrigger, check_gbnf
+from engine.grammar import LazyTrigger, check_gbnf, word_triggers
 from engine.llama.backend import CaptureErrors
 from engine.llama.context import Context
 from engine.llama.model import Model
@@ -58,7 +58,13 @@ class Sampler:
         if p.grammar is not None:
             check_gbnf(p.grammar)
             if p.grammar_lazy:
-                self._trigger = LazyTrigger(p.grammar_trigger_patterns, p.grammar_trigger_tokens)
+                patterns, tokens = word_triggers(
+                    p.grammar_trigger_words,
+                    lambda word: model.tokenize(word, add_special=False, parse_special=True),
+                )
+                self._trigger = LazyTrigger(
+                    (*p.grammar_trigger_patterns, *patterns), (*p.grammar_trigger_tokens, *tokens)
+                )
             with CaptureErrors() as errors:
                 grammar = C.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
             if not grammar:
