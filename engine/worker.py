@@ -4,7 +4,8 @@
         take commands (submit, abort, embed, stop)
         chunks = scheduler.schedule()      # policy
         sampled = runner.run(chunks)       # one llama_decode
-        postprocess(chunks, sampled)       # tokens -> text -> outputs
+        actions = postprocess(chunks, sampled)  # pure: outputs, ends, saves
+        run(actions)                            # KV, cache, outbox
 
 Outputs of one step leave in one `deliver` call, so the event loop is woken once per
 step rather than once per token.
