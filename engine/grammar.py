@@ -6,7 +6,7 @@ end-of-generation token the grammar does not allow, and may throw from `std::reg
 bad trigger pattern, or a deep recursion over a long output). Through ctypes any of
 these ends the process. So:
 
-- every accept is checked first (engine/llama.py `Sampler`), and a grammar that admits
+- every accept is checked first (engine/llama/sampler.py `Sampler`), and a grammar that admits
   nothing more ends the generation;
 - lazy triggers are matched here, in Python (`LazyTrigger`), never by llama.cpp: its
   grammar sampler is always a plain one that starts when the trigger fires, fed the
@@ -19,7 +19,7 @@ these ends the process. So:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 MAX_NESTING = 200  # parentheses; llama.cpp's parser recurses once per level
 MAX_REPEAT = 100_000  # sum of the bounds of all {m,n} repetitions (each expands to rules)
@@ -91,3 +91,20 @@ class LazyTrigger:
             text, self._buffer = self._buffer[start:], b""
             return text
         return None
+
+
+def word_triggers(
+    words: Sequence[str], tokenize: Callable[[str], list[int]]
+) -> tuple[list[str], list[int]]:
+    """Trigger words as (patterns, tokens): a word that `tokenize` (no BOS, special
+    tokens parsed) makes one token triggers on that token; any other word becomes a
+    pattern matching the output up to and including it (the grammar starts there)."""
+    patterns: list[str] = []
+    tokens: list[int] = []
+    for word in words:
+        ids = tokenize(word)
+        if len(ids) == 1:
+            tokens.append(ids[0])
+        else:
+            patterns.append(r"[\s\S]*?(" + re.escape(word) + r")[\s\S]*")
+    return patterns, tokens

@@ -1,11 +1,12 @@
 """Keeping requests bounded in time, and the engine thread's death survivable.
 
-- `enforce_limits`: each step, sequences past a per-request time limit end with an
-  error naming it (the server answers 504) and free their slots.
+- `overdue`: each step, sequences past a per-request time limit end with an error
+  naming it (the server answers 504) and free their slots.
 - `abandon`: the engine thread died (engine.py rebuilds a worker): every request in
   flight, queued or still in the command queue fails at once, naming the cause,
   without touching llama.cpp state (it may be what broke).
 
+Functions of plain state (no worker): the worker calls them and runs what they decide.
 The counters need no carrying over: the rebuilt worker counts into the same
 `StepCounters` (engine/stats.py).
 """
@@ -13,19 +14,20 @@ The counters need no carrying over: the rebuilt worker counts into the same
 from __future__ import annotations
 
 import queue
-import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
+from engine.commands import Command, Embed, Fork, Stop, Submit
+from engine.embedder import Embedder
 from engine.sequence import Sequence
-from engine.types import ENGINE_RESTARTED, FinishReason, SeqOutput, coded_error
+from engine.types import ENGINE_RESTARTED, FinishReason, SeqOutput, TimeLimits, coded_error
 
-if TYPE_CHECKING:
-    from engine.worker import Worker
+Output = tuple[object, SeqOutput]  # (the sequence's sink, what it receives)
 
-def enforce_limits(worker: Worker) -> None:
-    """End every sequence past one of its time limits (its slot is freed)."""
-    lim, now = worker.limits, time.monotonic()
-    for seq in list(worker.scheduler.running) + list(worker.scheduler.waiting):
+
+def overdue(seqs: Iterable[Sequence], limits: TimeLimits, now: float) -> list[tuple[Sequence, str]]:
+    """The sequences past one of their time limits, each with the error naming it."""
+    lim, late = limits, []
+    for seq in seqs:
         if lim.total_s and now - seq.arrival > lim.total_s:
             code, limit = "total_timeout", lim.total_s
         elif seq.t_first_token is None and lim.prefill_s and now - seq.arrival > lim.prefill_s:
@@ -34,41 +36,45 @@ def enforce_limits(worker: Worker) -> None:
             code, limit = "token_timeout", lim.token_s
         else:
             continue
-        worker.counters.num_timeouts += 1
         message = f"the request ran past its {code.split('_')[0]} time limit ({limit:g} s)"
-        worker._finish(seq, FinishReason.ERROR, "", error=coded_error(code, message))
+        late.append((seq, coded_error(code, message)))
+    return late
 
 
-def abandon(worker: Worker, cause: str) -> None:
+def abandon(
+    seqs: Iterable[Sequence],
+    commands: queue.SimpleQueue[Command],
+    embedder: Embedder | None,
+    cause: str,
+) -> tuple[list[Output], bool]:
     """The thread died (engine.py rebuilds it): fail every request at once, touching
-    no llama.cpp state (it may be what broke). Commands not taken yet fail too."""
-    from engine.worker import Embed, Fork, Stop, Submit  # the commands; worker imports us
-
+    no llama.cpp state (it may be what broke). Commands not taken yet fail too.
+    Returns the outputs to deliver, and whether a Stop was among the commands."""
     error = coded_error(ENGINE_RESTARTED, f"the engine failed and was restarted ({cause})")
-    for seq in list(worker.scheduler.running) + list(worker.scheduler.waiting):
-        abandon_seq(worker, seq, error)
+    outputs = [failed(seq, error) for seq in seqs]
+    stop = False
     while True:
         try:
-            command = worker.commands.get_nowait()
+            command = commands.get_nowait()
         except queue.Empty:
             break
         if isinstance(command, Submit):
-            for seq in command.seqs:
-                abandon_seq(worker, seq, error)
+            outputs += [failed(seq, error) for seq in command.seqs]
         elif isinstance(command, Embed):
             command.job.on_done(None, error)
         elif isinstance(command, Fork):
             command.on_done(0, error)
         elif isinstance(command, Stop):
-            worker._stopping = True
-    if worker.embedder is not None:
-        while worker.embedder.jobs:
-            worker.embedder.jobs.popleft().on_done(None, error)
-    out, worker._outbox = worker._outbox, []
-    worker.deliver(out)
+            stop = True
+    if embedder is not None:
+        while embedder.jobs:
+            embedder.jobs.popleft().on_done(None, error)
+    return outputs, stop
 
 
-def abandon_seq(worker: Worker, seq: Sequence, error: str) -> None:
+def failed(seq: Sequence, error: str) -> Output:
+    """The final output of a sequence failed without its bookkeeping (which may be
+    what is broken); its sampler is freed."""
     if seq.sampler is not None:
         seq.sampler.close()
     output = SeqOutput(
@@ -79,4 +85,4 @@ def abandon_seq(worker: Worker, seq: Sequence, error: str) -> None:
         num_output_tokens=seq.num_output_tokens,
         error=error,
     )
-    worker._outbox.append((seq.sink, output))
+    return seq.sink, output

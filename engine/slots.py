@@ -96,6 +96,33 @@ class SlotTable:
             self.pinned.pop(slot, None)
         return slot
 
+    def touch(self, session_id: str) -> None:
+        """The session is used now: the last one `reclaim` takes a slot from."""
+        self.pins.move_to_end(session_id)
+
+    def take(self, slot: int, session_id: str | None = None) -> bool:
+        """Give the free `slot` to a sequence (of `session_id`: pinned to it). Returns
+        whether the slot held a resident prefix (its cells are still there)."""
+        had_resident = self.resident.pop(slot, None) is not None
+        self.free.remove(slot)
+        if session_id is not None:
+            self.pin(session_id, slot)
+        return had_resident
+
+    def release(self, slot: int, resident: Resident | None = None) -> None:
+        """The slot's sequence left; `resident`: the prefix its KV still holds."""
+        self.free.append(slot)
+        if resident is not None:
+            self.resident[slot] = resident
+
+    def forget(self, slot: int) -> None:
+        """The free slot holds nothing reusable any more."""
+        self.resident.pop(slot, None)
+
+    def forget_all(self) -> None:
+        """No free slot holds anything reusable (the KV was cleared)."""
+        self.resident.clear()
+
     def unpinned_free(self) -> list[int]:
         return [slot for slot in self.free if slot not in self.pinned]
 

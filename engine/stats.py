@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cache import CacheStats
+from engine.types import EngineStats
+
 # Bucket bounds of the tokens-per-step histogram.
 BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
@@ -33,7 +36,49 @@ class StepCounters:
     num_rebuilds: int = 0  # times the engine thread died and was rebuilt
     hits: dict[str, int] = field(default_factory=dict)  # (kind) cold / partial / exact / session
     hit_sources: dict[str, int] = field(default_factory=dict)  # none / slot / ram / disk
-    batch_size_counts: list[int] = field(
-        default_factory=lambda: [0] * (len(BATCH_SIZE_BOUNDS) + 1)
-    )
+    batch_size_counts: list[int] = field(default_factory=lambda: [0] * (len(BATCH_SIZE_BOUNDS) + 1))
     batch_size_sum: int = 0
+
+
+def snapshot(
+    c: StepCounters,
+    *,
+    num_slots: int,
+    num_running: int,
+    num_waiting: int,
+    kv_cells_used: int,
+    num_sessions_pinned: int,
+    last_batch_size: int,
+    cache: CacheStats | None,
+) -> EngineStats:
+    """The counters with the engine's gauges, for another thread: reads plain ints and
+    copies of the dicts (a copy is one C call under the GIL; iterating a dict the engine
+    thread grows could fail mid-way)."""
+    hits, sources = c.hits.copy(), c.hit_sources.copy()
+    return EngineStats(
+        num_slots=num_slots,
+        num_running=num_running,
+        num_waiting=num_waiting,
+        kv_cells_used=kv_cells_used,
+        num_steps=c.num_steps,
+        num_prefill_tokens=c.num_prefill_tokens,
+        num_generated_tokens=c.num_generated_tokens,
+        num_preemptions=c.num_preemptions,
+        num_decode_failures=c.num_decode_failures,
+        last_batch_size=last_batch_size,
+        num_sessions_pinned=num_sessions_pinned,
+        num_reclaims=c.num_reclaims,
+        num_restore_failures=c.num_restore_failures,
+        num_reused_tokens=c.num_reused_tokens,
+        num_drafted_tokens=c.num_drafted_tokens,
+        num_accepted_tokens=c.num_accepted_tokens,
+        hits=tuple(sorted(hits.items())),
+        hit_sources=tuple(sorted(sources.items())),
+        cache=cache,
+        batch_size_bounds=BATCH_SIZE_BOUNDS,
+        batch_size_counts=tuple(c.batch_size_counts),
+        batch_size_sum=c.batch_size_sum,
+        num_decode_aborts=c.num_decode_aborts,
+        num_timeouts=c.num_timeouts,
+        num_rebuilds=c.num_rebuilds,
+    )

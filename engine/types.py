@@ -13,6 +13,17 @@ from dataclasses import dataclass, field
 from cache import CacheStats  # re-exported: server/ reports it and may not import cache/
 
 
+class EngineState(enum.StrEnum):
+    """Where the engine stands; the server answers 503 unless READY."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    RECOVERING = "recovering"  # the engine thread died and is being rebuilt (503)
+    STOPPED = "stopped"
+    UNLOADED = "unloaded"  # model and context freed; the prefix cache and sessions kept
+
+
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOG token or a stop string
     LENGTH = "length"  # max_tokens or the context ran out
@@ -57,6 +68,9 @@ class SamplingParams:
     grammar_lazy: bool = False
     grammar_trigger_patterns: tuple[str, ...] = ()
     grammar_trigger_tokens: tuple[int, ...] = ()
+    # Words that trigger it, tokenized by the engine against its vocabulary: a word that
+    # is one (special) token triggers on that token, any other on its text.
+    grammar_trigger_words: tuple[str, ...] = ()
 
     @property
     def greedy(self) -> bool:

@@ -18,10 +18,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.types import FinishReason, SeqOutput
+from engine.client import FinishReason, SeqOutput
 
 if TYPE_CHECKING:
-    from engine.engine import Generation
+    from engine.client import Generation
     from server.metrics import ServerMetrics
 
 access_log = logging.getLogger("kvserve.access")

@@ -16,9 +16,11 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from engine.engine import Engine, EngineConfig, EngineState
-from engine.types import (
+from engine.client import (
+    Engine,
+    EngineConfig,
     EngineNotReadyError,
+    EngineState,
     LoraAdapter,
     SessionBusyError,
     SessionNotFoundError,

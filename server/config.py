@@ -26,9 +26,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError
 from pydantic.dataclasses import dataclass
 
-from engine import CacheConfig
-from engine.sessions import SessionLimits
-from engine.settings import EngineSettings
+from engine.client import CacheConfig, EngineSettings, SessionLimits
 from server.config_models import (
     HubSection,
     LoraSection,

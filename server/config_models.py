@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from engine.settings import EngineSettings
+from engine.client import EngineSettings
 from server.config_values import ConfigError
 from server.hub import HubError, HubSource
 

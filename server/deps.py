@@ -11,10 +11,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from chat.template import ChatTemplate
-from engine.engine import EngineState
-from engine.types import salt_of_prefix
+from engine.client import EngineLike, EngineState, salt_of_prefix
 from server.access import current_record
-from server.engine_like import EngineLike  # re-exported: the routes name it here
 from server.errors import NotFound, ServerError, ServiceUnavailable, Unauthorized
 from server.registry import ModelRegistry, ServedModel
 

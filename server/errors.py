@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.types import (
+from engine.client import (
     TIME_LIMIT_CODES,
     EngineError,
     EngineNotReadyError,

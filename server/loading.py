@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from engine.engine import EngineState
+from engine.client import EngineState
 from server.errors import ServiceUnavailable
 
 if TYPE_CHECKING:

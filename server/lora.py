@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.types import ModelInfo
+from engine.client import ModelInfo
 from server.errors import BadRequest
 
 LoraScale = Annotated[float, Field(ge=-100.0, le=100.0)]

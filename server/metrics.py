@@ -28,7 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from engine.types import EngineStats
+from engine.client import EngineStats
 
 if TYPE_CHECKING:
     from server.registry import ModelRegistry

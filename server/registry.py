@@ -10,7 +10,7 @@ from chat.template import ChatTemplate, TemplateError
 from server.errors import ServerError
 
 if TYPE_CHECKING:
-    from server.engine_like import EngineLike
+    from engine.client import EngineLike
 
 
 @dataclass(eq=False)

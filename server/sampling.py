@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import replace
 
-from engine.types import GenerateRequest, ModelInfo, SamplingParams
+from engine.client import GenerateRequest, ModelInfo, SamplingParams
 from server.deps import Caller
 from server.errors import BadRequest
 from server.lora import lora_set

@@ -9,10 +9,9 @@ from typing import Any
 
 from fastapi import Request, Response
 
-from engine.engine import Generation
-from engine.types import TokenLogprob
+from engine.client import EngineLike, Generation, TokenLogprob
 from server.apis.chat_input import chat_messages, chat_options, message, stream_deltas
-from server.deps import Caller, EngineLike, resolve_model
+from server.deps import Caller, resolve_model
 from server.errors import APIError
 from server.protocol import ChatCompletionRequest
 from server.serving import sse

@@ -11,9 +11,8 @@ from typing import Any
 
 from fastapi import Request
 
-from engine.engine import Generation
-from engine.types import FinishReason, TokenLogprob
-from server.deps import Caller, EngineLike, resolve_engine
+from engine.client import EngineLike, FinishReason, Generation, TokenLogprob
+from server.deps import Caller, resolve_engine
 from server.errors import BadRequest
 from server.protocol import CompletionRequest
 from server.sampling import generate_requests

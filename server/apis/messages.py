@@ -18,8 +18,7 @@ from fastapi import Request
 from sse_starlette import ServerSentEvent
 
 from chat.callstream import Delta
-from engine.engine import Generation
-from engine.types import FinishReason
+from engine.client import FinishReason, Generation
 from server.apis.messages_input import chat_messages, chat_param, message_options
 from server.deps import Caller, resolve_model
 from server.errors import APIError, BadRequest

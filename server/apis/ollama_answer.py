@@ -20,8 +20,7 @@ from starlette.background import BackgroundTask
 
 from chat.callstream import Delta
 from chat.plan import OutputParser
-from engine.engine import Generation
-from engine.types import FinishReason
+from engine.client import FinishReason, Generation
 from server.errors import APIError, ServerError
 from server.serving.drive import (
     ClientDisconnected,

@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import ValidationError
 
-from engine.types import FinishReason
+from engine.client import FinishReason
 from server.access import current_record
 from server.deps import ready_engine, registry
 from server.errors import BadRequest, NotFound, Unsupported, generation_failure

@@ -130,7 +130,7 @@ async def serve_ollama_generate(
     limit = within_window(opts, len(prompt))
     requests = generate_requests(prompt, opts.sampling, engine.info, max_tokens=limit,
                                  logprobs=None, caller=caller,
-                                 overrides=grammar_fields(grammar, engine))  # fmt: skip
+                                 overrides=grammar_fields(grammar))  # fmt: skip
     generation = await engine.generate(requests)
     load_s = load_wait_s(request)
 

@@ -22,10 +22,11 @@ from typing import Any
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
-from engine.engine import Generation
-from engine.types import (
+from engine.client import (
+    EngineLike,
     FinishReason,
     GenerateRequest,
+    Generation,
     InvalidRequestError,
     SessionBusyError,
     SessionPool,
@@ -33,7 +34,7 @@ from engine.types import (
 from server.apis.responses_input import chat_param, input_messages, response_options
 from server.apis.responses_output import OutputBuilder, assistant_turn
 from server.apis.responses_store import ResponseStore, Stored
-from server.deps import Caller, EngineLike, resolve_model
+from server.deps import Caller, resolve_model
 from server.errors import APIError, BadRequest
 from server.protocol import SamplingExtras
 from server.protocol_responses import ResponsesRequest

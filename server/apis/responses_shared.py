@@ -26,7 +26,7 @@ from typing import TypeVar, cast
 
 import redis
 
-from engine import redis_client
+from engine.client import redis_client
 from server.apis.responses_store import SharedUnavailable, Stored
 
 log = logging.getLogger("kvserve.server")

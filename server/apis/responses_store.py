@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.types import SessionPool
+from engine.client import SessionPool
 from server.errors import NotFound, ServiceUnavailable
 
 log = logging.getLogger("kvserve.server")

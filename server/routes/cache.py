@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
 
 from chat.template import TemplateError
-from engine.types import GenerateRequest
+from engine.client import GenerateRequest
 from server.deps import Caller, CallerDep, registry, resolve_model
 from server.errors import BadRequest, generation_failure
 from server.protocol import _Open

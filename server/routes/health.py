@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from engine.engine import EngineState
+from engine.client import EngineState
 from server.deps import EngineLike
 
 router = APIRouter()

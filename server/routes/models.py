@@ -12,8 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from engine.engine import EngineState
-from engine.types import EngineRecoveringError
+from engine.client import EngineRecoveringError, EngineState
 from server.deps import registry, resolve_model
 from server.errors import APIError, from_engine_error
 from server.loading import ModelLoader

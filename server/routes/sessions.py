@@ -13,8 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request
 from pydantic import Field
 
-from engine.sessions import Session
-from engine.types import SessionNotFoundError
+from engine.client import Session, SessionNotFoundError
 from server.deps import CallerDep, registry, resolve_model
 from server.protocol import _Open
 from server.registry import ServedModel

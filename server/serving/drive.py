@@ -17,10 +17,8 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from engine.engine import Generation
-from engine.types import FinishReason, SeqOutput
+from engine.client import EngineLike, FinishReason, Generation, SeqOutput
 from server.access import current_record
-from server.deps import EngineLike
 from server.errors import APIError, BadRequest, generation_failure
 from server.serving.state import Choice, ChoiceState, Step
 

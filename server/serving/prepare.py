@@ -6,7 +6,6 @@ OpenAI-chat message dicts, `ChatOptions` and sampling fields, and comes through 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +13,7 @@ from chat.formats import GrammarSpec
 from chat.plan import ChatOptions, ChatPlan, plan_chat
 from chat.template import ChatTemplate, TemplateError
 from chat.tools import ChatInputError
-from engine.types import GenerateRequest
+from engine.client import GenerateRequest
 from server.deps import Caller, EngineLike
 from server.errors import BadRequest
 from server.protocol import SamplingExtras
@@ -92,27 +91,18 @@ async def prepare_chat(
         max_tokens=max_tokens,
         logprobs=logprobs,
         caller=caller,
-        overrides=grammar_fields(plan.grammar, engine),
+        overrides=grammar_fields(plan.grammar),
     )
     return Prepared(plan, prompt, requests, dropped)
 
 
-def grammar_fields(spec: GrammarSpec | None, engine: EngineLike) -> dict[str, object]:
-    """SamplingParams fields for a grammar. A trigger word that is one special token of
-    this vocabulary triggers on that token; any other word becomes a pattern."""
+def grammar_fields(spec: GrammarSpec | None) -> dict[str, object]:
+    """SamplingParams fields for a grammar (its trigger words are tokenized by the engine)."""
     if spec is None:
         return {}
-    patterns = list(spec.trigger_patterns)
-    tokens = []
-    for word in spec.trigger_words:
-        ids = engine.tokenize(word, add_special=False, parse_special=True)
-        if len(ids) == 1:
-            tokens.append(ids[0])
-        else:
-            patterns.append(r"[\s\S]*?(" + re.escape(word) + r")[\s\S]*")
     return {
         "grammar": spec.gbnf,
         "grammar_lazy": spec.lazy,
-        "grammar_trigger_patterns": tuple(patterns),
-        "grammar_trigger_tokens": tuple(tokens),
+        "grammar_trigger_patterns": tuple(spec.trigger_patterns),
+        "grammar_trigger_words": tuple(spec.trigger_words),
     }

@@ -8,7 +8,7 @@ from typing import Any
 
 from chat.callstream import Delta
 from chat.plan import OutputParser
-from engine.types import FinishReason, SeqOutput, Timings, TokenLogprob
+from engine.client import FinishReason, SeqOutput, Timings, TokenLogprob
 
 
 @dataclass(slots=True)

@@ -114,7 +114,7 @@ def chat_case(engine: Engine, rng: random.Random, root: Path) -> GenerateRequest
         messages.insert(0, {"role": "system", "content": "You are helpful."})
     plan = plan_chat(template, messages, opts)
     prompt = engine.tokenize(plan.prompt.text, add_special=plan.prompt.add_bos, parse_special=True)
-    return request(prompt, sampling(rng, **grammar_fields(plan.grammar, engine)), rng)
+    return request(prompt, sampling(rng, **grammar_fields(plan.grammar)), rng)
 
 
 def grammar_case(engine: Engine, rng: random.Random) -> GenerateRequest:
@@ -168,7 +168,7 @@ def issue_case(engine: Engine, root: Path, seed: int) -> GenerateRequest:
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     plan = plan_chat(template, messages, ChatOptions(tools=TOOLS[:1]))
     prompt = engine.tokenize(plan.prompt.text, add_special=False, parse_special=True)
-    params = SamplingParams(seed=seed, **grammar_fields(plan.grammar, engine))  # type: ignore[arg-type]
+    params = SamplingParams(seed=seed, **grammar_fields(plan.grammar))  # type: ignore[arg-type]
     return GenerateRequest(uuid.uuid4().hex, tuple(prompt), sampling=params, max_tokens=96)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-import engine.engine as engine_module
+import engine.submission as submission_module
 from cache import CacheConfig, CacheHit
 from engine.engine import Engine, EngineState
 from engine.llama import Context, Sampler
@@ -39,7 +39,7 @@ class Samplers:
                 super().__init__(*args, **kw)
                 made.append(self)
 
-        monkeypatch.setattr(engine_module, "Sampler", Tracked)
+        monkeypatch.setattr(submission_module, "Sampler", Tracked)
 
     @property
     def all_closed(self) -> bool:

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from cache import CacheConfig
+from engine.commands import Fork
 from engine.engine import Engine, Generation
 from engine.types import GenerateRequest, InvalidRequestError, SamplingParams, SessionBusyError
-from engine.worker import Fork
 from tests.integration.test_engine import start as start_engine
 
 pytestmark = pytest.mark.model

@@ -1,0 +1,143 @@
+"""Placement: which slot a newly admitted sequence gets, and the longest prefix of its
+prompt it can start from, in this order of cost: its own slot's resident tokens (a free
+slot, or its session's pinned slot), a copy of another slot's KV stream (busy or free),
+or a state restored from the prefix cache. Prefixes are only shared between requests
+with the same cache salt.
+
+Pure policy, no llama.cpp: it writes the slot table through its methods and appends the
+KV operations the worker must run (engine/slots.py). Engine thread only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.plan import SchedulerConfig, common_prefix
+from engine.sequence import Sequence
+from engine.slots import Copy, Drop, KvOp, Restore, SlotTable
+
+# Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
+# ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
+# a token: worth it only for a clearly longer prefix.
+COPY_MIN_TOKENS = 16
+
+
+def reusable(seq: Sequence, config: SchedulerConfig) -> list[int]:
+    """The tokens of `seq` whose KV another sequence may start from: in exact mode
+    only prompt positions of a prompt computed in full-size chunks."""
+    if not config.exact:
+        return seq.tokens[: seq.num_computed]
+    if seq.num_prompt_tokens < config.exact_min_rows:
+        return []
+    return seq.tokens[: min(seq.num_computed, seq.num_prompt_tokens)]
+
+
+@dataclass(slots=True)
+class _Prefix:
+    """Where a new sequence's reusable prefix comes from."""
+
+    slot: int
+    length: int = 0
+    copy_from: int | None = None
+    restore: bool = False
+
+
+class Placer:
+    def __init__(self, config: SchedulerConfig, slots: SlotTable):
+        self.config = config
+        self.slots = slots
+
+    def place(self, seq: Sequence, running: list[Sequence], ops: list[KvOp]) -> bool:
+        """Give `seq` a slot and the longest reusable prefix; False if no slot is free."""
+        slots = self.slots
+        session = seq.session_id if self.config.keeps_prefixes else None
+        own = session is not None and session in slots.pins
+        if own:
+            assert session is not None
+            slot = slots.pins[session]
+            if slot not in slots.free:
+                return False  # cannot happen: the scheduler defers it (`_session_slot_busy`)
+            slots.touch(session)
+            candidates = [slot]
+        else:
+            candidates = slots.unpinned_free()
+            if not candidates:
+                reclaimed = slots.reclaim(ops)
+                if reclaimed is None:
+                    return False
+                candidates = [reclaimed]
+        # Prompt log-probabilities need the logits of every prompt token: no reuse.
+        reuse = seq.request.prompt_logprobs is None
+        prefix = self._best_prefix(seq, candidates, running) if reuse else _Prefix(min(candidates))
+        slot = prefix.slot
+        # At least the last token is computed again: its logits are needed to sample.
+        # In exact mode, the last exact_min_rows prompt tokens (engine/plan.py); n > 1
+        # choices copying their leader only need the last one.
+        limit = len(seq.tokens) - 1
+        sibling = seq.leader is not None and prefix.copy_from == seq.leader.slot
+        if self.config.exact and not sibling:
+            limit = len(seq.tokens) - self.config.exact_min_rows
+        keep = max(0, min(prefix.length, limit))
+        had_resident = slots.take(slot, session)
+        if prefix.restore:
+            assert seq.cache_hit is not None
+            ops.extend((Drop(slot), Restore(seq, slot, seq.cache_hit, keep)))
+        elif prefix.copy_from is not None:
+            ops.extend((Copy(prefix.copy_from, slot, seq), Drop(slot, keep)))
+        elif had_resident or own:
+            ops.append(Drop(slot, keep))
+        if seq.num_output_tokens == 0:  # first admission (not a preempted sequence's)
+            seq.num_cached = seq.num_saved = keep
+            seq.hit_kind = _hit_kind(keep, prefix.length, seq.num_prompt_tokens, own)
+            tier = seq.cache_hit.tier if prefix.restore and seq.cache_hit else "slot"
+            seq.hit_source = "none" if keep == 0 else tier
+        seq.cache_hit = None  # the state bytes are no longer needed past this point
+        seq.slot = slot
+        seq.num_computed = keep
+        return True
+
+    def _best_prefix(
+        self, seq: Sequence, candidates: list[int], running: list[Sequence]
+    ) -> _Prefix:
+        """The candidate slot holding the longest prefix of `seq` (else the lowest: busy
+        slots then stay contiguous, see `Scheduler.schedule`), unless a clearly longer prefix can
+        be copied from another slot or restored from the cache."""
+        slots, salt, tokens = self.slots, seq.salt, seq.tokens
+        best = _Prefix(min(candidates))
+        for slot in candidates:
+            resident = slots.resident.get(slot)
+            if resident is not None and resident.salt == salt:
+                length = common_prefix(resident.tokens, tokens)
+                if length > best.length:
+                    best = _Prefix(slot, length)
+        if self.config.keeps_prefixes:
+            threshold = best.length + COPY_MIN_TOKENS - 1
+            config = self.config
+            sources = [
+                (s.slot, s.tokens[: s.num_computed] if s is seq.leader else reusable(s, config))
+                for s in running
+                if s.salt == salt
+            ]
+            sources += [
+                (slot, r.tokens)
+                for slot, r in slots.resident.items()
+                if slot not in candidates and r.salt == salt
+            ]
+            for source, held in sources:
+                length = common_prefix(held, tokens)
+                if length > threshold:
+                    best, threshold = _Prefix(best.slot, length, source), length
+        hit = seq.cache_hit
+        if hit is not None and hit.num_matched >= best.length + COPY_MIN_TOKENS:
+            best = _Prefix(best.slot, hit.num_matched, restore=True)
+        return best
+
+
+def _hit_kind(reused: int, found: int, num_prompt: int, own_session: bool) -> str:
+    """cold: nothing reused; session: its own pinned slot; exact: the whole prompt was
+    found (even if, for exactness, its tail is computed again); partial: a prefix."""
+    if reused == 0:
+        return "cold"
+    if own_session:
+        return "session"
+    return "exact" if found >= num_prompt - 1 else "partial"

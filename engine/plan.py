@@ -1,0 +1,107 @@
+"""The vocabulary of scheduling: what a step computes (`Chunk`), the KV work before it
+(`KvPlan`), the scheduler's settings, and the exact-reuse rules they must satisfy.
+
+Pure data and arithmetic; the server's config validation asks the same rules
+(through engine/client.py), so a configuration it accepts is one the engine can run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sequence import Sequence
+from engine.slots import KvOp
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """`length` pending tokens of `seq` starting at `start`; `sample` if they end the list.
+
+    A decoding sequence's chunk may carry `draft` tokens after its one pending token
+    (speculative decoding, see engine/speculation.py): `length` counts them too."""
+
+    seq: Sequence
+    start: int
+    length: int
+    sample: bool
+    draft: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class KvPlan:
+    """KV cache work to do, in order, before a step runs (see engine/slots.py)."""
+
+    ops: list[KvOp] = field(default_factory=list)
+
+
+# Exact reuse. llama.cpp computes a sequence's rows with other kernels when a step holds
+# few of them than when it holds many, so a position's KV and logits depend on the size
+# of the step that computed them. Measured on this build with bench/batch_invariance.py
+# (default model, a KV stream per slot, repacked weights, prompts of 512..4000 tokens,
+# a prompt's last k rows computed again vs the whole prompt in one step):
+# - flash attention on: every step of fewer than 64 rows of a sequence differs (max
+#   |dlogit| 0.31-0.60), 64+ rows are identical;
+# - flash attention off: steps of 2+ rows are identical, a one-row step differs (0.19-0.35);
+# - a token decoded one row per step (alone or beside 3 other sequences) has other KV
+#   than the same token prefilled: reusing 32 of them moved the next logits by 0.38-0.70
+#   (flash attention off).
+# So to make a warm start give exactly the cold output, prefill chunks of a prompt of
+# `min_rows`+ tokens are never smaller than `min_rows`, each runs alone in its decode
+# (engine/runner.py), only prompt positions (never decoded ones) are reused, and at
+# least the last `min_rows` prompt tokens are computed again.
+
+
+def exact_min_rows(flash_attn: bool) -> int:
+    """The fewest rows of one sequence a step must compute to give exactly the KV and
+    logits of one big step (see above): the one home of this rule."""
+    return 64 if flash_attn else 2
+
+
+def exact_min_chunk(min_rows: int) -> int:
+    """The least prefill room per step that exact mode needs: a prompt of
+    min_rows+1 .. 2*min_rows-1 pending tokens cannot be cut into two chunks of
+    `min_rows`+ rows, so it must fit whole. With less room such a prompt would wait for
+    ever (refused at construction instead)."""
+    return 2 * min_rows
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    num_slots: int
+    n_ctx: int  # KV cells in all
+    n_ctx_seq: int  # KV cells one sequence may use (n_ctx when the cache is unified)
+    step_tokens: int  # token budget of one llama_decode
+    prefill_chunk: int  # most prompt tokens of one sequence in one step
+    exact: bool = True  # reuse only what reproduces the cold output exactly (see above)
+    exact_min_rows: int = 64  # exact_min_rows(flash_attn) of the context
+    speculative: bool = False  # draft tokens by prompt lookup, unless a request says otherwise
+
+    @property
+    def keeps_prefixes(self) -> bool:
+        """Finished sequences leave their KV for reuse: with a stream per slot, or a
+        single slot (in a unified pool shared by several, resident cells would compete
+        with running sequences)."""
+        return self.n_ctx_seq < self.n_ctx or self.num_slots == 1
+
+
+# The least settings a scheduler works with; the server's config validation asks these
+# too, so a configuration it accepts is one the engine can run (issue 17).
+def least_step_tokens(num_slots: int, exact: bool, min_rows: int) -> int:
+    """A row per slot; in exact mode the oldest prefilling sequence shares the step with
+    at most num_slots - 1 decode rows and must still get exact_min_chunk(min_rows)."""
+    return exact_min_chunk(min_rows) + num_slots - 1 if exact else num_slots
+
+
+def least_prefill_chunk(exact: bool, min_rows: int) -> int:
+    return exact_min_chunk(min_rows) if exact else 1
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i + 256 <= n and a[i : i + 256] == b[i : i + 256]:  # whole blocks at C speed
+        i += 256
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,159 @@
+"""What one computed step means for its sequences: tokens in, actions out.
+
+`postprocess` applies a step's sampled tokens to the sequences (token lists, computed
+counts, text, stamps) and decides, without touching llama.cpp, the KV or the cache:
+which outputs to send, which sequences end and why (end-of-generation, a stop string,
+max_tokens or the context's size, a grammar that admits nothing more), which rejected
+draft tokens' KV to drop, and which long prefills to save along the way. The worker
+runs the returned actions in order, so the policy is testable without a model
+(tests/engine/test_postprocess.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from engine.runner import Sampled, StepResult
+from engine.scheduler import Chunk
+from engine.sequence import SeqStatus, Sequence
+from engine.slots import Drop, Save
+from engine.stats import BATCH_SIZE_BOUNDS, StepCounters
+from engine.types import FinishReason, SeqOutput, TokenLogprob
+
+# A long cold prefill is saved to the cache along the way, so that another prompt
+# sharing its head (or this one, after an abort or a restart) finds it warm.
+SAVE_EVERY_TOKENS = 1024
+SAVE_PROMPT_MIN_TOKENS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """Send `output` (more text of a running sequence)."""
+
+    seq: Sequence
+    output: SeqOutput
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The sequence ends: the worker frees its slot (keeping what may be reused) and
+    sends the final output with this text, these tokens and this reason."""
+
+    seq: Sequence
+    reason: FinishReason
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+Action = Emit | End | Drop | Save
+
+
+@dataclass(frozen=True, slots=True)
+class StepRules:
+    """What decides a sequence's end besides its request."""
+
+    eog_ids: Collection[int]  # end-of-generation tokens of the model
+    n_ctx_seq: int  # KV cells one sequence may use
+    saves: bool = True  # a prefix cache takes long prefills along the way
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    actions: list[Action] = field(default_factory=list)  # to run in this order
+    num_tokens: int = 0  # rows the step computed (the batch-size gauge)
+
+
+def postprocess(
+    chunks: list[Chunk], result: StepResult, rules: StepRules, counters: StepCounters
+) -> StepOutcome:
+    """Apply one computed step to its sequences; return what the worker must do."""
+    out = StepOutcome()
+    ended: set[int] = set()  # id() of sequences an action of this step ends
+    num_decode_rows = 0
+    for chunk in chunks:
+        out.num_tokens += chunk.length
+        num_decode_rows += chunk.length if chunk.seq.is_decoding else 0
+        # Draft rows count once accepted, token by token (below).
+        chunk.seq.num_computed += chunk.length - len(chunk.draft)
+        if chunk.seq.t_prompt_done is None and not chunk.seq.num_pending_prompt:
+            chunk.seq.t_prompt_done = time.monotonic()
+    counters.num_steps += 1
+    counters.batch_size_counts[bisect.bisect_left(BATCH_SIZE_BOUNDS, out.num_tokens)] += 1
+    counters.batch_size_sum += out.num_tokens
+    counters.num_prefill_tokens += out.num_tokens - num_decode_rows
+    for seq, logprobs in result.scored:
+        seq.prompt_logprobs.extend(logprobs)
+        seq.num_scored += len(logprobs)
+    for seq, drafted, accepted in result.drafts:
+        assert seq.drafter is not None and seq.slot is not None
+        if accepted < drafted:  # the rejected guesses' KV (num_computed: the pending token's)
+            out.actions.append(Drop(seq.slot, seq.num_computed + accepted))
+        seq.drafter.feedback(drafted, accepted)
+        counters.num_drafted_tokens += drafted
+        counters.num_accepted_tokens += accepted
+    for item in result.sampled:
+        if item.after_draft:
+            if id(item.seq) in ended:
+                continue  # it ended on an earlier token of this step (stop, EOG, length)
+            item.seq.num_computed += 1
+        action = append_token(item, rules, counters)
+        if isinstance(action, End):
+            ended.add(id(item.seq))
+        out.actions.append(action)
+    for chunk in chunks:
+        seq = chunk.seq
+        if id(seq) in ended or seq.status is not SeqStatus.RUNNING:
+            continue
+        if seq.num_pending == 0:
+            ended.add(id(seq))
+            out.actions.append(End(seq, FinishReason.LENGTH, ""))  # max_tokens 0: scored
+        elif not chunk.sample or seq.num_output_tokens == 1:
+            save = save_long_prefill(seq, rules)
+            if save is not None:
+                out.actions.append(save)
+    return out
+
+
+def append_token(item: Sampled, rules: StepRules, counters: StepCounters) -> Emit | End:
+    """Add one sampled token to its sequence: more text, or the sequence's end."""
+    seq, token = item.seq, item.token
+    if token is None:  # the grammar is complete (or admits nothing): it ends here
+        return End(seq, FinishReason.STOP, seq.detokenizer.flush())
+    seq.tokens.append(token)
+    counters.num_generated_tokens += 1
+    seq.t_last_token = time.monotonic()
+    if seq.t_first_token is None:
+        seq.t_first_token = seq.t_last_token
+    if token in rules.eog_ids and not seq.request.sampling.ignore_eos:
+        return End(seq, FinishReason.STOP, seq.detokenizer.flush())
+    text = seq.detokenizer.push(token)
+    logprobs = (item.logprob,) if item.logprob is not None else ()
+    if seq.detokenizer.stopped:
+        return End(seq, FinishReason.STOP, text, (token,), logprobs)
+    if out_of_room(seq, rules.n_ctx_seq):
+        return End(seq, FinishReason.LENGTH, text + seq.detokenizer.flush(), (token,), logprobs)
+    return Emit(seq, SeqOutput(text, (token,), logprobs))
+
+
+def out_of_room(seq: Sequence, n_ctx_seq: int) -> bool:
+    """max_tokens reached, or the context cannot hold another token."""
+    limit = seq.request.max_tokens
+    return (limit is not None and seq.num_output_tokens >= limit) or len(seq.tokens) >= n_ctx_seq
+
+
+def save_long_prefill(seq: Sequence, rules: StepRules) -> Save | None:
+    """Save a long prompt's computed head every SAVE_EVERY_TOKENS (and once it is all
+    in), so an abort, a restart or another prompt sharing it starts warm."""
+    if not rules.saves or seq.slot is None:
+        return None
+    done = min(seq.num_computed, seq.num_prompt_tokens)
+    fresh = done - seq.num_saved
+    prompt_done = done == seq.num_prompt_tokens
+    if fresh >= SAVE_EVERY_TOKENS or (prompt_done and fresh >= SAVE_PROMPT_MIN_TOKENS):
+        seq.num_saved = done
+        return Save(seq.slot, tuple(seq.tokens[:done]), seq.salt)
+    return None

@@ -1,0 +1,117 @@
+"""The engine's sessions (event loop side): create, look up, list, delete and fork,
+and the engine thread's commands that release or copy a session's slot.
+
+A mixin of `Engine` (engine/engine.py), which owns the state named below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from engine.commands import Fork, ReleaseSession
+from engine.llama import Model
+from engine.sessions import Session, SessionRegistry
+from engine.types import NoSlotError, SessionBusyError
+from engine.worker import Worker
+
+log = logging.getLogger("kvserve.engine")
+
+
+class SessionOps:
+    sessions: SessionRegistry
+    _worker: Worker | None
+
+    if TYPE_CHECKING:  # defined by Engine
+
+        def _require_model(self) -> Model: ...
+
+    def _expire_sessions(self) -> None:
+        for session in self.sessions.expired():
+            self._command(ReleaseSession(session.key))
+
+    def _retire_session(self, session: Session) -> None:
+        """A bound retired this idle session to make room: its slot goes back (its KV
+        to the cache first), so a later request with its prefix starts warm."""
+        log.info("session %s of a key at its bound retired (idle since %.0f s)",
+                 session.id, self.sessions.idle_seconds(session))  # fmt: skip
+        self._command(ReleaseSession(session.key))
+
+    def _command(self, command: ReleaseSession | Fork) -> None:
+        if self._worker is not None:
+            self._worker.commands.put(command)
+
+    def create_session(
+        self, tenant: str, session_id: str | None = None, ttl_s: float | None = None
+    ) -> Session:
+        self._expire_sessions()
+        return self.sessions.create(tenant, session_id, ttl_s)
+
+    def get_session(self, tenant: str, session_id: str) -> Session:
+        self._expire_sessions()
+        return self.sessions.get(tenant, session_id)
+
+    def list_sessions(self, tenant: str) -> list[Session]:
+        self._expire_sessions()
+        return self.sessions.owned_by(tenant)
+
+    def delete_session(self, tenant: str, session_id: str) -> Session:
+        """End a session: its slot goes back to everyone (its KV stays reusable by
+        requests with the same salt, and in the cache). A session with a request in
+        flight answers SessionBusyError (409): its end would outlive the id."""
+        session = self.get_session(tenant, session_id)
+        if session.in_flight:
+            raise SessionBusyError(f"session '{session_id}' has a request in flight")
+        self.sessions.remove(session)
+        self._command(ReleaseSession(session.key))
+        return session
+
+    def session_slot(self, key: str | None) -> int | None:
+        """The slot the session (`Session.key`) pins right now, if any (a racy read,
+        for reporting)."""
+        if key is None or self._worker is None:
+            return None
+        return self._worker.scheduler.slots.pins.get(key)
+
+    async def fork_session(
+        self, tenant: str, session_id: str, new_id: str | None = None, ttl_s: float | None = None
+    ) -> Session:
+        """A new session whose KV is a copy of `session_id`'s (which must be idle).
+
+        Raises SessionNotFoundError (404), SessionBusyError (409), NoSlotError (429),
+        EngineNotReadyError (503: with no engine thread, nothing would do the copy)."""
+        self._require_model()
+        source = self.get_session(tenant, session_id)
+        if source.in_flight:
+            raise SessionBusyError(f"session '{session_id}' has a request in flight")
+        target = self.sessions.create(
+            tenant, new_id, source.ttl_s if ttl_s is None else ttl_s, spare=source
+        )
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[int, str | None]] = loop.create_future()
+
+        def on_done(num_tokens: int, error: str | None) -> None:  # engine thread
+            loop.call_soon_threadsafe(_settle, num_tokens, error)
+
+        def _settle(num_tokens: int, error: str | None) -> None:
+            if not done.done():
+                done.set_result((num_tokens, error))
+
+        target.in_flight = True  # nobody may use it before its KV is in place
+        self._command(Fork(source.key, target.key, on_done))
+        try:
+            num_tokens, error = await asyncio.shield(done)
+        except asyncio.CancelledError:
+            # The caller left: the fork still runs on the engine thread (commands run in
+            # order), so release the new session's slot after it, and forget the session.
+            self.sessions.remove(target)
+            self._command(ReleaseSession(target.key))
+            raise
+        finally:
+            target.in_flight = False
+        if error is not None:
+            self.sessions.remove(target)
+            raise NoSlotError(f"cannot fork: {error}")
+        target.num_tokens = num_tokens
+        return target

@@ -1,0 +1,236 @@
+"""Submitting work to the engine thread (event loop side): generation requests,
+checked and given their samplers and cache lookups here, and embeddings; and the
+outputs coming back, once per engine step.
+
+A mixin of `Engine` (engine/engine.py), which owns the state named below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from cache import CacheHit, PrefixCache
+from engine.commands import Abort, Embed, Submit
+from engine.detokenizer import IncrementalDetokenizer
+from engine.embedder import EmbedJob
+from engine.generation import Generation
+from engine.llama import Model, Sampler
+from engine.loading import EngineConfig
+from engine.sequence import Sequence as Seq
+from engine.sessions import SessionRegistry, pin_key
+from engine.types import (
+    EngineNotReadyError,
+    GenerateRequest,
+    InvalidRequestError,
+    ModelInfo,
+    QueueFullError,
+    SeqOutput,
+)
+from engine.validation import validate
+from engine.worker import Worker
+
+
+class Submitting:
+    config: EngineConfig
+    sessions: SessionRegistry
+    _worker: Worker | None
+    _cache: PrefixCache | None
+    _loop: asyncio.AbstractEventLoop | None
+    _outstanding: int  # sequences submitted and not yet finished (loop thread only)
+    _pending_embeds: int
+
+    if TYPE_CHECKING:  # defined by Engine and its other mixins
+
+        @property
+        def info(self) -> ModelInfo: ...
+        @property
+        def capacity(self) -> int: ...
+        def _require_model(self) -> Model: ...
+        def _expire_sessions(self) -> None: ...
+        def session_slot(self, key: str | None) -> int | None: ...
+        def _count_for_tenant(self, tenant: str, output: SeqOutput) -> None: ...
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> Generation:
+        """Validate and queue `requests` (the n choices of one API request).
+
+        Raises InvalidRequestError (400), QueueFullError (429) or EngineNotReadyError
+        (503) before anything is queued."""
+        model = self._require_model()
+        for request in requests:
+            validate(request, self.info)
+        session_id = requests[0].session_id if requests else None
+        if session_id is not None and len(requests) > 1:
+            raise InvalidRequestError("a session continues one sequence: n must be 1", param="n")
+        if self._outstanding + len(requests) > self.capacity:
+            raise QueueFullError()
+        self._expire_sessions()
+        session, created = (
+            self.sessions.begin(requests[0].tenant, session_id, requests[0].session_pool)
+            if session_id is not None
+            else (None, False)
+        )
+        samplers: list[Sampler] = []
+        try:
+            samplers = await self._samplers(model, requests)
+            hit = await self._lookup(requests[0]) if requests else None
+            # Re-checked after the awaits: an unload (or a rebuild) that began meanwhile
+            # would leave a Submit in a queue nobody reads, the request waiting forever
+            # and `_outstanding` raised for good (the model never unloadable again); and
+            # samplers of a model unloaded and loaded again meanwhile point at freed memory.
+            if self._require_model() is not model:
+                raise EngineNotReadyError("the model was loaded again meanwhile; retry")
+            if self._outstanding + len(requests) > self.capacity:
+                raise QueueFullError()
+        except BaseException:
+            for sampler in samplers:  # never handed to the engine thread: ours to free
+                sampler.close()
+            if session is not None:  # a refused request leaves no session behind
+                self.sessions.end(session, session.num_tokens)
+                if created:
+                    self.sessions.remove(session)
+            raise
+        generation = Generation(
+            [r.request_id for r in requests], self._abort, session_id, session, requests[0].tenant
+        )
+        seqs = tuple(
+            Seq(
+                request,
+                sampler,
+                IncrementalDetokenizer(model.pieces, request.stop),
+                (generation, index),
+            )
+            for index, (request, sampler) in enumerate(zip(requests, samplers, strict=True))
+        )
+        if seqs:
+            seqs[0].cache_hit = hit
+            for sibling in seqs[1:]:  # n > 1: one prompt, prefilled once (see scheduler)
+                sibling.leader = seqs[0]
+        self._outstanding += len(seqs)
+        assert self._worker is not None
+        self._worker.commands.put(Submit(seqs))
+        return generation
+
+    async def _samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
+        """The requests' samplers; built off the event loop when a grammar is compiled.
+        A caller cancelled meanwhile leaves the build running: its samplers are freed
+        when it ends."""
+        if not any(r.sampling.grammar is not None for r in requests):
+            return self._build_samplers(model, requests)
+        building = asyncio.ensure_future(asyncio.to_thread(self._build_samplers, model, requests))
+        try:
+            return await asyncio.shield(building)
+        except asyncio.CancelledError:
+            building.add_done_callback(_close_built)
+            raise
+
+    async def _lookup(self, request: GenerateRequest) -> CacheHit | None:
+        """The longest cached prefix of the prompt, read off the event loop (a disk hit
+        reads a file). Skipped when the session's own slot already holds its KV."""
+        cache = self._cache
+        if (
+            cache is None
+            or request.prompt_logprobs is not None
+            or len(request.prompt_tokens) < cache.config.block_tokens
+            or (
+                request.session_id is not None
+                and self.session_slot(pin_key(request.tenant, request.session_id)) is not None
+            )
+        ):
+            return None
+        return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.prefix_salt)
+
+    def _build_samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
+        samplers: list[Sampler] = []
+        try:
+            for request in requests:
+                seed = request.sampling.seed
+                if seed is None:
+                    seed = random.getrandbits(32)
+                samplers.append(
+                    Sampler(model, request.sampling, seed & 0xFFFFFFFF, self.info.n_ctx)
+                )
+        except ValueError as exc:
+            for sampler in samplers:
+                sampler.close()
+            param = "grammar" if "grammar" in str(exc) else None
+            raise InvalidRequestError(str(exc), param=param) from exc
+        return samplers
+
+    def _abort(self, request_ids: list[str]) -> None:
+        if self._worker is not None:
+            self._worker.commands.put(Abort(tuple(request_ids)))
+
+    def _deliver(self, items: list[tuple[object, SeqOutput]]) -> None:
+        """Engine thread: hand one step's outputs to the event loop in one wake-up."""
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
+            self._loop.call_soon_threadsafe(self._dispatch, items)
+
+    def _dispatch(self, items: list[tuple[object, SeqOutput]]) -> None:
+        for sink, output in items:
+            generation, index = cast(tuple[Generation, int], sink)
+            if output.finish_reason is not None:
+                self._outstanding -= 1
+                self._count_for_tenant(generation.tenant, output)
+                if generation.session is not None:
+                    self.sessions.end(generation.session, output.num_kv_tokens)
+            generation.put(index, output)
+
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Mean-pooled, unit-length embeddings of token lists."""
+        self._require_model()
+        if not self.config.embeddings:
+            raise InvalidRequestError("embeddings are disabled on this server", param="input")
+        limit = self.config.embed_n_ctx
+        for i, tokens in enumerate(inputs):
+            if not tokens:
+                raise InvalidRequestError(f"input[{i}] is empty", param="input")
+            if len(tokens) > limit:
+                raise InvalidRequestError(
+                    f"input[{i}] has {len(tokens)} tokens; the limit is {limit}",
+                    param="input",
+                    code="context_length_exceeded",
+                )
+            if any(t < 0 or t >= self.info.n_vocab for t in tokens):
+                raise InvalidRequestError(
+                    f"input[{i}] contains a token id outside [0, {self.info.n_vocab})",
+                    param="input",
+                )
+        if self._pending_embeds >= self.config.max_queue:
+            raise QueueFullError()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[np.ndarray]] = loop.create_future()
+
+        def on_done(results: list[np.ndarray] | None, error: str | None) -> None:
+            loop.call_soon_threadsafe(_settle, results, error)
+
+        def _settle(results: list[np.ndarray] | None, error: str | None) -> None:
+            self._pending_embeds -= 1
+            if future.done():
+                return
+            if results is None:
+                future.set_exception(RuntimeError(error or "embedding cancelled"))
+            else:
+                future.set_result(results)
+
+        job = EmbedJob([list(t) for t in inputs], on_done)
+        self._pending_embeds += 1
+        assert self._worker is not None
+        self._worker.commands.put(Embed(job))
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            job.cancelled = True  # read by the engine thread at its next embedding step
+            raise
+
+
+def _close_built(building: asyncio.Future[list[Sampler]]) -> None:
+    if not building.cancelled() and building.exception() is None:
+        for sampler in building.result():
+            sampler.close()
