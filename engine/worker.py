@@ -28,7 +28,7 @@ from engine.recovery import abandon_seq, enforce_limits
 from engine.runner import DecodeError, Runner, Sampled, StepResult
 from engine.scheduler import Chunk, Scheduler
 from engine.sequence import SeqStatus, Sequence
-from engine.slots import Copy, Drop, KvOp, Restore, Save
+from engine.slots import Copy, Drop, KvOp, Restore, Save, slot_views
 from engine.stats import BATCH_SIZE_BOUNDS
 from engine.types import EngineStats, FinishReason, SeqOutput, TimeLimits, coded_error
 
@@ -523,4 +523,7 @@ class Worker:
             num_decode_aborts=c.num_decode_aborts,
             num_timeouts=c.num_timeouts,
             num_rebuilds=c.num_rebuilds,
+            slots=slot_views(
+                self.scheduler.slots, self.scheduler.running, self.scheduler.config.num_slots
+            ),
         )

@@ -51,8 +51,10 @@ from server.routes import (
     health,
     messages,
     models,
+    page,
     responses,
     sessions,
+    status,
     tokenize,
 )
 
@@ -250,8 +252,10 @@ def create_app(
         tokenize.router,
         sessions.router,
         cache.router,
+        status.router,
     ):
         app.include_router(router, dependencies=authed)
+    page.install(app)  # the page at / (its API calls carry the key)
 
     if settings.server.cors_origins:
         app.add_middleware(
