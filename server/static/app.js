@@ -16,7 +16,8 @@ function show(tab) {
   $("tab-status").classList.toggle("active", !chat);
   if (chat) status.stop();
   else status.start();
-  window.location.hash = chat ? "" : "#server";
+  const hash = chat ? "" : "#server";
+  if (window.location.hash !== hash) window.history.replaceState(null, "", hash || window.location.pathname);
 }
 
 async function loadModels() {
@@ -58,7 +59,9 @@ function init() {
     if (!$("status-view").hidden) status.refresh();
   });
   loadModels();
-  show(window.location.hash === "#server" ? "status" : "chat");
+  const fromHash = () => show(window.location.hash === "#server" ? "status" : "chat");
+  window.addEventListener("hashchange", fromHash);
+  fromHash();
 }
 
 init();

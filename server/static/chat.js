@@ -99,6 +99,8 @@ export class Chat {
         stream_options: { include_usage: true },
         session_id: this.sessionId,
       };
+      const maxTokens = parseInt($("max-tokens").value, 10);
+      if (maxTokens > 0) request.max_tokens = maxTokens;
       for await (const chunk of streamJson("/v1/chat/completions", request, this.controller.signal)) {
         if (chunk.error) throw new Error(chunk.error.message || "the stream failed");
         if (chunk.usage) usage = chunk.usage;
