@@ -48,7 +48,7 @@ def main() -> None:
         for n, text in enumerate(TURNS, 1):
             driver.find_element("css selector", "#prompt").send_keys(text)
             driver.find_element("css selector", "#send").click()
-            wait_for(lambda n=n: len(find("css selector", ".msg .stats")) >= n, 600)
+            wait_for(lambda n=n: len(find("css selector", ".msg .stats")) >= n, 900)
         driver.save_screenshot(str(args.out / "page-chat.png"))
         driver.find_element("css selector", "#tab-status").click()
         wait_for(lambda: find("css selector", ".model-card"), 30)

@@ -170,7 +170,7 @@ HOSTILE = (
 
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[tuple[str, FakeEngine]]:
-    engine = FakeEngine(reply=HOSTILE)
+    engine = FakeEngine(reply=HOSTILE, n_ctx=4096)  # the page asks for max_tokens 512
     app = create_app(Settings(), engine=engine)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -193,6 +193,7 @@ def test_a_hostile_reply_and_message_render_inert(
     url, _ = fake_server
     browser.get(f"{url}/")
     wait_for(lambda: by_css(browser, "#model option[value='fake-model']"), 15, "the model list")
+    assert not one(browser, "#key-bar").is_displayed()  # this server has no keys
     reply = send(browser, "<img src=y onerror=\"window.__xss=5\"><b>typed</b>")
 
     user = by_css(browser, ".msg.user")[-1]
