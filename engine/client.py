@@ -42,6 +42,7 @@ from engine.types import (
     SessionNotFoundError,
     SessionPool,
     TenantCacheView,
+    TierStats,
     TimeLimits,
     Timings,
     TokenLogprob,
@@ -79,6 +80,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionPool",
     "TenantCacheView",
+    "TierStats",
     "TimeLimits",
     "Timings",
     "TokenLogprob",
@@ -120,6 +122,7 @@ class EngineLike(Protocol):
     ) -> Session: ...
     def get_session(self, tenant: str, session_id: str) -> Session: ...
     def list_sessions(self, tenant: str) -> list[Session]: ...
+    def all_sessions(self) -> list[Session]: ...
     def delete_session(self, tenant: str, session_id: str) -> Session: ...
     def session_slot(self, key: str | None) -> int | None: ...
     async def fork_session(

@@ -56,6 +56,11 @@ class SessionOps:
         self._expire_sessions()
         return self.sessions.owned_by(tenant)
 
+    def all_sessions(self) -> list[Session]:
+        """Every tenant's sessions (the admin's status view)."""
+        self._expire_sessions()
+        return self.sessions.all()
+
     def delete_session(self, tenant: str, session_id: str) -> Session:
         """End a session: its slot goes back to everyone (its KV stays reusable by
         requests with the same salt, and in the cache). A session with a request in

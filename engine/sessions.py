@@ -183,6 +183,10 @@ class SessionRegistry:
     def owned_by(self, tenant: str) -> list[Session]:
         return [s for s in self._sessions.values() if s.tenant == tenant]
 
+    def all(self) -> list[Session]:
+        """Every tenant's sessions (the admin's status view)."""
+        return list(self._sessions.values())
+
     def begin(
         self, tenant: str, session_id: str, pool: SessionPool = SessionPool.NAMED
     ) -> tuple[Session, bool]:

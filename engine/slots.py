@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.stats import StepCounters
+from engine.types import SlotView
 
 if TYPE_CHECKING:
     from cache import CacheHit
@@ -178,3 +179,20 @@ class SlotTable:
         assert set(self.resident) <= set(self.free), "a busy slot has resident tokens"
         assert {v: k for k, v in self.pins.items()} == self.pinned, "pins out of sync"
         assert len(set(self.pins.values())) == len(self.pins), "two sessions pin a slot"
+
+
+def slot_views(table: SlotTable, running: list[Sequence], num_slots: int) -> tuple[SlotView, ...]:
+    """Each slot for the status page: the sequence running in it, else what it keeps.
+    Called from another thread: copies first (each one C call under the GIL), so the
+    picture may be a step old, never an error."""
+    pinned, resident = table.pinned.copy(), table.resident.copy()
+    active = {seq.slot: seq for seq in list(running) if seq.slot is not None}
+    views = []
+    for index in range(num_slots):
+        seq = active.get(index)
+        if seq is not None:
+            views.append(SlotView(index, True, seq.session_id, seq.num_computed))
+        else:
+            kept = resident.get(index)
+            views.append(SlotView(index, False, pinned.get(index), len(kept.tokens) if kept else 0))
+    return tuple(views)

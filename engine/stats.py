@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cache import CacheStats
-from engine.types import EngineStats
+from engine.types import EngineStats, SlotView
 
 # Bucket bounds of the tokens-per-step histogram.
 BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -50,6 +50,7 @@ def snapshot(
     num_sessions_pinned: int,
     last_batch_size: int,
     cache: CacheStats | None,
+    slots: tuple[SlotView, ...] = (),
 ) -> EngineStats:
     """The counters with the engine's gauges, for another thread: reads plain ints and
     copies of the dicts (a copy is one C call under the GIL; iterating a dict the engine
@@ -81,4 +82,5 @@ def snapshot(
         num_decode_aborts=c.num_decode_aborts,
         num_timeouts=c.num_timeouts,
         num_rebuilds=c.num_rebuilds,
+        slots=slots,
     )

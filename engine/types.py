@@ -10,7 +10,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cache import CacheStats  # re-exported: server/ reports it and may not import cache/
+from cache import CacheStats  # re-exported: server/ reports them and may not import cache/
+from cache import TierStats as TierStats
 
 
 class EngineState(enum.StrEnum):
@@ -241,6 +242,16 @@ class TenantCacheView:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotView:
+    """One slot as the status page shows it (a racy snapshot, for reporting)."""
+
+    index: int
+    busy: bool  # a sequence runs in it
+    session: str | None  # the session (`Session.key`: tenant/id) it holds or is pinned to
+    tokens: int  # tokens whose KV it holds (computed so far, or resident when idle)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine for /metrics and tests."""
 
@@ -271,6 +282,7 @@ class EngineStats:
     num_decode_aborts: int = 0  # decodes interrupted past their time budget
     num_timeouts: int = 0  # sequences ended by a per-request time limit
     num_rebuilds: int = 0  # times the engine thread died and was rebuilt in place
+    slots: tuple[SlotView, ...] = ()  # per slot: busy, session, tokens held
 
 
 class EngineError(Exception):

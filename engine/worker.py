@@ -29,6 +29,7 @@ from engine.postprocess import Emit, End, StepRules, postprocess
 from engine.runner import DecodeError, Runner, StepResult
 from engine.scheduler import Chunk, Scheduler
 from engine.sequence import SeqStatus, Sequence
+from engine.slots import slot_views
 from engine.stats import snapshot
 from engine.types import EngineStats, FinishReason, SeqOutput, TimeLimits, TokenLogprob, coded_error
 
@@ -312,4 +313,5 @@ class Worker:
             num_sessions_pinned=len(scheduler.slots.pins),
             last_batch_size=self.last_batch_size,
             cache=self.cache.stats() if self.cache is not None else None,
+            slots=slot_views(scheduler.slots, scheduler.running, scheduler.config.num_slots),
         )

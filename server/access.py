@@ -45,6 +45,7 @@ class AccessRecord:
     start: float = field(default_factory=time.monotonic)
     endpoint: str = "other"
     model: str | None = None  # the served model's id, once the request named a known one
+    tenant: str = ""  # the caller's key digest (deps.get_caller): recent traffic per key
     status: int = 0
     session: str | None = None
     cache_hit: str | None = None  # exact / partial / session / cold, from the cache work
@@ -81,10 +82,13 @@ class AccessRecord:
         if out.token_ids:
             key = (id(generation), index)
             last = self._last_token.get(key)
+            if metrics is not None:
+                metrics.recent.tokens(model, self.tenant, len(out.token_ids))
             if self.ttft is None:
                 self.ttft = now - self.start
                 if metrics is not None:
                     metrics.ttft.labels(model).observe(self.ttft)
+                    metrics.recent.first_token(model, self.tenant, self.ttft)
             elif last is not None and metrics is not None:
                 # Tokens that arrive together share the gap since the previous arrival.
                 # The labelled child is looked up once per request, not per token.
@@ -138,6 +142,7 @@ class AccessRecord:
             if self.status == 429:
                 metrics.rejected.labels(model).inc()
             if self.generations:
+                metrics.recent.finished(model, self.tenant)
                 metrics.e2e.labels(model).observe(fields["duration_s"])
                 metrics.prompt_tokens.labels(model).inc(self.prompt_tokens)
                 metrics.cached_tokens.labels(model).inc(self.cached_tokens)

@@ -53,8 +53,10 @@ from server.routes import (
     messages,
     models,
     ollama,
+    page,
     responses,
     sessions,
+    status,
     tokenize,
 )
 
@@ -226,8 +228,10 @@ def create_app(
         sessions.router,
         cache.router,
         ollama.router,
+        status.router,
     ):
         app.include_router(router, dependencies=authed)
+    page.install(app)  # the page at / (its API calls carry the key)
 
     if settings.server.cors_origins:
         app.add_middleware(

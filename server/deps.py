@@ -128,6 +128,9 @@ def get_caller(request: Request) -> Caller:
     admin = False
     for key in auth.admin_api_keys:  # (already authenticated: no timing to hide here)
         admin |= hmac.compare_digest(token.encode(), key.encode())
+    record = current_record()
+    if record is not None:
+        record.tenant = tenant  # the status page's recent traffic is kept per key
     return Caller(tenant, request.headers.get("x-session-id"), admin)
 
 

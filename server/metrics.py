@@ -29,6 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from engine.client import EngineStats
+from server.recent import RecentTraffic
 
 if TYPE_CHECKING:
     from server.registry import ModelRegistry
@@ -92,6 +93,8 @@ class ServerMetrics:
         self.rejected = counter(
             "kvserve_requests_rejected", "Requests refused with 429 (every slot and queue full)."
         )
+        # Not a Prometheus series: the status page's short history (server/recent.py).
+        self.recent = RecentTraffic()
 
 
 class EngineCollector(Collector):

@@ -30,6 +30,7 @@ from engine.types import (
     QueueFullError,
     SeqOutput,
     SessionBusyError,
+    SlotView,
     TenantCacheView,
     Timings,
     TokenLogprob,
@@ -138,6 +139,7 @@ class FakeEngine:
             num_preemptions=0,
             num_decode_failures=0,
             last_batch_size=0,
+            slots=self._slot_views(),
         )
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> Generation:
@@ -277,6 +279,18 @@ class FakeEngine:
 
     def list_sessions(self, tenant: str) -> list[Session]:
         return self.sessions.owned_by(tenant)
+
+    def all_sessions(self) -> list[Session]:
+        return self.sessions.all()
+
+    def _slot_views(self) -> tuple[SlotView, ...]:
+        """Pinned sessions hold the first slots (idle, their tokens), the rest are free."""
+        held = {s.key: s.num_tokens for s in self.sessions.all() if s.key in self.pinned}
+        keys = sorted(held)
+        return tuple(
+            SlotView(i, False, keys[i], held[keys[i]]) if i < len(keys) else SlotView(i, False, None, 0)
+            for i in range(self._info.n_seq_max)
+        )
 
     def delete_session(self, tenant: str, session_id: str) -> Session:
         session = self.sessions.get(tenant, session_id)
