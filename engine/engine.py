@@ -362,7 +362,7 @@ class Engine:
         samplers: list[Sampler] = []
         try:
             samplers = await self._samplers(model, requests)
-            hit = await self._lookup(requests[0]) if requests else None
+            hit, looked_up = await self._lookup(requests[0]) if requests else (None, None)
             # Re-checked after the awaits: an unload (or a rebuild) that began meanwhile
             # would leave a Submit in a queue nobody reads, the request waiting forever
             # and `_outstanding` raised for good (the model never unloadable again); and
@@ -393,6 +393,9 @@ class Engine:
         )
         if seqs:
             seqs[0].cache_hit = hit
+            seqs[0].t_lookup = looked_up
+            if hit is not None:
+                seqs[0].lookup_tier, seqs[0].lookup_tokens = hit.tier, hit.num_matched
             for sibling in seqs[1:]:  # n > 1: one prompt, prefilled once (see scheduler)
                 sibling.leader = seqs[0]
         self._outstanding += len(seqs)
@@ -413,9 +416,12 @@ class Engine:
             building.add_done_callback(_close_built)
             raise
 
-    async def _lookup(self, request: GenerateRequest) -> CacheHit | None:
+    async def _lookup(
+        self, request: GenerateRequest
+    ) -> tuple[CacheHit | None, tuple[float, float] | None]:
         """The longest cached prefix of the prompt, read off the event loop (a disk hit
-        reads a file). Skipped when the session's own slot already holds its KV."""
+        reads a file), and when the lookup started and ended (for traces). Skipped
+        (None, None) when the session's own slot already holds its KV."""
         cache = self._cache
         if (
             cache is None
@@ -426,8 +432,10 @@ class Engine:
                 and self.session_slot(pin_key(request.tenant, request.session_id)) is not None
             )
         ):
-            return None
-        return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.prefix_salt)
+            return None, None
+        started = time.monotonic()
+        hit = await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.prefix_salt)
+        return hit, (started, time.monotonic())
 
     def _build_samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
         samplers: list[Sampler] = []

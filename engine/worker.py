@@ -181,6 +181,10 @@ class Worker:
 
     def step(self) -> None:
         chunks, kv = self.scheduler.schedule()
+        planned = time.monotonic()
+        for chunk in chunks:  # stage times for traces
+            if chunk.seq.t_admitted is None:
+                chunk.seq.t_admitted = planned
         failed = self._run_ops(kv.ops)
         if failed:  # planned from a prefix that is not there: re-planned next step
             chunks = [c for c in chunks if c.seq not in failed]
@@ -239,12 +243,14 @@ class Worker:
 
     def _restore(self, op: Restore) -> bool:
         seq, slot = op.seq, op.slot
+        started = time.monotonic()
         ok = self.kv.restore(slot, op.hit.state, op.hit.tokens)
         # The state must hold at least the positions we keep (a foreign or damaged
         # blob that llama.cpp accepted would show here), and of this prompt's tokens.
         if ok and self.ctx.seq_pos_max(slot) >= op.keep - 1:
             self.kv.remove_seq(slot, op.keep)
             if self.kv.holds(slot, seq.tokens[: op.keep]):
+                seq.t_restore = (started, time.monotonic())
                 return True
         log.warning("restoring a cached prefix failed; prefilling %s cold", seq.request_id)
         self.counters.num_restore_failures += 1
@@ -425,6 +431,7 @@ class Worker:
             self.kv.remove_seq(drop.slot, drop.start)
         if seq.sampler is not None:
             seq.sampler.close()
+        seq.t_finished = time.monotonic()
         self._emit(
             seq,
             SeqOutput(

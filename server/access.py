@@ -23,6 +23,7 @@ from engine.types import FinishReason, SeqOutput
 if TYPE_CHECKING:
     from engine.engine import Generation
     from server.metrics import ServerMetrics
+    from server.tracing_spans import RequestTrace
 
 access_log = logging.getLogger("kvserve.access")
 
@@ -55,6 +56,8 @@ class AccessRecord:
     aborted: bool = False  # a sequence ended without finishing (client gone, shutdown)
     shutting_down: bool = False
     generations: list[Generation] = field(default_factory=list)
+    trace: RequestTrace | None = None  # set when tracing is on and samples this request
+    trace_id: str | None = None
     _last_token: dict[tuple[int, int], float] = field(default_factory=dict)
     _itl: Any = None  # the model's inter-token-latency histogram child
 
@@ -104,6 +107,8 @@ class AccessRecord:
             self.cache_hit = out.hit_kind or self.cache_hit
             self.session = generation.session_id or self.session
         self.generated_tokens += out.num_output_tokens
+        if self.trace is not None:
+            self.trace.sequence_done(index, out, self.model)
         timings = out.timings
         if metrics is not None and timings is not None:
             if timings.queue_wait is not None:
@@ -127,6 +132,7 @@ class AccessRecord:
             "generated_tokens": self.generated_tokens if self.generations else None,
             "ttft_s": None if self.ttft is None else round(self.ttft, 4),
             "duration_s": round(time.monotonic() - self.start, 4),
+            "trace_id": self.trace_id,
         }
 
     def finish(self, *, log_line: bool) -> None:

@@ -27,6 +27,7 @@ from engine import KV_TYPES, CacheConfig, gpu_offload_supported
 from engine.scheduler import exact_min_chunk, exact_min_rows, least_prefill_chunk, least_step_tokens
 from server.config_values import ConfigError, coerce
 from server.hub import HubError, HubSource
+from server.tracing import TracingSection
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
@@ -243,6 +244,7 @@ class Settings:
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    tracing: TracingSection = field(default_factory=TracingSection)
 
     def masked(self) -> dict[str, Any]:
         """The effective settings for --print-config: secrets masked, paths resolved."""
@@ -252,6 +254,7 @@ class Settings:
         for entry, model in zip(data["models"], self.models, strict=True):
             entry["path"] = model.model_path or None
         data["cache"]["disk_dir"] = self.cache.disk_path
+        data["tracing"]["headers"] = [h.partition("=")[0] + "=***" for h in self.tracing.headers]
         return data
 
 
@@ -267,6 +270,7 @@ SECTIONS: dict[str, type] = {
     "auth": AuthSection,
     "metrics": MetricsSection,
     "logging": LoggingSection,
+    "tracing": TracingSection,
 }
 _MODEL_KEYS = (
     "id",
@@ -599,6 +603,7 @@ __all__ = [
     "ResponsesSection",
     "ServerSection",
     "Settings",
+    "TracingSection",
     "chat_template_source",
     "default_model_path",
     "hub_source",
