@@ -29,6 +29,8 @@ from server import tracing
 from server.access import current_record
 
 _PROPAGATED = (b"traceparent", b"tracestate")
+# Probes and scrapes, a few a second from every load balancer and Prometheus: no traces.
+UNTRACED = ("/health", "/livez", "/metrics")
 
 
 class TracingMiddleware:
@@ -40,7 +42,7 @@ class TracingMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         active = tracing.active()
-        if scope["type"] != "http" or active is None:
+        if scope["type"] != "http" or active is None or scope["path"] in UNTRACED:
             await self.app(scope, receive, send)
             return
         headers = scope["headers"]

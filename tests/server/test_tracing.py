@@ -96,6 +96,8 @@ async def test_a_stream_and_a_refusal_are_traced(
     assert bad.status_code == 400
     missing = await client.get("/v1/models/nope")
     assert missing.status_code == 404
+    for probe in ("/health", "/livez", "/metrics"):  # probes and scrapes: never traced
+        assert (await client.get(probe)).status_code == 200
     tracing.shutdown()
     spans = receiver.wait_for(4)
     servers = [s for s in spans if s.kind == "server"]
