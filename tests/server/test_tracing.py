@@ -115,6 +115,22 @@ async def test_a_stream_and_a_refusal_are_traced(
     }
 
 
+async def test_n_choices_are_one_generate_span_each(
+    client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    r = await client.post("/v1/chat/completions", json=chat(n=2))
+    assert r.status_code == 200, r.text
+    tracing.shutdown()
+    receiver.wait_for(3)
+    (server,) = [s for s in receiver.spans if s.kind == "server"]
+    generates = receiver.named("kvserve.generate")
+    assert sorted(g.attributes["kvserve.choice"] for g in generates) == [0, 1]
+    assert all(g.parent_id == server.span_id for g in generates)
+    assert sum(g.attributes["kvserve.tokens.generated"] for g in generates) == (
+        r.json()["usage"]["completion_tokens"]
+    )
+
+
 async def test_a_caller_that_did_not_sample_gets_no_spans(
     client: httpx.AsyncClient, receiver: Receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -233,3 +249,21 @@ trace.set_tracer_provider(provider)
 print(len(memory.get_finished_spans()))
 """
     assert run_python(code) == "0"
+
+
+def test_only_the_tracing_modules_import_opentelemetry() -> None:
+    """Engine, cache and chat stay free of it; in server/, only the two tracing modules
+    (and tracing.py only inside its functions, so that off loads nothing)."""
+    from tests.test_layering import ROOT, imports
+
+    for package in ("server", "engine", "chat", "cache"):
+        for path in (ROOT / package).rglob("*.py"):
+            name = path.relative_to(ROOT).as_posix()
+            if name not in ("server/tracing.py", "server/tracing_spans.py"):
+                assert "opentelemetry" not in imports(path), name
+    top_level = {
+        line.split()[1].split(".")[0]
+        for line in (ROOT / "server/tracing.py").read_text().splitlines()
+        if line.startswith(("import ", "from "))
+    }
+    assert "opentelemetry" not in top_level
