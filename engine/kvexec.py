@@ -9,6 +9,7 @@ when the slot does not hold the tokens it would be stored under. Engine thread o
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from cache import PrefixCache
@@ -74,12 +75,14 @@ class KvExecutor:
 
     def restore(self, op: Restore) -> bool:
         seq, slot = op.seq, op.slot
+        started = time.monotonic()
         ok = self.kv.restore(slot, op.hit.state, op.hit.tokens)
         # The state must hold at least the positions we keep (a foreign or damaged
         # blob that llama.cpp accepted would show here), and of this prompt's tokens.
         if ok and self.ctx.seq_pos_max(slot) >= op.keep - 1:
             self.kv.remove_seq(slot, op.keep)
             if self.kv.holds(slot, seq.tokens[: op.keep]):
+                seq.t_restore = (started, time.monotonic())  # for traces
                 return True
         log.warning("restoring a cached prefix failed; prefilling %s cold", seq.request_id)
         self.counters.num_restore_failures += 1

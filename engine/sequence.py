@@ -54,6 +54,12 @@ class Sequence:
         "t_prompt_done",
         "t_first_token",
         "t_last_token",
+        "t_admitted",
+        "t_lookup",
+        "lookup_tier",
+        "lookup_tokens",
+        "t_restore",
+        "t_finished",
         "drafter",
     )
 
@@ -89,6 +95,14 @@ class Sequence:
         self.t_prompt_done: float | None = None
         self.t_first_token: float | None = None
         self.t_last_token: float | None = None  # for the between-tokens time limit
+        # For traces (see Timings): the cache lookup made before submission, the slot
+        # given, the restore of the found state, the end.
+        self.t_admitted: float | None = None
+        self.t_lookup: tuple[float, float] | None = None
+        self.lookup_tier = ""
+        self.lookup_tokens = 0
+        self.t_restore: tuple[float, float] | None = None
+        self.t_finished: float | None = None
         self.drafter: Drafter | None = None  # speculative decoding, made at first decode
 
     @property
@@ -131,7 +145,19 @@ class Sequence:
         return self.num_output_tokens > 0 and self.num_pending == 1
 
     def timings(self) -> Timings:
-        return Timings(self.arrival, self.t_scheduled, self.t_prompt_done, self.t_first_token)
+        return Timings(
+            self.arrival,
+            self.t_scheduled,
+            self.t_prompt_done,
+            self.t_first_token,
+            admitted=self.t_admitted,
+            lookup=self.t_lookup,
+            lookup_tier=self.lookup_tier,
+            lookup_tokens=self.lookup_tokens,
+            restore=self.t_restore,
+            reuse_source=self.hit_source,
+            finished=self.t_finished,
+        )
 
     def __repr__(self) -> str:
         return (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -78,7 +79,7 @@ class Submitting:
         samplers: list[Sampler] = []
         try:
             samplers = await self._samplers(model, requests)
-            hit = await self._lookup(requests[0]) if requests else None
+            hit, looked_up = await self._lookup(requests[0]) if requests else (None, None)
             # Re-checked after the awaits: an unload (or a rebuild) that began meanwhile
             # would leave a Submit in a queue nobody reads, the request waiting forever
             # and `_outstanding` raised for good (the model never unloadable again); and
@@ -109,6 +110,9 @@ class Submitting:
         )
         if seqs:
             seqs[0].cache_hit = hit
+            seqs[0].t_lookup = looked_up
+            if hit is not None:
+                seqs[0].lookup_tier, seqs[0].lookup_tokens = hit.tier, hit.num_matched
             for sibling in seqs[1:]:  # n > 1: one prompt, prefilled once (see scheduler)
                 sibling.leader = seqs[0]
         self._outstanding += len(seqs)
@@ -129,9 +133,12 @@ class Submitting:
             building.add_done_callback(_close_built)
             raise
 
-    async def _lookup(self, request: GenerateRequest) -> CacheHit | None:
+    async def _lookup(
+        self, request: GenerateRequest
+    ) -> tuple[CacheHit | None, tuple[float, float] | None]:
         """The longest cached prefix of the prompt, read off the event loop (a disk hit
-        reads a file). Skipped when the session's own slot already holds its KV."""
+        reads a file), and when the lookup started and ended (for traces). Skipped
+        (None, None) when the session's own slot already holds its KV."""
         cache = self._cache
         if (
             cache is None
@@ -142,8 +149,10 @@ class Submitting:
                 and self.session_slot(pin_key(request.tenant, request.session_id)) is not None
             )
         ):
-            return None
-        return await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.prefix_salt)
+            return None, None
+        started = time.monotonic()
+        hit = await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.prefix_salt)
+        return hit, (started, time.monotonic())
 
     def _build_samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
         samplers: list[Sampler] = []

@@ -160,12 +160,24 @@ class Timings:
     """When a sequence passed each stage, in `time.monotonic()` seconds (None: not reached).
 
     arrival: submitted to the engine; scheduled: first in a step; prompt_done: its whole
-    prompt in the KV cache; first_token: its first token sampled."""
+    prompt in the KV cache; first_token: its first token sampled. The rest are for traces
+    (server/tracing_spans.py): admitted: given a slot; lookup: (start, end) of the
+    prefix-cache lookup, which runs before arrival, and what it found (lookup_tier: ram,
+    disk or shared, "" for none; lookup_tokens: prompt tokens matched); restore: (start,
+    end) of loading that state into the slot; reuse_source: where the reused prompt tokens
+    came from (none, slot, ram, disk, shared); finished: the sequence ended."""
 
     arrival: float
     scheduled: float | None = None
     prompt_done: float | None = None
     first_token: float | None = None
+    admitted: float | None = None
+    lookup: tuple[float, float] | None = None
+    lookup_tier: str = ""
+    lookup_tokens: int = 0
+    restore: tuple[float, float] | None = None
+    reuse_source: str = "none"
+    finished: float | None = None
 
     @property
     def queue_wait(self) -> float | None:

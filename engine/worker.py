@@ -161,6 +161,10 @@ class Worker:
 
     def step(self) -> None:
         chunks, kv = self.scheduler.schedule()
+        planned = time.monotonic()
+        for chunk in chunks:  # stage times for traces
+            if chunk.seq.t_admitted is None:
+                chunk.seq.t_admitted = planned
         failed = self.ops.run(kv.ops)
         if failed:  # planned from a prefix that is not there: re-planned next step
             chunks = [c for c in chunks if c.seq not in failed]
@@ -235,6 +239,7 @@ class Worker:
             self.kv.remove_seq(drop.slot, drop.start)
         if seq.sampler is not None:
             seq.sampler.close()
+        seq.t_finished = time.monotonic()
         self._emit(
             seq,
             SeqOutput(

@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.client import FinishReason, SeqOutput
 
@@ -34,6 +34,13 @@ _current: contextvars.ContextVar[AccessRecord | None] = contextvars.ContextVar(
 def current_record() -> AccessRecord | None:
     """The record of the request being handled here, if any (None outside a request)."""
     return _current.get()
+
+
+class SequenceTrace(Protocol):
+    """What a request's trace takes from its record (server/tracing_spans.py's
+    RequestTrace; named here so that the record need not import the tracing code)."""
+
+    def sequence_done(self, index: int, out: SeqOutput, model: str | None) -> None: ...
 
 
 @dataclass(eq=False)
@@ -56,6 +63,8 @@ class AccessRecord:
     aborted: bool = False  # a sequence ended without finishing (client gone, shutdown)
     shutting_down: bool = False
     generations: list[Generation] = field(default_factory=list)
+    trace: SequenceTrace | None = None  # set when tracing is on and samples this request
+    trace_id: str | None = None
     _last_token: dict[tuple[int, int], float] = field(default_factory=dict)
     _itl: Any = None  # the model's inter-token-latency histogram child
 
@@ -108,6 +117,8 @@ class AccessRecord:
             self.cache_hit = out.hit_kind or self.cache_hit
             self.session = generation.session_id or self.session
         self.generated_tokens += out.num_output_tokens
+        if self.trace is not None:
+            self.trace.sequence_done(index, out, self.model)
         timings = out.timings
         if metrics is not None and timings is not None:
             if timings.queue_wait is not None:
@@ -131,6 +142,7 @@ class AccessRecord:
             "generated_tokens": self.generated_tokens if self.generations else None,
             "ttft_s": None if self.ttft is None else round(self.ttft, 4),
             "duration_s": round(time.monotonic() - self.start, 4),
+            "trace_id": self.trace_id,
         }
 
     def finish(self, *, log_line: bool) -> None:

@@ -25,7 +25,7 @@ from engine.client import (
     SessionBusyError,
     SessionNotFoundError,
 )
-from server import errors, hub
+from server import errors, hub, tracing
 from server.apis.responses_shared import RedisResponses
 from server.apis.responses_store import ResponseStore
 from server.config import (
@@ -180,6 +180,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tracing.start(settings.tracing)  # off: nothing (README "Tracing")
         for model in served:
             if not model.on_demand:
                 model.engine.start()
@@ -196,12 +197,17 @@ def create_app(
                     model.engine.close()
                 except Exception:
                     log.exception("closing the engine of %s failed", model.id)
+            tracing.shutdown()  # sends the spans still buffered
 
     app = FastAPI(
         title="kvserve",
         summary="OpenAI-compatible inference server on llama.cpp",
         version="0.1.0",
         lifespan=lifespan,
+        # FastAPI's own OpenTelemetry (on whenever some code in the process sets a global
+        # provider, or FASTAPI_OTEL_AUTO_CONFIGURE is set) stays off: kvserve's traces are
+        # its own, from [tracing] (server/tracing.py), and off means no spans at all.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.settings = settings
     app.state.models = served
@@ -246,6 +252,10 @@ def create_app(
         limit=settings.server.max_body_bytes,
         timeout_s=settings.server.body_timeout_s,
     )
+    if settings.tracing.enabled:  # the server span; its trace id in the access line
+        from server.tracing_spans import TracingMiddleware
+
+        app.add_middleware(TracingMiddleware)
     app.add_middleware(  # outermost: sees every answer, 413s and CORS included
         AccessMiddleware,
         lifecycle=app.state.lifecycle,

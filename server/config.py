@@ -39,6 +39,7 @@ from server.config_models import (
 )
 from server.config_sources import hints, later_values, model_entries, read_toml, table
 from server.config_values import ConfigError
+from server.tracing import TracingSection
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 AUTO_DISK_DIR = "auto"  # [cache] disk_dir: the user's cache directory (cache/types.py)
@@ -117,6 +118,7 @@ class Settings:
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    tracing: TracingSection = field(default_factory=TracingSection)
 
     def masked(self) -> dict[str, Any]:
         """The effective settings for --print-config: secrets masked, paths resolved."""
@@ -126,6 +128,7 @@ class Settings:
         for entry, model in zip(data["models"], self.models, strict=True):
             entry["path"] = model.model_path or None
         data["cache"]["disk_dir"] = self.cache.disk_path
+        data["tracing"]["headers"] = [h.partition("=")[0] + "=***" for h in self.tracing.headers]
         return data
 
 
@@ -141,6 +144,7 @@ SECTIONS: dict[str, type] = {
     "auth": AuthSection,
     "metrics": MetricsSection,
     "logging": LoggingSection,
+    "tracing": TracingSection,
 }
 
 
@@ -287,6 +291,7 @@ __all__ = [
     "ResponsesSection",
     "ServerSection",
     "Settings",
+    "TracingSection",
     "chat_template_source",
     "default_model_path",
     "disk_dir_problem",

@@ -22,12 +22,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 import redis
 
 from engine.client import redis_client
 from server.apis.responses_store import SharedUnavailable, Stored
+from server.tracing import span
 
 log = logging.getLogger("kvserve.server")
 T = TypeVar("T")
@@ -47,13 +49,22 @@ class RedisResponses:
         self._down_until = 0.0
         self._down = False
         self.errors = 0
+        where = urlsplit(url)  # for traces (never the password)
+        self._span_attributes: dict[str, Any] = {
+            "db.system.name": "redis",
+            "server.address": where.hostname or where.path,
+        }
+        if where.port:
+            self._span_attributes["server.port"] = where.port
 
-    def _call(self, fn: Callable[[], T]) -> T:
-        """fn(), or SharedUnavailable on a store error and during the pause after one."""
+    def _call(self, operation: str, fn: Callable[[], T]) -> T:
+        """fn(), or SharedUnavailable on a store error and during the pause after one.
+        A span `redis <operation>` when tracing is on (none while the store is paused)."""
         if time.monotonic() < self._down_until:
             raise SharedUnavailable()
         try:
-            result = fn()
+            with span(f"redis {operation}", **self._span_attributes):
+                result = fn()
         except ERRORS as e:
             with self._lock:
                 self.errors += 1
@@ -70,13 +81,13 @@ class RedisResponses:
         return result
 
     def put(self, entry: Stored) -> list[Stored]:
-        return self._call(lambda: self._put(entry))
+        return self._call("put_response", lambda: self._put(entry))
 
     def get(self, tenant: str, response_id: str) -> Stored | None:
-        return self._call(lambda: self._get(tenant, response_id))
+        return self._call("get_response", lambda: self._get(tenant, response_id))
 
     def delete(self, tenant: str, response_id: str) -> Stored | None:
-        return self._call(lambda: self._delete(tenant, response_id))
+        return self._call("delete_response", lambda: self._delete(tenant, response_id))
 
     def close(self) -> None:
         with contextlib.suppress(*ERRORS):
