@@ -212,6 +212,26 @@ async def cold_rates(base: str, model: str, args: argparse.Namespace) -> dict:
     }
 
 
+# The engine and cache counters that explain a run (see README "Metrics").
+COUNTERS = (
+    "kvserve_engine_steps_total",
+    "kvserve_prefilled_tokens_total",
+    "kvserve_sampled_tokens_total",
+    "kvserve_cache_requests_total",
+    "kvserve_cache_request_sources_total",
+    "kvserve_cache_saves_total",
+    "kvserve_cache_saves_dropped_total",
+    "kvserve_preemptions_total",
+)
+
+
+def print_counters(base: str) -> None:
+    text = httpx.get(base.removesuffix("/v1") + "/metrics").text
+    for line in text.splitlines():
+        if line.startswith(COUNTERS):
+            print("   ", line, file=sys.stderr)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -230,6 +250,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", help="append each server's row to this JSON-lines file")
+    p.add_argument("--chart", help="draw wall time, TTFT and tokens computed to this PNG")
+    p.add_argument(
+        "--metrics",
+        action="store_true",
+        help="print kvserve's engine and cache counters after each kvserve run",
+    )
     args = p.parse_args()
     work = make_workload(args)
     rows = []
@@ -245,6 +271,8 @@ def main() -> None:
                 2,
             )
             row.update({k: round(v, 1) for k, v in rates.items()})
+            if args.metrics and name.startswith("kvserve"):
+                print_counters(base)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -253,10 +281,15 @@ def main() -> None:
             with open(args.json, "a") as f:
                 f.write(json.dumps({**vars(args), **row}) + "\n")
         rows.append(row)
-    print(
+    shape = (
         f"{args.agents} agents x {args.turns} turns, {args.slots} slots, "
         f"{args.catalogue_words}-word catalogue, {args.reply_tokens}-token replies"
     )
+    print(shape)
+    if args.chart:
+        from bench.chart import agents_panels
+
+        agents_panels(rows, args.chart, shape)
     print(
         "| server | wall | TTFT p50 turn 1 | TTFT p50 turns 2+ | computed / prompt tokens "
         "| floor tokens | floor cost |"

@@ -36,3 +36,36 @@ def throughput_and_ttft(rows: Sequence[dict], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def agents_panels(rows: Sequence[dict], path: str, title: str) -> None:
+    """Three panels, one bar per server: wall time (with the floor's cost marked), TTFT
+    p50 of turns 2+, and prompt tokens computed (with the floor marked).
+
+    `rows`: bench/agents.py's rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    servers = [r["server"] for r in rows]
+    panels = (
+        ("wall_s", "wall time (s)", "floor_cost_s"),
+        ("ttft_p50_later_s", "TTFT p50, turns 2+ (s)", None),
+        ("computed_tokens", "prompt tokens computed", "floor_tokens"),
+    )
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    for panel, (key, label, floor) in zip(axes, panels, strict=True):
+        panel.bar(
+            range(len(rows)), [r[key] for r in rows], color=[f"C{i}" for i in range(len(rows))]
+        )
+        if floor:  # the workload's floor: the same for every server, drawn once
+            panel.axhline(min(r[floor] for r in rows), color="black", linestyle="--", label="floor")
+            panel.legend(fontsize=8)
+        panel.set_xticks(range(len(rows)))
+        panel.set_xticklabels(servers, rotation=20, fontsize=8)
+        panel.set_ylabel(label)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

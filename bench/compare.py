@@ -47,6 +47,11 @@ KVSERVE_VARIANTS = {
     "kvserve-spec": {"KVSERVE_ENGINE_SPECULATIVE": "true"},
     "kvserve-fa": {"KVSERVE_ENGINE_FLASH_ATTN": "true"},
     "kvserve-nofa": {"KVSERVE_ENGINE_FLASH_ATTN": "false"},
+    "kvserve-nofa-exact": {
+        "KVSERVE_ENGINE_FLASH_ATTN": "false",
+        "KVSERVE_ENGINE_EXACT_REUSE": "true",
+    },
+    "kvserve-fast": {"KVSERVE_ENGINE_EXACT_REUSE": "false"},
 }
 
 

@@ -169,6 +169,7 @@ def _model_info(cfg: EngineConfig, model: Model, ctx: Context) -> ModelInfo:
         metadata=model.metadata(),
         fim_tokens=model.fim_tokens(),
         embed_n_ctx=cfg.embed_n_ctx if cfg.embeddings else 0,
+        speculative_ok=cfg.flash_attn,
     )
 
 

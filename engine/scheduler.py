@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from engine.admission import count_overtakes, rank_waiting, waits_for_shared_head
 from engine.placement import COPY_MIN_TOKENS, Placer, reusable
 from engine.plan import (
     Chunk,
@@ -239,22 +240,31 @@ class Scheduler:
         return freed
 
     def _admit(self, kv: KvPlan) -> None:
+        """Admit from the queue (ranked: engine/admission.py) while slots and KV allow."""
+        rank_waiting(self.waiting, self.running, self.slots, self.config)
         committed = self.kv_cells_committed
+        admitted: list[Sequence] = []
         deferred: list[Sequence] = []
         while self.waiting:
             seq = self.waiting[0]
-            if self._waits_for_leader(seq) or self._session_slot_busy(seq):
+            if (
+                self._waits_for_leader(seq)
+                or self._session_slot_busy(seq)
+                or waits_for_shared_head(seq, self.running, self.slots, self.config)
+            ):
                 deferred.append(self.waiting.popleft())
                 continue
             if self.running and committed + len(seq.tokens) > self.config.n_ctx:
-                break  # FIFO: later arrivals do not overtake a large one
+                break  # nobody overtakes one that does not fit yet
             if not self._placer.place(seq, self.running, kv.ops):
                 break
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            admitted.append(seq)
             committed += len(seq.tokens)
         self.waiting.extendleft(reversed(deferred))
+        count_overtakes(self.waiting, admitted)
 
     def _session_slot_busy(self, seq: Sequence) -> bool:
         """The session's pinned slot still runs its previous request (the server allows

@@ -61,6 +61,7 @@ class Sequence:
         "t_restore",
         "t_finished",
         "drafter",
+        "num_overtaken",
     )
 
     def __init__(
@@ -104,6 +105,7 @@ class Sequence:
         self.t_restore: tuple[float, float] | None = None
         self.t_finished: float | None = None
         self.drafter: Drafter | None = None  # speculative decoding, made at first decode
+        self.num_overtaken = 0  # later arrivals admitted before it (engine/admission.py)
 
     @property
     def request_id(self) -> str:

@@ -241,6 +241,9 @@ class ModelInfo:
     metadata: tuple[tuple[str, str], ...] = ()
     fim_tokens: tuple[int, int, int] | None = None
     embed_n_ctx: int = 0
+    # Speculative decoding gives plain decoding's tokens only with flash attention (a
+    # verified chunk of 2+ rows runs other kernels than a one-row decode without it).
+    speculative_ok: bool = True
 
 
 @dataclass(frozen=True, slots=True)

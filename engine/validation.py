@@ -29,6 +29,12 @@ def validate(request: GenerateRequest, info: ModelInfo) -> None:
             code="context_length_exceeded",
         )
     _check_int32(request)
+    if request.speculative and not info.speculative_ok:
+        raise InvalidRequestError(
+            "speculative decoding needs flash_attn = true on this model (without it, "
+            "verified drafts would not give plain decoding's tokens)",
+            param="speculative",
+        )
     known = {a.id for a in info.loras}
     for adapter_id, scale in request.lora:
         if adapter_id not in known:

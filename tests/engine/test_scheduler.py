@@ -405,7 +405,7 @@ def test_exact_prefill_chunks_are_never_under_64_rows() -> None:
     assert apply(s) == [("a", 236, 64, True)]
     t = exact(chunk=256, step=140)
     t.add(seq_of("b", list(range(1, 101))))  # 100 rows: all of it, in one chunk
-    t.add(seq_of("c", list(range(1, 201))))
+    t.add(seq_of("c", list(range(1001, 1201))))  # shares no head with b (it would wait)
     assert apply(t) == [("b", 0, 100, True)]  # 40 rows left for c: it waits a step
     # 139 rows of room would leave 61: c takes 136 and leaves a 64-row last chunk.
     assert [p[:3] for p in apply(t)] == [("b", 100, 1), ("c", 0, 136)]
@@ -477,3 +477,72 @@ def test_a_single_slot_keeps_its_prefix_even_with_a_unified_cache() -> None:
     s.add(a)
     apply(s)
     assert s.remove(a) is None and s.slots.resident[0].tokens == [1, 2, 3, 4]
+
+
+def test_a_cold_burst_computes_its_shared_head_once() -> None:
+    """Agents starting together on one catalogue: one prefills the head, the others
+    wait and copy it; a prompt that shares nothing is not held back."""
+    s = per_slot(slots=4, n_ctx_seq=400)
+    head = list(range(1, 201))
+    burst = [seq_of(f"a{i}", head + [1000 + i] * 20) for i in range(3)]
+    other = seq_of("z", list(range(5000, 5100)))
+    for x in (*burst, other):
+        s.add(x)
+    computed = dict.fromkeys(("a0", "a1", "a2", "z"), 0)
+    copies = []
+    for _ in range(20):
+        chunks, kv = s.schedule()
+        copies += [op for op in kv.ops if isinstance(op, Copy)]
+        for c in chunks:
+            computed[c.seq.request_id] += c.length if not c.seq.prompt_done else 0
+            c.seq.num_computed += c.length
+        for c in chunks:
+            if c.sample:
+                c.seq.tokens.append(7)
+        s.check_integrity()
+        if all(x.is_decoding for x in (*burst, other)):
+            break
+    assert all(x.is_decoding for x in (*burst, other))
+    assert other.num_cached == 0 and computed["z"] == 100  # admitted at once, cold
+    assert computed["a0"] == 220
+    for x in burst[1:]:  # each copied most of the head, computed the rest and its tail
+        assert x.num_cached >= 200 - 64 and computed[x.request_id] <= 220 - x.num_cached
+    assert {op.dst for op in copies} == {burst[1].slot, burst[2].slot}
+
+
+def test_another_salt_does_not_wait_for_a_head() -> None:
+    s = per_slot(slots=2, n_ctx_seq=400)
+    head = list(range(1, 201))
+    a = seq_in("a", head + [7])
+    b = seq_in("b", head + [8], cache_salt="tenant-b")
+    s.add(a)
+    s.add(b)
+    apply(s)
+    assert b.status is SeqStatus.RUNNING and b.num_cached == 0
+
+
+def test_a_warm_short_turn_goes_before_a_cold_long_one_and_aging_bounds_it() -> None:
+    s = per_slot(slots=1, n_ctx_seq=400)
+    first = seq_of("first", list(range(1, 41)))
+    s.add(first)
+    while not first.is_decoding:
+        apply(s)
+    cold = seq_of("cold", list(range(500, 700)))  # arrives first, nothing to reuse
+    s.add(cold)
+    admitted = []
+    history = list(first.tokens)
+    for t in range(3):  # the agent's next turns, each extending what the slot holds
+        nxt = seq_of(f"turn{t}", history + [900 + t] * 5)
+        s.add(nxt)
+        s.remove(s.running[0])
+        apply(s)
+        admitted.append(s.running[0].request_id)
+        if nxt.status is SeqStatus.RUNNING:
+            # warm: all of the slot is reused but the last sampled token (never computed)
+            assert nxt.num_cached == len(history) - 1
+            while not nxt.is_decoding:
+                apply(s)
+            history = list(nxt.tokens)
+    # Twice (OVERTAKE_LIMIT_PER_SLOT x 1 slot) the warm turn went first; then the cold
+    # one had waited long enough.
+    assert admitted == ["turn0", "turn1", "cold"]

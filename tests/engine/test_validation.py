@@ -1,0 +1,23 @@
+"""Request checks only the engine can make (its model and its context), without a model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.types import GenerateRequest, InvalidRequestError, ModelInfo
+from engine.validation import validate
+
+INFO = ModelInfo("m", "/m.gguf", 512, 512, 100, 8, 4, None, "", "", False)
+
+
+def test_speculative_is_refused_where_it_would_change_the_tokens() -> None:
+    no_flash = dataclasses.replace(INFO, speculative_ok=False)
+    with pytest.raises(InvalidRequestError) as caught:
+        validate(GenerateRequest("r", (1, 2, 3), speculative=True), no_flash)
+    assert caught.value.param == "speculative" and "flash_attn" in str(caught.value)
+    # Not asking for it, or asking a model with flash attention, is fine.
+    validate(GenerateRequest("r", (1, 2, 3), speculative=False), no_flash)
+    validate(GenerateRequest("r", (1, 2, 3)), no_flash)
+    validate(GenerateRequest("r", (1, 2, 3), speculative=True), INFO)
