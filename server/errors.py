@@ -218,6 +218,10 @@ def speaks_anthropic(request: Request) -> bool:
 
 
 def render(request: Request, err: APIError) -> JSONResponse:
+    if request.url.path.startswith("/api/"):  # Ollama's shape: {"error": "..."}
+        message = err.message if err.param is None or err.param in err.message else (
+            f"{err.param}: {err.message}")  # fmt: skip
+        return JSONResponse({"error": message}, status_code=err.status, headers=err.headers)
     return err.response(anthropic=speaks_anthropic(request))
 
 
