@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.engine import EngineState
 from server.registry import ModelRegistry, ServedModel
 
 if TYPE_CHECKING:
@@ -106,7 +107,9 @@ class HubModels:
         names = [n for n in (also,) if n and n != model_id and self.models.get(n) is None]
         if self.models.get(model_id) is not None:  # that name serves another file
             raise HubModelError(f"the name {model_id!r} is taken by another model")
-        served = ServedModel(model_id, tuple(names), self.make_engine(model_id, path))
+        engine = self.make_engine(model_id, path)
+        engine.state = EngineState.UNLOADED  # until a request needs it (as configured on_demand)
+        served = ServedModel(model_id, tuple(names), engine)
         served.on_demand, served.pulled, served.path = True, True, path
         served.last_used = time.monotonic()
         self.models.add(served)

@@ -175,7 +175,7 @@ async def test_pull_streams_progress_then_serves_and_delete_removes_the_file(
     assert pulled["size"] == size and pulled["digest"] == progress[0]["digest"][7:]
     assert pulled["details"]["quantization_level"] == "Q8_0"
     served = client.app.state.models.get(f"hf.co/{REPO}:Q8_0")  # type: ignore[attr-defined]
-    assert served.on_demand and not served.engine.ready  # loaded by its first request
+    assert served.on_demand and served.engine.state is EngineState.UNLOADED  # until a request
     # Pulled again: a cache hit, the same model; without stream, one object.
     r = await client.post("/api/pull", json={"model": f"hf.co/{REPO}:q8_0", "stream": False})
     assert r.json() == {"status": "success"} and hub.downloads == ["tiny-Q8_0.gguf"]
