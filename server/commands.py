@@ -23,10 +23,10 @@ from rich.table import Table
 
 from server.chat_cli import run
 from server.cli_http import CommandError, check, connect
-from server.hub_models import HubName
 
 NAMES = ("pull", "ls", "list", "ps", "rm", "run")
 DEFAULT_HOST = "http://127.0.0.1:8080"
+HUB_PREFIXES = ("hf.co/", "huggingface.co/")  # as server/hub_models.py reads them
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
 
 
 def pull(client: httpx.Client, model: str, console: Console) -> int:
-    name = model if HubName.parse(model) else f"hf.co/{model}"
+    name = model if model.lower().startswith(HUB_PREFIXES) else f"hf.co/{model}"
     try:
         with client.stream("POST", "/api/pull", json={"model": name}) as r:
             if not r.is_success:
@@ -105,7 +105,9 @@ def _show_progress(lines: Iterator[str], console: Console) -> None:
 
 def _pull_here(name: str, console: Console) -> int:
     """No server: into the local hub cache (a server serves it from its next start)."""
+    # Here, not at the top: the other commands start without the server's modules.
     from server import hub
+    from server.hub_models import HubName
 
     wanted = HubName.parse(name)
     if wanted is None:

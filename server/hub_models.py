@@ -176,4 +176,6 @@ def remove_cached_file(path: str) -> None:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only empty ones
     if not any(p.is_file() or p.is_symlink() for p in snapshots.rglob("*")):
-        shutil.rmtree(snapshots.parent, ignore_errors=True)  # refs, blobs, .locks too
+        repo_dir = snapshots.parent
+        shutil.rmtree(repo_dir, ignore_errors=True)  # refs and blobs too
+        shutil.rmtree(repo_dir.parent / ".locks" / repo_dir.name, ignore_errors=True)

@@ -91,7 +91,7 @@ def test_the_ollama_client_manages_models(server: Server, hub: StandIn) -> None:
         assert client.delete("smol-copy").status == "success"
         assert client.delete(PULLED).status == "success"
         assert PULLED not in [m.model for m in client.list().models]
-        assert not list((Path(server.log_path).parent).glob("**/models--kvtest--*"))
+        assert not list((Path(server.log_path).parent / "hf").glob("**/models--kvtest--*"))
 
         for call, status in (
             (lambda: client.delete("nope"), 404),
