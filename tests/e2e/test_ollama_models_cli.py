@@ -52,7 +52,9 @@ def _env(hub: StandIn, cache: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def server(hub: StandIn, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("ollama")
-    args = ["--parallel", "2", "--threads", "2", "--api-key", "k"]
+    # A small context bounds an answer (the commands send no max_tokens): a slow machine
+    # finishes one in time.
+    args = ["--parallel", "2", "--threads", "2", "--api-key", "k", "--n-ctx", "256"]
     with running(args, tmp, env=_env(hub, tmp / "hf")) as s:
         yield s
 
@@ -124,7 +126,7 @@ class Terminal:
         os.close(slave)
         self.output = ""
 
-    def expect(self, text: str, timeout: float = 120) -> str:
+    def expect(self, text: str, timeout: float = 300) -> str:
         """Read until `text` appears (once more than it has so far)."""
         deadline = time.monotonic() + timeout
         seen = self.clean.count(text)
@@ -139,7 +141,7 @@ class Terminal:
     def send(self, line: str) -> None:
         os.write(self.master, line.encode() + b"\r")
 
-    def wait(self, timeout: float = 120) -> int:
+    def wait(self, timeout: float = 300) -> int:
         deadline = time.monotonic() + timeout
         while self.process.poll() is None:
             assert time.monotonic() < deadline, self.clean
