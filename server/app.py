@@ -26,6 +26,7 @@ from engine.client import (
     SessionNotFoundError,
 )
 from server import errors, hub, tracing
+from server.apis import ollama_models, ollama_pull
 from server.apis.responses_shared import RedisResponses
 from server.apis.responses_store import ResponseStore
 from server.config import (
@@ -38,6 +39,7 @@ from server.config import (
 )
 from server.deps import EngineLike, require_api_key
 from server.drain import Lifecycle
+from server.hub_models import HubModels
 from server.loading import ModelLoader
 from server.metrics import make_registry
 from server.metrics import router as metrics_router
@@ -125,11 +127,23 @@ def _served_models(
         )
         model.on_demand = cfg.load == "on_demand"
         model.idle_unload_s = cfg.idle_unload_s
+        model.path = cfg.model_path
         model.last_used = time.monotonic()  # idle time counts from the start
         if model.on_demand:
             the_engine.state = EngineState.UNLOADED  # until a request needs it
         served.append(model)
     return ModelRegistry(served)
+
+
+def _hub_models(settings: Settings, served: ModelRegistry, loader: ModelLoader) -> HubModels:
+    """Pulled models: served with the [engine] defaults, loaded by their first request."""
+
+    def make_engine(model_id: str, path: str) -> EngineLike:
+        section = ModelSection(id=model_id, path=path, engine=settings.engine)
+        return Engine(engine_config(section, settings, model_id))
+
+    configured = frozenset(m.hf_repo.partition(":")[0] for m in settings.models if m.hf_repo)
+    return HubModels(served, loader, make_engine, settings.hub.cache_dir, configured)
 
 
 def _response_store(settings: Settings, served: ModelRegistry) -> ResponseStore:
@@ -217,6 +231,9 @@ def create_app(
     app.state.responses = _response_store(settings, served)
     app.state.registry, app.state.metrics = make_registry(served)
     app.state.loader = ModelLoader(served, settings.loading, app.state.registry)
+    app.state.hub_models = _hub_models(settings, served, app.state.loader)
+    if engine is None and engines is None:  # a real server: what the hub cache holds
+        app.state.hub_models.discover()
     errors.install(app)
 
     authed = [Depends(require_api_key)]
@@ -235,6 +252,8 @@ def create_app(
         cache.router,
         ollama.router,
         status.router,
+        ollama_models.router,
+        ollama_pull.router,
     ):
         app.include_router(router, dependencies=authed)
     page.install(app)  # the page at / (its API calls carry the key)

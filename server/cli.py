@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from server import commands
 from server.config import LOG_LEVELS, ConfigError, disk_dir_problem, load_settings
 
 # flag -> "section.key" ("model.*" needs a single model; "engine.*" applies to every model)
@@ -30,7 +31,11 @@ _FLAGS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="kvserve", description="OpenAI-compatible server on llama.cpp")
+    p = argparse.ArgumentParser(
+        prog="kvserve",
+        description="OpenAI-compatible server on llama.cpp",
+        epilog="model commands (a client of a running server): kvserve pull|ls|ps|rm|run --help",
+    )
     p.add_argument("--config", help="TOML configuration file")
     p.add_argument(
         "--print-config", action="store_true", help="print the effective configuration and exit"
@@ -54,12 +59,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-disk-cache",
         action="store_const",
         const="",
-        help="no disk tier (cache.disk_dir = \"\"): the prefix cache lives in RAM only",
+        help='no disk tier (cache.disk_dir = ""): the prefix cache lives in RAM only',
     )
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in commands.NAMES:  # kvserve pull|ls|ps|rm|run: a client
+        return commands.main(argv)
+    if argv and argv[0] == "serve":  # `kvserve serve [flags]` is bare `kvserve [flags]`
+        argv = argv[1:]
     args = parse_args(argv)
     overrides = {}
     for flag, dotted in _FLAGS.items():

@@ -63,6 +63,10 @@ class ModelLoader:
         self._seen = {m.id: m.engine.state for m in models}
         self._failed_at: dict[str, float] = {}  # model -> when its last load failed
 
+    def _lock(self, served: ServedModel) -> asyncio.Lock:
+        # setdefault: a model pulled at run time (server/hub_models.py) gets its own too
+        return self._locks.setdefault(served.id, asyncio.Lock())
+
     # -- what requests call ------------------------------------------------------------
 
     async def ensure_loaded(self, served: ServedModel, *, retry_now: bool = False) -> None:
@@ -94,7 +98,7 @@ class ModelLoader:
     async def load(self, served: ServedModel, *, retry_now: bool = False) -> None:
         """Start loading `served` (unloading idle models first to keep within the budget);
         returns without waiting for the load."""
-        async with self._locks[served.id]:
+        async with self._lock(served):
             engine = served.engine
             if engine.ready or engine.state in _COMING:
                 return
@@ -109,7 +113,7 @@ class ModelLoader:
 
     async def unload(self, served: ServedModel) -> bool:
         """Unload `served` if it is loaded and idle; False if it was not."""
-        async with self._locks[served.id]:
+        async with self._lock(served):
             engine = served.engine
             if not engine.ready or served.in_flight or engine.busy:
                 return False
@@ -121,6 +125,11 @@ class ModelLoader:
             done = await asyncio.to_thread(engine.wait_stopped)
             self._observe()
             return done
+
+    def forget(self, served: ServedModel) -> None:
+        """`served` is no longer served (deleted): its bookkeeping goes with it."""
+        for table in (self._locks, self._seen, self._failed_at):
+            table.pop(served.id, None)  # type: ignore[attr-defined]
 
     # -- policy ------------------------------------------------------------------------
 
@@ -143,7 +152,7 @@ class ModelLoader:
                 )
             victim = min(idle, key=lambda m: m.last_used)
             log.info("memory budget: unloading %s to load %s", victim.id, loading.id)
-            async with self._locks[victim.id]:
+            async with self._lock(victim):
                 self._observe()
                 if victim.engine.unload():
                     self._seen[victim.id] = EngineState.READY
@@ -169,7 +178,8 @@ class ModelLoader:
     def _observe(self) -> None:
         """Count the state changes since last time (startup loads included)."""
         for served in self.models:
-            state, before = served.engine.state, self._seen[served.id]
+            state = served.engine.state
+            before = self._seen.setdefault(served.id, state)  # a model added at run time
             if state is before:
                 continue
             if state is EngineState.READY:

@@ -25,6 +25,8 @@ class ServedModel:
     loras: tuple[tuple[str, float], ...] = ()  # configured adapters: (id, default scale)
     on_demand: bool = False  # loaded by its first request, not at start
     idle_unload_s: float = 0.0  # unloaded after this long without requests; 0: never
+    path: str = ""  # the configured GGUF ("" for a hub model until it is fetched)
+    pulled: bool = False  # a hub-cache model (pulled, or found in the cache): deletable
     in_flight: int = 0  # generation requests on it now (see server/model_gate.py)
     last_used: float = 0.0  # time.monotonic() of its last request's start or end
     # Set by a request's keep_alive (Ollama's API): idle seconds before an unload, inf
@@ -72,6 +74,43 @@ class ModelRegistry:
 
     def get(self, name: str) -> ServedModel | None:
         return self._by_name.get(name)
+
+    # -- models and names added at run time (server/hub_models.py, /api/copy) ----------
+
+    def add(self, model: ServedModel) -> None:
+        """Serve one more model (a pulled one); its names must be free."""
+        taken = [n for n in (model.id, *model.aliases) if n in self._by_name]
+        if taken:
+            raise ValueError(f"the model name {taken[0]!r} is used twice")
+        self.models.append(model)
+        for name in (model.id, *model.aliases):
+            self._by_name[name] = model
+
+    def remove(self, model: ServedModel) -> None:
+        """Stop serving `model` (never the default one), with every name it has."""
+        if model is self.default:
+            raise ValueError("the default model cannot be removed")
+        self.models.remove(model)
+        for name in [n for n, m in self._by_name.items() if m is model]:
+            del self._by_name[name]
+
+    def alias(self, name: str, model: ServedModel) -> None:
+        """`name` names `model` too (an /api/copy); a free name, or one made this way."""
+        self.drop_alias(name)
+        model.aliases = (*model.aliases, name)
+        self._by_name[name] = model
+
+    def drop_alias(self, name: str) -> None:
+        model = self._by_name.get(name)
+        if model is None:
+            return
+        if name == model.id:
+            raise ValueError(f"{name!r} is a model's id, not an alias")
+        model.aliases = tuple(a for a in model.aliases if a != name)
+        del self._by_name[name]
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
 
     @property
     def default(self) -> ServedModel:

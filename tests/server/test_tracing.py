@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.client import CacheConfig
 from server import tracing
 from server.app import create_app
-from server.config import CacheSection, Settings, TracingSection
+from server.config import Settings, TracingSection
 from tests.fakes import FakeEngine
 from tests.otlp_receiver import Receiver, Span, running_receiver
 from tests.redis_process import Redis, running_redis
@@ -173,7 +174,7 @@ def redis_server(tmp_path: Path) -> Iterator[Redis]:
 async def test_stored_responses_in_redis_are_spans_of_the_request(
     receiver: Receiver, redis_server: Redis
 ) -> None:
-    settings = traced(receiver, cache=CacheSection(disk_dir="", shared_url=redis_server.url))
+    settings = traced(receiver, cache=CacheConfig(disk_dir="", shared_url=redis_server.url))
     app = create_app(settings, engine=FakeEngine())
     try:
         with tracing.started(settings.tracing):

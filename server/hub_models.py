@@ -1,0 +1,181 @@
+"""Models of the hub cache, served beside the configured ones.
+
+A GGUF fetched by `POST /api/pull` (or by `kvserve pull` without a server), or found in
+huggingface_hub's cache when the server starts, is served under the name Ollama gives a
+Hugging Face model, `hf.co/org/repo:QUANT` (`:latest` for a repository's only GGUF).
+Such a model loads on its first request with the `[engine]` defaults, and is the only
+kind `DELETE /api/delete` removes from disk: configured models (a `path`, the bundled
+default, an `hf_repo`) belong to the configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.client import EngineState
+from server.registry import ModelRegistry, ServedModel
+
+if TYPE_CHECKING:
+    from server.deps import EngineLike
+    from server.loading import ModelLoader
+
+log = logging.getLogger("kvserve.server")
+
+PREFIXES = ("hf.co/", "huggingface.co/")
+# A file's quant tag, as a whole word of its name: "SmolLM2.Q4_K_M.gguf" -> "Q4_K_M".
+_QUANT = re.compile(r"(?:^|[-._])(I?Q\d[A-Z0-9_]*|BF16|F16|F32)(?=[-.])", re.IGNORECASE)
+_SHARD = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
+_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+class HubModelError(Exception):
+    """A request about a hub model that cannot be done; the text names the cause."""
+
+
+@dataclass(frozen=True, slots=True)
+class HubName:
+    """`hf.co/org/repo[:QUANT]`: `quant` empty or "latest" means the repository's only GGUF."""
+
+    repo: str
+    quant: str = ""
+
+    @classmethod
+    def parse(cls, name: str) -> HubName | None:
+        """None for a name that is not a Hugging Face one (Ollama's library names)."""
+        for prefix in PREFIXES:
+            if name.lower().startswith(prefix):
+                repo, _, tag = name[len(prefix) :].partition(":")
+                if not _REPO.fullmatch(repo):
+                    return None
+                return cls(repo, "" if tag.lower() == "latest" else tag)
+        return None
+
+    @property
+    def spec(self) -> str:
+        """For server.hub: `org/repo[:QUANT]`."""
+        return f"{self.repo}:{self.quant}" if self.quant else self.repo
+
+    @property
+    def name(self) -> str:
+        return f"hf.co/{self.repo}:{self.quant or 'latest'}"
+
+
+def quant_of(filename: str) -> str:
+    found = _QUANT.findall(Path(filename).name)
+    return found[-1].upper() if found else ""
+
+
+def is_model_file(filename: str) -> bool:
+    """A GGUF that is a model: not a projector, not a shard of a split file."""
+    low = filename.lower()
+    return low.endswith(".gguf") and "mmproj" not in low and not _SHARD.search(low)
+
+
+class HubModels:
+    """The hub-cache models this server serves: registered, found, deleted."""
+
+    def __init__(
+        self,
+        models: ModelRegistry,
+        loader: ModelLoader,
+        make_engine: Callable[[str, str], EngineLike],  # (model id, GGUF path) -> engine
+        cache_dir: str,
+        configured_repos: frozenset[str],
+    ):
+        self.models = models
+        self.loader = loader
+        self.make_engine = make_engine
+        self.cache_dir = cache_dir or None  # None: huggingface_hub's (HF_HUB_CACHE)
+        self.configured_repos = configured_repos  # their files are never deleted here
+        self.copies: set[str] = set()  # names /api/copy gave (aliases, this process only)
+
+    def register(self, repo: str, path: str, *, also: str = "") -> ServedModel:
+        """Serve the GGUF at `path` of `repo` (loaded on demand); the model already
+        served from that file when there is one. `also`: a name it is known by too."""
+        for served in self.models:
+            if served.pulled and served.path == path:
+                return served
+        model_id = HubName(repo, quant_of(path)).name
+        names = [n for n in (also,) if n and n != model_id and self.models.get(n) is None]
+        if self.models.get(model_id) is not None:  # that name serves another file
+            raise HubModelError(f"the name {model_id!r} is taken by another model")
+        engine = self.make_engine(model_id, path)
+        engine.state = EngineState.UNLOADED  # until a request needs it (as configured on_demand)
+        served = ServedModel(model_id, tuple(names), engine)
+        served.on_demand, served.pulled, served.path = True, True, path
+        served.last_used = time.monotonic()
+        self.models.add(served)
+        log.info("serving %s from the hub cache (%s)", model_id, path)
+        return served
+
+    def discover(self) -> None:
+        """Serve every model GGUF the hub cache holds (the newest revision of each
+        repository), except the repositories configured models use."""
+        from huggingface_hub import CacheNotFound, scan_cache_dir
+
+        try:
+            info = scan_cache_dir(self.cache_dir)
+        except CacheNotFound:
+            return
+        for repo in sorted(info.repos, key=lambda r: r.repo_id):
+            if repo.repo_type != "model" or repo.repo_id in self.configured_repos:
+                continue
+            if not repo.revisions:
+                continue
+            newest = max(repo.revisions, key=lambda r: r.last_modified)
+            files = sorted(
+                (f for f in newest.files if is_model_file(f.file_name)), key=lambda f: f.file_name
+            )
+            for f in files:
+                only = len(files) == 1 and quant_of(f.file_name)
+                try:
+                    self.register(repo.repo_id, str(f.file_path),
+                                  also=f"hf.co/{repo.repo_id}:latest" if only else "")  # fmt: skip
+                except (HubModelError, ValueError) as exc:
+                    log.warning("hub cache: %s not served: %s", f.file_path, exc)
+
+    async def delete(self, served: ServedModel) -> None:
+        """Unload `served`, stop serving it and remove its file from the hub cache."""
+        if not served.pulled:
+            raise HubModelError(f"the model {served.id!r} is configured, not pulled")
+        repo = HubName.parse(served.id)
+        if repo is not None and repo.repo in self.configured_repos:
+            raise HubModelError(f"its file belongs to a configured model ({repo.repo})")
+        if served.in_flight or served.engine.busy:
+            raise HubModelError(f"the model {served.id!r} has requests in flight")
+        if served.engine.ready and not await self.loader.unload(served):
+            raise HubModelError(f"the model {served.id!r} has requests in flight")
+        self.models.remove(served)
+        self.loader.forget(served)
+        served.engine.close()
+        remove_cached_file(served.path)
+
+
+def remove_cached_file(path: str) -> None:
+    """Remove one file of huggingface_hub's cache: its snapshot link, its blob when no
+    other snapshot links to it, and the repository's folder once nothing is left."""
+    link = Path(path)
+    snapshots = next((p for p in link.parents if p.name == "snapshots"), None)
+    if snapshots is None:  # not in a hub cache layout: nothing of ours to remove
+        raise HubModelError(f"{path} is not a file of the hub cache")
+    blob = link.resolve()
+    link.unlink(missing_ok=True)
+    still_linked = any(p.is_symlink() and p.resolve() == blob for p in snapshots.rglob("*"))
+    if blob != link and not still_linked:
+        blob.unlink(missing_ok=True)
+    for folder in sorted(snapshots.rglob("*"), key=lambda p: -len(p.parts)):
+        if folder.is_dir():
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only empty ones
+    if not any(p.is_file() or p.is_symlink() for p in snapshots.rglob("*")):
+        repo_dir = snapshots.parent
+        shutil.rmtree(repo_dir, ignore_errors=True)  # refs and blobs too
+        shutil.rmtree(repo_dir.parent / ".locks" / repo_dir.name, ignore_errors=True)
