@@ -14,6 +14,21 @@ from tests.fakes import FakeEngine
 
 ClientFactory = Callable[..., httpx.AsyncClient]
 
+# The layers a quick loop can leave out by marker (`pytest -m "not e2e"`, `-m "not model"`):
+# every test under a layer's directory carries its marker.
+LAYER_MARKERS = {"e2e": "e2e", "integration": "integration", "reliability": "model"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.parts
+        layer = parts[parts.index("tests") + 1] if "tests" in parts else ""
+        marker = LAYER_MARKERS.get(layer)
+        if marker is not None:
+            item.add_marker(marker)
+        if layer in ("e2e", "integration"):
+            item.add_marker("model")  # both run the real default model
+
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
