@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from server.config_values import ConfigError
-
 TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to a bare collector URL
 _PACKAGES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
@@ -46,23 +44,23 @@ class TracingSection:
         if self.otlp_endpoint:
             url = urlsplit(self.otlp_endpoint)
             if url.scheme not in ("http", "https") or not url.hostname:
-                raise ConfigError(
-                    "tracing.otlp_endpoint: an http:// or https:// URL of an OTLP/HTTP "
+                raise ValueError(
+                    "otlp_endpoint: an http:// or https:// URL of an OTLP/HTTP "
                     f"collector (e.g. http://127.0.0.1:4318), got {self.otlp_endpoint!r}"
                 )
         if not self.service_name.strip():
-            raise ConfigError("tracing.service_name: must not be empty")
+            raise ValueError("service_name: must not be empty")
         if not 0.0 <= self.sample_ratio <= 1.0:
-            raise ConfigError(f"tracing.sample_ratio: between 0 and 1, got {self.sample_ratio}")
+            raise ValueError(f"sample_ratio: between 0 and 1, got {self.sample_ratio}")
         for entry in self.headers:
             name, sep, value = entry.partition("=")
             if not sep or not _HEADER_NAME.match(name.strip()):
-                raise ConfigError(f"tracing.headers: {entry!r} is not name=value")
+                raise ValueError(f"headers: {entry!r} is not name=value")
             if any(c in value for c in "\r\n\0"):
-                raise ConfigError(f"tracing.headers: the value of {name!r} has a line break")
+                raise ValueError(f"headers: the value of {name!r} has a line break")
         if self.enabled and not all(map(importlib.util.find_spec, _PACKAGES)):
-            raise ConfigError(
-                "tracing.otlp_endpoint: tracing needs the OpenTelemetry packages: "
+            raise ValueError(
+                "otlp_endpoint: tracing needs the OpenTelemetry packages: "
                 "pip install 'kvserve[tracing]'"
             )
 
