@@ -27,6 +27,7 @@ from engine import KV_TYPES, CacheConfig, gpu_offload_supported
 from engine.scheduler import exact_min_chunk, exact_min_rows, least_prefill_chunk, least_step_tokens
 from server.config_values import ConfigError, coerce
 from server.hub import HubError, HubSource
+from server.mcp.settings import McpSection, McpServerSection, mcp_servers, validate_mcp
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
@@ -243,6 +244,8 @@ class Settings:
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    mcp: McpSection = field(default_factory=McpSection)
+    mcp_servers: tuple[McpServerSection, ...] = ()  # [[mcp_servers]] entries
 
     def masked(self) -> dict[str, Any]:
         """The effective settings for --print-config: secrets masked, paths resolved."""
@@ -252,6 +255,10 @@ class Settings:
         for entry, model in zip(data["models"], self.models, strict=True):
             entry["path"] = model.model_path or None
         data["cache"]["disk_dir"] = self.cache.disk_path
+        for entry in data["mcp_servers"]:
+            entry.pop("tenants", None)
+            entry["api_keys"] = ["***"] * len(entry["api_keys"])
+            entry["headers"] = {name: "***" for name, _ in entry["headers"]}
         return data
 
 
@@ -267,6 +274,7 @@ SECTIONS: dict[str, type] = {
     "auth": AuthSection,
     "metrics": MetricsSection,
     "logging": LoggingSection,
+    "mcp": McpSection,
 }
 _MODEL_KEYS = (
     "id",
@@ -348,7 +356,7 @@ def load_settings(
     `flag_names` maps the same keys to the flags' names for error messages."""
     data = _read_toml(path) if path else {}
     for name in data:
-        if name not in SECTIONS and name not in ("model", "models"):
+        if name not in SECTIONS and name not in ("model", "models", "mcp_servers"):
             raise ConfigError(f"{name}: unknown section")
     values = {name: _table(name, data.get(name, {}), _hints(cls)) for name, cls in SECTIONS.items()}
     model_hints = {**_hints(ModelSection), **_hints(EngineSection)}
@@ -396,7 +404,8 @@ def load_settings(
             ModelSection(**{k: v for k, v in entry.items() if k in _MODEL_KEYS}, engine=engine)
         )
     sections = {name: cls(**values[name]) for name, cls in SECTIONS.items()}
-    settings = Settings(models=tuple(models), **sections)
+    servers = mcp_servers(data.get("mcp_servers"))
+    settings = Settings(models=tuple(models), mcp_servers=servers, **sections)
     _validate(settings, [label for label, _ in entries])
     return settings
 
@@ -417,6 +426,7 @@ def _validate(s: Settings, labels: list[str]) -> None:
         if getattr(s.logging, key).lower() not in LOG_LEVELS:
             raise ConfigError(f"logging.{key}: one of {', '.join(LOG_LEVELS)}")
     _validate_engine("engine", s.engine)
+    validate_mcp(s.mcp)
     if s.loading.memory_budget_bytes < 0:
         raise ConfigError("loading.memory_budget_bytes: must not be negative")
     if s.loading.wait_s <= 0:

@@ -32,6 +32,12 @@ class NamedFunctionChoice(_Open):
     name: str
 
 
+class McpChoice(_Open):
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
+
+
 class Reasoning(_Open):
     effort: str | None = None
     summary: str | None = None
@@ -49,7 +55,7 @@ class ResponsesRequest(_Open):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | McpChoice | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
