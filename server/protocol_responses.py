@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from server.errors import Unsupported
+from server.protocol import McpToolChoice as McpChoice
 from server.protocol import Probability, _Open
 
 
@@ -30,12 +31,6 @@ class TextConfig(_Open):
 class NamedFunctionChoice(_Open):
     type: Literal["function"]
     name: str
-
-
-class McpChoice(_Open):
-    type: Literal["mcp"]
-    server_label: str
-    name: str | None = None
 
 
 class Reasoning(_Open):

@@ -16,6 +16,7 @@ from server.deps import Caller, EngineLike
 from server.errors import BadRequest
 from server.mcp.manager import McpManager
 from server.mcp.toolset import McpRef, Toolset, list_tools, resolve
+from server.protocol import McpToolChoice
 
 log = logging.getLogger("kvserve.mcp")
 
@@ -37,6 +38,20 @@ async def open_toolset(request: Request, refs: list[McpRef], caller: Caller) -> 
         await toolset.close()
         raise
     return toolset
+
+
+def check_mcp_choice(choice: object, toolset: Toolset) -> None:
+    """An mcp tool_choice names a server of the request, and a tool it offers."""
+    if not isinstance(choice, McpToolChoice):
+        return
+    server = toolset.server(choice.server_label)
+    if server is None:
+        raise BadRequest(f"tool_choice names the server '{choice.server_label}', which is not "
+                         "among the mcp tools", param="tool_choice.server_label")
+    offered = server.error is not None or toolset.owner(choice.name or "") is server
+    if choice.name is not None and not offered:
+        raise BadRequest(f"tool_choice names '{choice.name}', which '{choice.server_label}' "
+                         "does not offer", param="tool_choice.name")
 
 
 def loop_session(given: str | None) -> tuple[str, SessionPool, bool]:

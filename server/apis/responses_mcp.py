@@ -20,7 +20,7 @@ from sse_starlette import ServerSentEvent
 from chat.plan import ChatOptions
 from engine.engine import Generation
 from engine.types import GenerateRequest
-from server.apis.mcp_common import cleanup_later, loop_session, open_toolset
+from server.apis.mcp_common import check_mcp_choice, cleanup_later, loop_session, open_toolset
 from server.apis.mcp_input import openai_ref
 from server.apis.responses import (
     _finished,
@@ -88,20 +88,6 @@ def _approvals(body: ResponsesRequest, earlier: list[dict[str, Any]],
     return out
 
 
-def _check_choice(body: ResponsesRequest, toolset: Toolset) -> None:
-    choice = body.tool_choice
-    if not isinstance(choice, McpChoice):
-        return
-    server = toolset.server(choice.server_label)
-    if server is None:
-        raise BadRequest(f"tool_choice names the server '{choice.server_label}', which is not "
-                         "among the mcp tools", param="tool_choice.server_label")
-    offered = server.error is not None or toolset.owner(choice.name or "") is server
-    if choice.name is not None and not offered:
-        raise BadRequest(f"tool_choice names '{choice.name}', which '{choice.server_label}' "
-                         "does not offer", param="tool_choice.name")
-
-
 def _echo_tools(body: ResponsesRequest, response: dict[str, Any]) -> None:
     """The response's `tools`: the mcp entries as sent, their secrets left out."""
     for i, tool in enumerate(body.tools or []):
@@ -127,7 +113,7 @@ async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: C
             if t.get("type") == "mcp"]  # fmt: skip
     toolset = await open_toolset(request, refs, caller)
     try:
-        _check_choice(body, toolset)
+        check_mcp_choice(body.tool_choice, toolset)
         earlier = previous.response["output"] if previous else []
         resumed = _approvals(body, earlier, toolset)
     except BaseException:
