@@ -131,5 +131,5 @@ def anthropic_ref(server: Any, where: str) -> McpRef:
     return McpRef(
         where, name, url, names if enabled else (),
         "never",  # the connector has no approvals: the tools run
-        {"Authorization": "Bearer " + token} if token else None,
+        {"Authorization": "Bearer " + token} if token else None, "url", "name",
     )  # fmt: skip

@@ -29,6 +29,9 @@ class McpRef:
     # "never", or "always" for every tool, or the tools that need (never) approval
     approval: Literal["never", "always"] | dict[str, tuple[str, ...]] = "never"
     headers: dict[str, str] | None = None
+    # how the API names the two fields, for its errors (Anthropic: "url" and "name")
+    url_field: str = "server_url"
+    label_field: str = "server_label"
 
 
 @dataclass(slots=True)
@@ -92,19 +95,19 @@ def resolve(manager: McpManager, refs: list[McpRef], tenant: str, refuse: Refuse
         if spec is None and ref.url is not None:
             spec = manager.by_url(ref.url)
         if spec is None:
-            field_ = "server_url" if ref.url is not None else "server_label"
+            field_ = ref.url_field if ref.url is not None else ref.label_field
             raise refuse(f"{ref.where}.{field_}", f"'{ref.url or ref.label}' is not an MCP "
                          "server configured on this server (only [[mcp_servers]] entries "
                          "are ever contacted)")  # fmt: skip
         if ref.url is not None and ref.url.rstrip("/") != spec.url.rstrip("/"):
-            raise refuse(f"{ref.where}.server_url", "this server_url is not configured for "
+            raise refuse(f"{ref.where}.{ref.url_field}", "this URL is not configured for "
                          f"'{spec.label}'; kvserve only calls the URLs in its configuration")
         if not spec.usable_by(tenant):
-            raise refuse(f"{ref.where}.server_label",
+            raise refuse(f"{ref.where}.{ref.label_field}",
                          f"this API key may not use the MCP server '{spec.label}'")  # fmt: skip
         if any(s.connection.spec.label == spec.label or s.ref.label == ref.label
                for s in toolset.servers):
-            raise refuse(f"{ref.where}.server_label", f"'{ref.label}' is named twice")
+            raise refuse(f"{ref.where}.{ref.label_field}", f"'{ref.label}' is named twice")
         private = bool(ref.headers)
         conn = (manager.private(spec.label, ref.headers or {}) if private
                 else manager.connection(spec.label))  # fmt: skip
@@ -132,7 +135,7 @@ async def list_tools(toolset: Toolset, refuse: Refuse) -> None:
             tools = tuple(t for t in tools if t.name in server.ref.allowed_tools)
         for tool in tools:
             if tool.name in seen:
-                raise refuse(f"{server.ref.where}.server_label", f"the tool '{tool.name}' is "
+                raise refuse(f"{server.ref.where}.{server.ref.label_field}", f"the tool '{tool.name}' is "
                              f"offered by both '{seen[tool.name]}' and '{spec.label}'")
             seen[tool.name] = spec.label
         server.tools = tools
