@@ -135,7 +135,8 @@ async def list_tools(toolset: Toolset, refuse: Refuse) -> None:
             tools = tuple(t for t in tools if t.name in server.ref.allowed_tools)
         for tool in tools:
             if tool.name in seen:
-                raise refuse(f"{server.ref.where}.{server.ref.label_field}", f"the tool '{tool.name}' is "
-                             f"offered by both '{seen[tool.name]}' and '{spec.label}'")
+                where = f"{server.ref.where}.{server.ref.label_field}"
+                raise refuse(where, f"the tool '{tool.name}' is offered by both "
+                             f"'{seen[tool.name]}' and '{spec.label}'")  # fmt: skip
             seen[tool.name] = spec.label
         server.tools = tools
