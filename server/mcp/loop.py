@@ -128,7 +128,8 @@ def _round_options(spec: LoopSpec, iteration: int) -> ChatOptions:
         choice = ToolChoice("none") if not spec.options.tools else ToolChoice("auto")
         if spec.options.tools:
             tools = spec.options.tools
-    elif iteration == 0:
+    elif iteration == 0 or first.mode == "required":
+        # a named tool is forced once; "required" holds until the limit, which ends it
         choice = first if _can_call(first, tools) else ToolChoice("auto")
     else:
         choice = ToolChoice("none") if first.mode == "none" else ToolChoice("auto")

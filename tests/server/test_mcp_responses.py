@@ -46,6 +46,11 @@ def req(**extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "input": "What is 2 + 3?", "tools": [NEVER], **extra}
 
 
+def force(reply: str, label: str = "tools") -> dict[str, Any]:
+    """The named mcp tool_choice of the call in `reply`."""
+    return {"type": "mcp", "server_label": label, "name": json.loads(reply)["tool_calls"][0]["name"]}
+
+
 def prompt_text(fake: FakeEngine, n: int) -> str:
     return bytes(fake.submitted[n].prompt_tokens).decode()
 
@@ -114,7 +119,7 @@ async def test_a_failing_tool_is_folded_back_and_the_turn_goes_on(
     entries = servers(mcp_http.url, tmp_path / "s.log", tools={"timeout_s": timeout})
     async with mcp_client(fake, entries) as client:
         fake.replies = [reply, "Sorry, that failed."]
-        r = await client.post("/v1/responses", json=req(tool_choice="required"))
+        r = await client.post("/v1/responses", json=req(tool_choice=force(reply)))
         assert r.status_code == 200, r.text
         _, called, message = r.json()["output"]
         assert called["status"] == "failed" and called["output"] is None
@@ -124,7 +129,7 @@ async def test_a_failing_tool_is_folded_back_and_the_turn_goes_on(
         assert "Error: " in prompt_text(fake, 1)
         # the server goes on serving
         fake.replies = [ADD, "5"]
-        r = await client.post("/v1/responses", json=req(tool_choice="required"))
+        r = await client.post("/v1/responses", json=req(tool_choice=force(ADD)))
         assert r.json()["output"][1]["output"] == "5"
 
 
@@ -143,7 +148,7 @@ async def test_a_server_that_is_down_is_reported_and_the_turn_goes_on(
 
 async def test_a_huge_result_is_cut_with_a_note(client: httpx.AsyncClient, fake: FakeEngine) -> None:
     fake.replies = [call("huge", '{"n": 50000}'), "Long."]
-    r = await client.post("/v1/responses", json=req(tool_choice="required"))
+    r = await client.post("/v1/responses", json=req(tool_choice=force(fake.replies[0])))
     output = r.json()["output"][1]["output"]
     assert output.startswith("x" * 1000) and "cut from 50,000 to 1,000 characters" in output
     assert len(output) < 1100
@@ -153,7 +158,7 @@ async def test_a_huge_result_is_cut_with_a_note(client: httpx.AsyncClient, fake:
 async def test_stdio_server(client: httpx.AsyncClient, fake: FakeEngine) -> None:
     fake.replies = [call("echo", '{"text": "over stdio"}'), "Done."]
     tools = [{"type": "mcp", "server_label": "local", "require_approval": "never"}]
-    r = await client.post("/v1/responses", json=req(tools=tools, tool_choice="required"))
+    r = await client.post("/v1/responses", json=req(tools=tools, tool_choice=force(fake.replies[0], "local")))
     assert r.status_code == 200, r.text
     assert r.json()["output"][1]["output"] == "over stdio"
 
@@ -166,12 +171,13 @@ async def test_iterations_are_bounded(client: httpx.AsyncClient, fake: FakeEngin
     assert output[-1]["type"] == "message"
     assert len(fake.submitted) == 4
     assert fake.submitted[-1].sampling.grammar is None  # the last round may not call
+    assert all(not r.sampling.grammar_lazy for r in fake.submitted[:-1])  # "required" holds
 
 
 async def test_approval_round_trip(client: httpx.AsyncClient, fake: FakeEngine) -> None:
     fake.replies = [ADD]
     tools = [{"type": "mcp", "server_label": "tools"}]  # require_approval: "always" by default
-    r = await client.post("/v1/responses", json=req(tools=tools, tool_choice="required"))
+    r = await client.post("/v1/responses", json=req(tools=tools, tool_choice=force(ADD)))
     first = r.json()
     asked = first["output"][-1]
     assert asked["type"] == "mcp_approval_request" and asked["name"] == "add"
@@ -202,7 +208,7 @@ async def test_approval_round_trip(client: httpx.AsyncClient, fake: FakeEngine) 
 
 async def test_tool_list_changed_is_seen(client: httpx.AsyncClient, fake: FakeEngine) -> None:
     fake.replies = [call("grow"), "Grown."]
-    r = await client.post("/v1/responses", json=req(tool_choice="required"))
+    r = await client.post("/v1/responses", json=req(tool_choice=force(fake.replies[0])))
     assert r.json()["output"][1]["output"] == "grown"
     for _ in range(50):
         fake.replies = ["ok"]
@@ -217,7 +223,7 @@ async def test_cancelling_the_request_cancels_the_call(
     client: httpx.AsyncClient, fake: FakeEngine, mcp_http: HttpMcp
 ) -> None:
     fake.replies = [call("slow", '{"seconds": 30, "tag": "gone"}'), "never"]
-    task = asyncio.ensure_future(client.post("/v1/responses", json=req(tool_choice="required")))
+    task = asyncio.ensure_future(client.post("/v1/responses", json=req(tool_choice=force(fake.replies[0]))))
     for _ in range(300):
         if "start gone" in mcp_http.lines():
             break
