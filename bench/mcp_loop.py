@@ -67,7 +67,8 @@ async def server_loop(http: httpx.AsyncClient, question: str) -> tuple[float, in
     start = time.perf_counter()
     r = await http.post("/v1/responses", json={
         "model": MODEL, "instructions": SYSTEM, "input": question, "temperature": 0,
-        "max_output_tokens": 48, "store": False, "tool_choice": "required",
+        "max_output_tokens": 96, "store": False, "tool_choice": "required",
+        "parallel_tool_calls": False,
         "tools": [{"type": "mcp", "server_label": "bench", "require_approval": "never",
                    "allowed_tools": ["add"]}]})  # fmt: skip
     r.raise_for_status()
@@ -87,7 +88,8 @@ async def client_loop(http: httpx.AsyncClient, mcp: Client, question: str,
     for n in range(calls + 1):
         r = await http.post("/v1/responses", json={
             "model": MODEL, "instructions": SYSTEM, "input": items, "temperature": 0,
-            "max_output_tokens": 48, "store": False, "tools": tools,
+            "max_output_tokens": 96, "store": False, "tools": tools,
+            "parallel_tool_calls": False,
             "tool_choice": "required" if n < calls else "none"})  # fmt: skip
         r.raise_for_status()
         body = r.json()

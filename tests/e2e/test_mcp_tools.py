@@ -23,6 +23,7 @@ pytestmark = pytest.mark.model
 MODEL = "SmolLM2-135M-Instruct"
 KEY = "sk-e2e-mcp"
 SYSTEM = "You are a careful assistant that uses tools to do arithmetic. " * 4
+# (one call per round: with parallel calls allowed, greedy decoding repeats the call)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,8 @@ def tool(**extra: Any) -> dict[str, Any]:
 
 
 ARGS: dict[str, Any] = dict(model=MODEL, instructions=SYSTEM, input="What is 2 plus 3?",
-                            temperature=0, max_output_tokens=200, store=False)  # fmt: skip
+                            temperature=0, max_output_tokens=200, store=False,
+                            parallel_tool_calls=False)  # fmt: skip
 FORCE_ADD = {"type": "mcp", "server_label": "tools", "name": "add"}
 
 
@@ -107,6 +109,7 @@ def test_approval_round_trip(oai: openai.OpenAI) -> None:
     assert asked.type == "mcp_approval_request" and asked.name == "add"
     second = oai.responses.create(
         model=MODEL, previous_response_id=first.id, max_output_tokens=200, temperature=0,
+        parallel_tool_calls=False,
         tools=[tool(require_approval="always")],  # type: ignore[list-item]
         input=[{"type": "mcp_approval_response", "approval_request_id": asked.id,
                 "approve": True}],  # type: ignore[list-item]
@@ -124,7 +127,7 @@ def test_unconfigured_server_url_is_400(oai: openai.OpenAI) -> None:
 
 def test_chat_completions_extension(oai: openai.OpenAI) -> None:
     r = oai.chat.completions.create(
-        model=MODEL, temperature=0, max_tokens=200,
+        model=MODEL, temperature=0, max_tokens=200, parallel_tool_calls=False,
         messages=[{"role": "user", "content": "What is 2 plus 3?"}],
         tools=[tool()],  # type: ignore[list-item]
         tool_choice=FORCE_ADD,  # type: ignore[arg-type]
@@ -144,7 +147,7 @@ def test_anthropic_mcp_connector(server: str, mcp_http: HttpMcp) -> None:
             messages=[{"role": "user", "content": "Add 2 and 3."}],
             mcp_servers=[{"type": "url", "url": mcp_http.url, "name": "calc",
                           "tool_configuration": {"allowed_tools": ["add"]}}],
-            tool_choice={"type": "any"},
+            tool_choice={"type": "any", "disable_parallel_tool_use": True},
         )  # fmt: skip
         message = claude.beta.messages.create(**args)
         kinds = [b.type for b in message.content]
