@@ -34,6 +34,10 @@ class ChatOptions:
     json_schema: Any = None
     reasoning_format: Literal["auto", "none"] = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The choice the prompt describes, when it differs from the one the grammar enforces:
+    # an agentic loop keeps one prompt head over its rounds (so each round continues on
+    # the last one's KV) while forcing a call in one round and forbidding it in another.
+    prompt_choice: ToolChoice | None = None
 
 
 class OutputParser:
@@ -110,14 +114,18 @@ def plan_chat(
 ) -> ChatPlan:
     fmt = detect_format(template.source)
     offered = check_tools(list(opts.tools), opts.tool_choice)
+    described_choice = opts.prompt_choice or opts.tool_choice
+    described = offered if opts.prompt_choice is None else list(opts.tools)
+    if described_choice.mode == "none":
+        described = []
     if opts.tool_choice.mode == "none":
         offered = []
     rendered_messages = _history(messages, fmt)
     tools_var = None
-    if offered and fmt.native:
-        tools_var = [t.as_openai() for t in offered]
-    elif offered:
-        prompt = tool_system_prompt(offered, opts.tool_choice, opts.parallel_tool_calls)
+    if described and fmt.native:
+        tools_var = [t.as_openai() for t in described]
+    elif described:
+        prompt = tool_system_prompt(described, described_choice, opts.parallel_tool_calls)
         rendered_messages = _with_system(rendered_messages, prompt)
     continue_final = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
     prompt_text = template.render(

@@ -41,6 +41,7 @@ from server.deps import EngineLike, require_api_key
 from server.drain import Lifecycle
 from server.hub_models import HubModels
 from server.loading import ModelLoader
+from server.mcp.manager import McpManager
 from server.metrics import make_registry
 from server.metrics import router as metrics_router
 from server.middleware import AccessMiddleware, BodyLimit
@@ -206,6 +207,7 @@ def create_app(
             watcher.cancel()
             unloader.cancel()
             app.state.responses.close()
+            await app.state.mcp.close()
             for model in served:  # each engine saves what it keeps (cache, sessions) here
                 try:
                     model.engine.close()
@@ -229,6 +231,7 @@ def create_app(
     app.state.exit_code = 0
     app.state.lifecycle = Lifecycle()
     app.state.responses = _response_store(settings, served)
+    app.state.mcp = McpManager(settings.mcp, settings.mcp_servers)
     app.state.registry, app.state.metrics = make_registry(served)
     app.state.loader = ModelLoader(served, settings.loading, app.state.registry)
     app.state.hub_models = _hub_models(settings, served, app.state.loader)

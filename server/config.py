@@ -39,6 +39,7 @@ from server.config_models import (
 )
 from server.config_sources import hints, later_values, model_entries, read_toml, table
 from server.config_values import ConfigError
+from server.mcp.settings import McpSection, McpServerSection, mcp_servers, validate_mcp
 from server.tracing import TracingSection
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -119,6 +120,8 @@ class Settings:
     metrics: MetricsSection = field(default_factory=MetricsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     tracing: TracingSection = field(default_factory=TracingSection)
+    mcp: McpSection = field(default_factory=McpSection)
+    mcp_servers: tuple[McpServerSection, ...] = ()  # [[mcp_servers]] entries
 
     def masked(self) -> dict[str, Any]:
         """The effective settings for --print-config: secrets masked, paths resolved."""
@@ -129,6 +132,10 @@ class Settings:
             entry["path"] = model.model_path or None
         data["cache"]["disk_dir"] = self.cache.disk_path
         data["tracing"]["headers"] = [h.partition("=")[0] + "=***" for h in self.tracing.headers]
+        for entry in data["mcp_servers"]:
+            entry.pop("tenants", None)
+            entry["api_keys"] = ["***"] * len(entry["api_keys"])
+            entry["headers"] = {name: "***" for name, _ in entry["headers"]}
         return data
 
 
@@ -145,6 +152,7 @@ SECTIONS: dict[str, type] = {
     "metrics": MetricsSection,
     "logging": LoggingSection,
     "tracing": TracingSection,
+    "mcp": McpSection,
 }
 
 
@@ -185,7 +193,7 @@ def load_settings(
     `flag_names` maps the same keys to the flags' names for error messages."""
     data = read_toml(path) if path else {}
     for name in data:
-        if name not in SECTIONS and name not in ("model", "models"):
+        if name not in SECTIONS and name not in ("model", "models", "mcp_servers"):
             raise ConfigError(f"{name}: unknown section")
     values = {name: table(name, data.get(name, {}), hints(cls)) for name, cls in SECTIONS.items()}
     model_keys = {**hints(ModelSection), **hints(EngineSettings)}
@@ -215,7 +223,8 @@ def load_settings(
     defaults = Settings()
     sections = {name: section(name, getattr(defaults, name), values[name]) for name in SECTIONS}
     models = [_model(label, entry, values["engine"], forced_engine) for label, entry in entries]
-    settings = Settings(models=tuple(models), **sections)
+    servers = mcp_servers(data.get("mcp_servers"))
+    settings = Settings(models=tuple(models), mcp_servers=servers, **sections)
     _validate(settings, [label for label, _ in entries])
     return settings
 
@@ -260,6 +269,7 @@ def _validate(s: Settings, labels: list[str]) -> None:
     if path and os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"cache.disk_dir: not a directory: {path}")
     check_models(labels, s.models, s.hub)
+    validate_mcp(s.mcp)
 
 
 def disk_dir_problem(disk_dir: str) -> str | None:

@@ -171,7 +171,15 @@ class FunctionDef(_Open):
 
 class ToolDef(_Open):
     type: str
-    function: FunctionDef
+    function: FunctionDef | None = None  # required for "function"; an "mcp" entry has none
+
+
+class McpToolChoice(_Open):
+    """`{"type": "mcp", "server_label", "name"}`: Responses' shape, also taken by chat."""
+
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
 
 
 class NamedFunction(_Open):
@@ -217,7 +225,7 @@ class ChatCompletionRequest(SamplingExtras):
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ToolDef] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | McpToolChoice | None = None
     parallel_tool_calls: bool = True
     # llama.cpp's: "none" leaves thinking inline; "auto"/"deepseek" split it out.
     reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
@@ -270,10 +278,13 @@ class ChatCompletionRequest(SamplingExtras):
                 param="response_format.json_schema",
             )
         for i, tool in enumerate(self.tools or []):
+            if tool.type == "mcp":  # kvserve's extension: apis/chat_mcp.py reads it
+                continue
             if tool.type != "function":
-                raise BadRequest(
-                    f"unknown tool type '{tool.type}'; only 'function'", param=f"tools[{i}].type"
-                )
+                raise BadRequest(f"unknown tool type '{tool.type}'; only 'function' and 'mcp'",
+                                 param=f"tools[{i}].type")  # fmt: skip
+            if tool.function is None:
+                raise BadRequest("a function tool needs 'function'", param=f"tools[{i}].function")
         has_tools = bool(self.tools) and self.tool_choice != "none"
         if self.grammar is not None and (has_tools or fmt != "text"):
             raise BadRequest(

@@ -40,7 +40,7 @@ class Metadata(_Open):
 
 
 # Defined by Anthropic, not implemented here: refused when set.
-MESSAGES_UNSUPPORTED = ("container", "mcp_servers", "context_management")
+MESSAGES_UNSUPPORTED = ("container", "context_management")  # mcp_servers: apis/messages_mcp.py
 
 
 class CountTokensRequest(_Open):

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from server.errors import Unsupported
+from server.protocol import McpToolChoice as McpChoice
 from server.protocol import Probability, _Open
 
 
@@ -49,7 +50,7 @@ class ResponsesRequest(_Open):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | McpChoice | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None

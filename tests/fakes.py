@@ -63,6 +63,7 @@ class FakeEngine:
         self.load_seconds = 0.0
         self.memory_bytes = 0
         self.fail_next = False
+        self.replies: list[str] = []  # when set, each request takes the next one (then `reply`)
         self.fail_error = "llama_decode failed with code -3 (fake)"  # what the failure says
         self.cached = 0  # reported as num_cached_tokens with every finish
         self.capacity = n_seq_max + max_queue
@@ -167,10 +168,11 @@ class FakeEngine:
         generation = Generation([r.request_id for r in requests], self._abort, session_id)
         fail = self.fail_next
         self.fail_next = False
+        reply = self.replies.pop(0).encode() if self.replies else self.reply
         for index, request in enumerate(requests):
             self.outstanding += 1
             self.running.add(request.request_id)
-            task = asyncio.ensure_future(self._run(generation, index, request, fail))
+            task = asyncio.ensure_future(self._run(generation, index, request, fail, reply))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return generation
@@ -181,7 +183,9 @@ class FakeEngine:
                 self.aborted.append(request_id)
                 self.running.discard(request_id)
 
-    async def _run(self, gen: Generation, index: int, request: GenerateRequest, fail: bool) -> None:
+    async def _run(
+        self, gen: Generation, index: int, request: GenerateRequest, fail: bool, reply: bytes
+    ) -> None:
         detok = IncrementalDetokenizer(PIECES, request.stop)
         produced = 0
         prompt = len(request.prompt_tokens)
@@ -204,7 +208,7 @@ class FakeEngine:
                     ),
                 )
                 return
-            for token in [*self.reply, EOS]:
+            for token in [*reply, EOS]:
                 await asyncio.sleep(self.delay)
                 if request.request_id not in self.running:
                     gen.put(index, SeqOutput("", (), finish_reason=FinishReason.ABORT))

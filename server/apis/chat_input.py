@@ -7,7 +7,7 @@ from typing import Any
 from chat.callstream import Delta
 from chat.plan import ChatOptions, OutputParser
 from chat.tools import Tool, ToolChoice
-from server.protocol import ChatCompletionRequest
+from server.protocol import ChatCompletionRequest, McpToolChoice
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -44,12 +44,15 @@ def chat_options(body: ChatCompletionRequest) -> ChatOptions:
             else t.function.parameters,
         )
         for t in body.tools or []
+        if t.function is not None  # (mcp entries: apis/chat_mcp.py)
     )
     choice = body.tool_choice
     if choice is None:
         tool_choice = ToolChoice("auto")
     elif isinstance(choice, str):
         tool_choice = ToolChoice(choice)
+    elif isinstance(choice, McpToolChoice):
+        tool_choice = ToolChoice("named", choice.name) if choice.name else ToolChoice("required")
     else:
         tool_choice = ToolChoice("named", choice.function.name)
     fmt = body.response_format

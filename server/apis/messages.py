@@ -140,6 +140,18 @@ class Blocks:
         self.events.append(("content_block_stop", {"index": len(self.blocks) - 1}))
         self._open, self._args = None, ""
 
+    def server_block(self, block: dict[str, Any], partial_json: str | None = None) -> None:
+        """A block the server made whole (MCP tool use and result): start, the input as
+        one `input_json_delta` when given, stop."""
+        self.close()
+        self.blocks.append(block)
+        start = {**block, "input": {}} if partial_json is not None else dict(block)
+        self.events.append(("content_block_start",
+                            {"index": len(self.blocks) - 1, "content_block": start}))  # fmt: skip
+        if partial_json is not None:
+            self._delta({"type": "input_json_delta", "partial_json": partial_json})
+        self.events.append(("content_block_stop", {"index": len(self.blocks) - 1}))
+
     def drain(self) -> list[Event]:
         events, self.events = self.events, []
         return events

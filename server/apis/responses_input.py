@@ -84,8 +84,10 @@ def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
             call_id = _string(item, "call_id", where)
             output = _text_of(item.get("output"), f"{where}.output")
             out.append({"role": "tool", "tool_call_id": call_id, "content": output})
-        elif kind == "reasoning":
-            continue
+        elif kind in ("reasoning", "mcp_list_tools", "mcp_approval_response"):
+            continue  # (approval responses: read by apis/responses_mcp.py)
+        elif kind in ("mcp_call", "mcp_approval_request"):
+            out += mcp_history(item, where)
         elif isinstance(kind, str):
             raise Unsupported(f"{where}.type", f"input items of type '{kind}' are not supported")
         else:
@@ -93,15 +95,34 @@ def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
+def mcp_history(item: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """An MCP item sent back as input: the call (and, for an `mcp_call`, its result)."""
+    call_id = _string(item, "id", where)
+    arguments = item.get("arguments", "{}")
+    if not isinstance(arguments, str):
+        raise BadRequest(f"'{where}.arguments' must be a string", param=f"{where}.arguments")
+    turns: list[dict[str, Any]] = [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": call_id, "type": "function",
+        "function": {"name": _string(item, "name", where), "arguments": arguments}}]}]
+    if item["type"] == "mcp_call":
+        error = item.get("error")
+        result = item.get("output") if error is None else f"Error: {error}"
+        turns.append({"role": "tool", "tool_call_id": call_id, "content": str(result or "")})
+    return turns
+
+
 def response_tools(body: ResponsesRequest) -> tuple[Tool, ...]:
+    """The function tools (`mcp` entries are the MCP loop's: apis/responses_mcp.py)."""
     tools = []
     for i, tool in enumerate(body.tools or []):
         where = f"tools[{i}]"
         kind = tool.get("type")
+        if kind == "mcp":
+            continue
         if kind != "function":
             if isinstance(kind, str):
                 raise Unsupported(f"{where}.type", f"'{kind}' tools are not available; "
-                                  "only 'function'")  # fmt: skip
+                                  "only 'function' and 'mcp'")  # fmt: skip
             raise BadRequest(f"'{where}.type' is required", param=f"{where}.type")
         name = tool.get("name")
         if not isinstance(name, str):
@@ -128,8 +149,10 @@ def response_options(body: ResponsesRequest) -> ChatOptions:
         tool_choice = ToolChoice("auto")
     elif isinstance(choice, str):
         tool_choice = ToolChoice(choice)
-    else:
+    elif choice.name is not None:
         tool_choice = ToolChoice("named", choice.name)
+    else:  # an mcp choice naming only the server: one of the offered tools
+        tool_choice = ToolChoice("required")
     fmt = body.text.format if body.text and body.text.format else None
     if fmt is not None and fmt.type == "json_schema" and fmt.schema_ is None:
         raise BadRequest("a json_schema format needs 'schema'", param="text.format.schema")

@@ -61,6 +61,20 @@ class OutputBuilder:
         """The end of the output: the open item closes with `status`."""
         self._close(status)
 
+    def open_item(self, item: dict[str, Any]) -> None:
+        """An item built by its caller (MCP items): the open one closes first."""
+        self._close("completed")
+        self._open_item(item)
+
+    def emit(self, event: str, **payload: Any) -> None:
+        """An event about the item opened by `open_item`."""
+        self._emit(event, **payload)
+
+    def done_item(self) -> None:
+        """Close the item opened by `open_item`, as its caller left it."""
+        self._item_event("response.output_item.done")
+        self._open = None
+
     def _emit(self, event: str, **payload: Any) -> None:
         """An event about the open item (copied: the item keeps growing)."""
         assert self._open is not None

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from server.apis.messages import count_tokens, serve_messages
+from server.apis.messages_mcp import has_mcp_servers, serve_messages_mcp
 from server.deps import CallerDep
 from server.protocol_messages import CountTokensRequest, MessagesRequest
 
@@ -15,7 +16,9 @@ router = APIRouter()
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request, caller: CallerDep) -> Any:
-    """Create a message (Anthropic's shapes; x-api-key or Bearer auth)."""
+    """Create a message (Anthropic's shapes; x-api-key or Bearer auth; the MCP connector)."""
+    if has_mcp_servers(body):
+        return await serve_messages_mcp(body, request, caller)
     return await serve_messages(body, request, caller)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from server.apis.responses import delete_response, get_response, serve_response
+from server.apis.responses_mcp import has_mcp, serve_mcp_response
 from server.deps import CallerDep
 from server.protocol_responses import ResponsesRequest
 
@@ -15,7 +16,10 @@ router = APIRouter()
 
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request, caller: CallerDep) -> Any:
-    """Create a model response (text, function calls), optionally continuing a stored one."""
+    """Create a model response (text, function calls, MCP tools run by the server),
+    optionally continuing a stored one."""
+    if has_mcp(body):
+        return await serve_mcp_response(body, request, caller)
     return await serve_response(body, request, caller)
 
 

@@ -1,0 +1,114 @@
+"""What every API's MCP path shares: the session the loop runs on, and building and
+listing the request's toolset with errors in the API's own shape."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable
+
+from fastapi import Request
+
+from engine.client import SessionBusyError, SessionPool
+from server.deps import Caller, EngineLike
+from server.errors import BadRequest
+from server.mcp.manager import McpManager
+from server.mcp.toolset import McpRef, Toolset, list_tools, resolve
+from server.protocol import McpToolChoice
+
+log = logging.getLogger("kvserve.mcp")
+
+
+def refuse(param: str, message: str) -> Exception:
+    return BadRequest(message, param=param)
+
+
+def mcp_manager(request: Request) -> McpManager:
+    return request.app.state.mcp  # type: ignore[no-any-return]
+
+
+async def open_toolset(request: Request, refs: list[McpRef], caller: Caller) -> Toolset:
+    """The request's MCP servers, checked against the configuration and listed."""
+    toolset = resolve(mcp_manager(request), refs, caller.tenant, refuse)
+    try:
+        await list_tools(toolset, refuse)
+    except BaseException:
+        await toolset.close()
+        raise
+    return toolset
+
+
+def check_mcp_choice(choice: object, toolset: Toolset) -> None:
+    """An mcp tool_choice names a server of the request, and a tool it offers."""
+    if not isinstance(choice, McpToolChoice):
+        return
+    server = toolset.server(choice.server_label)
+    if server is None:
+        raise BadRequest(
+            f"tool_choice names the server '{choice.server_label}', which is not "
+            "among the mcp tools",
+            param="tool_choice.server_label",
+        )
+    offered = server.error is not None or toolset.owner(choice.name or "") is server
+    if choice.name is not None and not offered:
+        raise BadRequest(
+            f"tool_choice names '{choice.name}', which '{choice.server_label}' does not offer",
+            param="tool_choice.name",
+        )
+
+
+def loop_session(given: str | None) -> tuple[str, SessionPool, bool]:
+    """The session the rounds run on: the request's own, else an internal one (in the
+    chain pool, so it never counts against the sessions clients name), ended after."""
+    if given is not None:
+        return given, SessionPool.NAMED, False
+    return "mcp_loop_" + secrets.token_hex(12), SessionPool.CHAIN, True
+
+
+async def end_internal_session(engine: EngineLike, tenant: str, session_id: str) -> None:
+    """End an internal loop session; a generation still being aborted keeps it busy a
+    moment, so try again a few times (past that it expires by its TTL)."""
+    for _ in range(20):
+        try:
+            engine.delete_session(tenant, session_id)
+            return
+        except SessionBusyError:
+            await asyncio.sleep(0.25)
+        except Exception:  # noqa: BLE001 - never created (the first round was refused)
+            return
+    log.warning("internal MCP loop session %s still busy; left to its TTL", session_id)
+
+
+def cleanup_later(
+    engine: EngineLike, tenant: str, internal_session: str | None, toolset: Toolset
+) -> Callable[[], None]:
+    """The clean-up of a loop (the request's private connections, its internal session)
+    as a callable that may run anywhere (an SSE stream's end runs on a worker thread),
+    once, and even when the request's task was cancelled."""
+    loop = asyncio.get_running_loop()
+    started = False
+
+    async def run() -> None:
+        with contextlib.suppress(Exception):
+            await toolset.close()
+        if internal_session is not None:
+            await end_internal_session(engine, tenant, internal_session)
+
+    def start() -> None:
+        nonlocal started
+        if not started:
+            started = True
+            task = asyncio.ensure_future(run())
+            _pending.add(task)
+            task.add_done_callback(_pending.discard)
+
+    def cleanup() -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nothing left to clean
+            loop.call_soon_threadsafe(start)
+
+    return cleanup
+
+
+_pending: set[asyncio.Future[None]] = set()

@@ -1,0 +1,151 @@
+"""Anthropic's MCP connector on the Messages API (`anthropic-beta: mcp-client-2025-04-04`):
+`mcp_servers: [{"type": "url", "url", "name", "authorization_token",
+"tool_configuration": {"enabled", "allowed_tools"}}]`, each matched to a configured
+server by its URL. The server runs the loop (server/mcp/loop.py); each call becomes an
+`mcp_tool_use` block and its result an `mcp_tool_result` block, in the content before
+the answer, streamed as whole blocks (start, the input as one `input_json_delta`, stop).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from fastapi import Request
+from sse_starlette import ServerSentEvent
+
+from chat.plan import ChatOptions
+from engine.client import GenerateRequest, Generation
+from server.apis.mcp_common import cleanup_later, loop_session, open_toolset
+from server.apis.mcp_input import anthropic_ref
+from server.apis.messages import Blocks, _stop, _usage
+from server.apis.messages_input import chat_messages, chat_param, message_options
+from server.deps import Caller, resolve_model
+from server.errors import APIError, BadRequest
+from server.mcp.loop import CallDone, CallStarted, Finished, LoopEvent, LoopSpec, Output, run_loop
+from server.protocol import SamplingExtras
+from server.protocol_messages import MessagesRequest
+from server.serving import sse
+from server.serving.drive import ClientDisconnected, client_gone, until_disconnect
+from server.serving.prepare import Prepared, prepare_chat
+from server.serving.state import Choice
+
+BETA = "mcp-client-2025-04-04"
+
+
+def has_mcp_servers(body: MessagesRequest) -> bool:
+    return (body.model_extra or {}).get("mcp_servers") not in (None, [])
+
+
+async def serve_messages_mcp(body: MessagesRequest, request: Request, caller: Caller) -> Any:
+    servers = (body.model_extra or {}).pop("mcp_servers")
+    betas = [b.strip() for b in request.headers.get("anthropic-beta", "").split(",")]
+    if BETA not in betas:
+        raise BadRequest(f"mcp_servers needs the header 'anthropic-beta: {BETA}'",
+                         param="mcp_servers")  # fmt: skip
+    if not isinstance(servers, list):
+        raise BadRequest("'mcp_servers' must be a list", param="mcp_servers")
+    body.log_unknown("messages")
+    body.refuse_unsupported()
+    refs = [anthropic_ref(s, f"mcp_servers[{i}]") for i, s in enumerate(servers)]
+    served = resolve_model(request, body.model)
+    engine = served.engine
+    toolset = await open_toolset(request, refs, caller)
+    session_id, pool, internal = loop_session(caller.session_header)
+    sampling = SamplingExtras.model_validate({
+        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+        "stop": body.stop_sequences, "user": body.metadata.user_id if body.metadata else None,
+        "session_id": session_id,
+    })  # fmt: skip
+
+    async def prepare(messages: list[dict[str, Any]], opts: ChatOptions) -> Prepared:
+        try:
+            prepared = await prepare_chat(engine, served.template, messages, opts, sampling,
+                                          caller, max_tokens=body.max_tokens)  # fmt: skip
+        except BadRequest as err:
+            err.param = chat_param(err.param)
+            raise
+        return replace(prepared, requests=[replace(r, session_pool=pool)
+                                           for r in prepared.requests])  # fmt: skip
+
+    async def generate(requests: list[GenerateRequest]) -> Generation:
+        return await engine.generate(requests)
+
+    spec = LoopSpec(toolset, chat_messages(body), message_options(body), prepare, generate,
+                    request.app.state.settings.mcp.max_tool_iterations)  # fmt: skip
+    cleanup = cleanup_later(engine, caller.tenant, session_id if internal else None, toolset)
+    message: dict[str, Any] = {
+        "id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
+        "content": [], "model": engine.info.model_id, "stop_reason": None,
+        "stop_sequence": None, "usage": _usage(0, Choice()),
+    }  # fmt: skip
+    if body.stream:
+        return sse.event_stream(_stream(spec, message), on_close=cleanup)
+    try:
+        return await until_disconnect(request, _complete(spec, message))
+    except ClientDisconnected:
+        return client_gone()
+    finally:
+        cleanup()
+
+
+def _apply(blocks: Blocks, event: LoopEvent, num_calls: list[int]) -> None:
+    if isinstance(event, Output):
+        num_calls[0] += sum(1 for d in event.deltas if d.kind == "start")
+        blocks.feed(event.deltas)
+    elif isinstance(event, CallStarted):
+        call = event.call
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError:
+            arguments = {}
+        blocks.server_block({"type": "mcp_tool_use", "id": "mcptoolu_" + call.id[4:],
+                             "name": call.name, "server_name": call.server_label,
+                             "input": arguments}, call.arguments or "{}")  # fmt: skip
+    elif isinstance(event, CallDone):
+        outcome = event.outcome
+        text = outcome.output if outcome.error is None else outcome.error
+        blocks.server_block({"type": "mcp_tool_result",
+                             "tool_use_id": "mcptoolu_" + event.call.id[4:],
+                             "is_error": outcome.error is not None,
+                             "content": [{"type": "text", "text": text or ""}]})  # fmt: skip
+
+
+def _end(event: Finished, num_calls: int) -> dict[str, Any]:
+    return {**_stop(event.total, num_calls),
+            "usage": _usage(event.num_prompt_tokens, event.total)}  # fmt: skip
+
+
+async def _complete(spec: LoopSpec, message: dict[str, Any]) -> dict[str, Any]:
+    blocks, num_calls = Blocks(), [0]
+    async for event in run_loop(spec):
+        if isinstance(event, Finished):
+            blocks.close()
+            return {**message, "content": blocks.blocks, **_end(event, num_calls[0])}
+        _apply(blocks, event, num_calls)
+    raise AssertionError("the loop ends with Finished")
+
+
+async def _stream(spec: LoopSpec, message: dict[str, Any]) -> AsyncIterator[ServerSentEvent]:
+    yield sse.named("message_start", {"message": message})
+    yield sse.named("ping", {})
+    blocks, num_calls = Blocks(), [0]
+    try:
+        async for event in run_loop(spec):
+            if isinstance(event, Finished):
+                blocks.close()
+                for name, payload in blocks.drain():
+                    yield sse.named(name, payload)
+                end = _end(event, num_calls[0])
+                usage = end.pop("usage")
+                yield sse.named("message_delta", {"delta": end, "usage": usage})
+                yield sse.named("message_stop", {})
+                return
+            _apply(blocks, event, num_calls)
+            for name, payload in blocks.drain():
+                yield sse.named(name, payload)
+    except APIError as err:
+        yield sse.anthropic_error_tail(err)

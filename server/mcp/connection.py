@@ -1,0 +1,225 @@
+"""One MCP server's connection, on the official `mcp` SDK.
+
+The SDK's `Client` is an async context whose task group must be entered and left by one
+task, so each connection has an owner task that holds it open; requests call through it
+from their own tasks. It connects on first use (a server that is down at start-up does
+not stop kvserve), lists its tools once, lists them again after the server sends
+`notifications/tools/list_changed`, and reconnects on the next use after it drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types
+from mcp import Client
+from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ListenNotSupportedError
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+
+from server.mcp.settings import McpServerSection
+
+log = logging.getLogger("kvserve.mcp")
+
+
+class McpUnavailable(Exception):
+    """The server could not be reached, or could not list its tools."""
+
+
+@dataclass(frozen=True, slots=True)
+class McpTool:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """A tool call's result as the model will read it: `output` on success, else `error`."""
+
+    output: str | None
+    error: str | None
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a (possibly grouped) connection failure, in one line."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def result_text(content: Sequence[Any]) -> str:
+    """A tool result's content blocks as text; blocks a text model cannot read are named."""
+    parts = []
+    for block in content:
+        if isinstance(block, mcp_types.TextContent):
+            parts.append(block.text)
+        else:
+            parts.append(f"[{getattr(block, 'type', 'unknown')} content omitted]")
+    return "\n".join(parts)
+
+
+class McpConnection:
+    def __init__(
+        self,
+        spec: McpServerSection,
+        connect_timeout_s: float,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._connect_timeout_s = connect_timeout_s
+        self._headers = {**spec.http_headers(), **(headers or {})}
+        self._client: Client | None = None
+        self._owner: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._tools: tuple[McpTool, ...] | None = None
+
+    def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
+        spec = self.spec
+        if spec.transport == "stdio":
+            return StdioServerParameters(command=spec.command, args=list(spec.args))
+        if spec.transport == "sse":
+            return sse_client(spec.url, headers=self._headers)
+        http = create_mcp_http_client(headers=self._headers)
+        stack.push_async_callback(http.aclose)  # a client handed in is ours to close
+        return streamable_http_client(spec.url, http_client=http)
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            log.info("mcp server %s: tool list changed", self.spec.label)
+            self._tools = None  # listed again on the next use
+
+    async def _hold(self, ready: asyncio.Future[None]) -> None:
+        """The owner task: enter the client, keep it open until closed or dropped."""
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                transport = self._transport(stack)
+                client = Client(transport, message_handler=self._on_message, cache=None)
+                await stack.enter_async_context(client)
+                self._client = client
+                ready.set_result(None)
+                await self._watch(client)
+        except BaseException as exc:  # noqa: BLE001 - reported to whoever waits
+            if not ready.done():
+                ready.set_exception(McpUnavailable(_reason(exc)))
+            elif not isinstance(exc, asyncio.CancelledError):
+                log.warning("mcp server %s: connection lost: %s", self.spec.label, _reason(exc))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            self._client = None
+            self._tools = None
+
+    async def _watch(self, client: Client) -> None:
+        """Until closed: on 2026-07-28 connections list changes come by a `listen` stream
+        (older ones send notifications, seen by `_on_message`)."""
+        listener = asyncio.create_task(self._listen(client))
+        try:
+            await self._stop.wait()
+        finally:
+            listener.cancel()
+            with contextlib.suppress(BaseException):
+                await listener
+
+    async def _listen(self, client: Client) -> None:
+        try:
+            async with client.listen(tools_list_changed=True) as changes:
+                async for _ in changes:
+                    log.info("mcp server %s: tool list changed", self.spec.label)
+                    self._tools = None
+        except (ListenNotSupportedError, MCPError):
+            return  # a handshake-era server: notifications instead
+        except Exception as exc:  # noqa: BLE001 - the tools are still listed on first use
+            log.info("mcp server %s: no list-change stream: %s", self.spec.label, _reason(exc))
+
+    async def _connected(self) -> Client:
+        async with self._lock:
+            if self._client is not None and self._owner is not None and not self._owner.done():
+                return self._client
+            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            # read by the waiter below, or (past its timeout) here: never left unretrieved
+            ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._stop = asyncio.Event()
+            self._owner = asyncio.create_task(self._hold(ready), name=f"mcp:{self.spec.label}")
+            try:
+                async with asyncio.timeout(self._connect_timeout_s):
+                    await asyncio.shield(ready)
+            except TimeoutError:
+                await self._end_owner()
+                raise McpUnavailable(f"no answer within {self._connect_timeout_s:g} s") from None
+            assert self._client is not None
+            return self._client
+
+    async def tools(self) -> tuple[McpTool, ...]:
+        """The server's tools (listed once; again after list_changed). Raises McpUnavailable."""
+        client = await self._connected()
+        if self._tools is not None:
+            return self._tools
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                listed: list[McpTool] = []
+                cursor = None
+                for _ in range(100):  # pages
+                    page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+                    listed += [McpTool(t.name, t.description or "", dict(t.input_schema))
+                               for t in page.tools]  # fmt: skip
+                    cursor = page.next_cursor
+                    if cursor is None:
+                        break
+        except Exception as exc:
+            raise McpUnavailable(f"listing tools failed: {_reason(exc)}") from exc
+        self._tools = tuple(listed)
+        return self._tools
+
+    async def call(self, name: str, arguments: dict[str, Any], max_chars: int) -> CallOutcome:
+        """Call a tool. Failures come back as an error outcome, never raised; cancelling
+        the caller (a client that went away) cancels the call on the server."""
+        timeout = self.spec.timeout_s
+        try:
+            client = await self._connected()
+            async with asyncio.timeout(timeout):
+                result = await client.call_tool(name, arguments)
+        except TimeoutError:
+            return CallOutcome(None, f"the tool '{name}' did not answer within {timeout:g} s")
+        except McpUnavailable as exc:
+            return CallOutcome(None, f"MCP server '{self.spec.label}' is unavailable: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the model reads what went wrong
+            return CallOutcome(None, f"calling '{name}' failed: {_reason(exc)}")
+        text = capped(result_text(result.content), max_chars)
+        if result.is_error:
+            return CallOutcome(None, text or f"the tool '{name}' failed")
+        return CallOutcome(text, None)
+
+    async def _end_owner(self) -> None:
+        owner, self._owner = self._owner, None
+        if owner is None:
+            return
+        self._stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(owner), 5.0)
+        except (TimeoutError, asyncio.CancelledError):
+            owner.cancel()
+            with contextlib.suppress(BaseException):
+                await owner
+        except BaseException:  # noqa: BLE001 - already logged by the owner
+            pass
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._end_owner()
+
+
+def capped(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    return (text[:max_chars] + f"\n[kvserve: the tool result was cut from {len(text):,} to "
+            f"{max_chars:,} characters]")  # fmt: skip
