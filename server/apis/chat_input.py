@@ -6,7 +6,7 @@ from typing import Any
 
 from chat.callstream import Delta
 from chat.plan import ChatOptions, OutputParser
-from chat.tools import Tool, ToolChoice
+from chat.tools import Tool, tool_choice
 from server.protocol import ChatCompletionRequest
 
 
@@ -45,17 +45,10 @@ def chat_options(body: ChatCompletionRequest) -> ChatOptions:
         )
         for t in body.tools or []
     )
-    choice = body.tool_choice
-    if choice is None:
-        tool_choice = ToolChoice("auto")
-    elif isinstance(choice, str):
-        tool_choice = ToolChoice(choice)
-    else:
-        tool_choice = ToolChoice("named", choice.function.name)
     fmt = body.response_format
     return ChatOptions(
         tools=tools,
-        tool_choice=tool_choice,
+        tool_choice=tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=fmt.type if fmt else "text",
         json_schema=fmt.json_schema.schema_ if fmt and fmt.json_schema else None,
