@@ -10,11 +10,16 @@ threads); the value is built outside the lock, and an exception is never memoize
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from cachetools import LRUCache
+
 V = TypeVar("V")
+
+
+def _entry_size(entry: tuple[object, int]) -> int:
+    return entry[1]
 
 
 class ByteMemo(Generic[V]):
@@ -24,18 +29,21 @@ class ByteMemo(Generic[V]):
     def __init__(self, max_bytes: int, size_of: Callable[[V], int]):
         self.max_bytes = max_bytes
         self._size_of = size_of
-        self._entries: OrderedDict[str, tuple[V, int]] = OrderedDict()
+        # (value, its key's and its own bytes): the LRU counts the entries' sizes
+        self._entries: LRUCache[str, tuple[V, int]] = LRUCache(max_bytes, _entry_size)
         self._lock = threading.Lock()
-        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def bytes(self) -> int:
+        return int(self._entries.currsize)
+
     def get(self, key: str, make: Callable[[], V]) -> V:
         with self._lock:
-            found = self._entries.get(key)
+            found = self._entries.get(key)  # a hit is the most recently used again
             if found is not None:
-                self._entries.move_to_end(key)
                 return found[0]
         value = make()
         size = len(key) + self._size_of(value)
@@ -43,14 +51,9 @@ class ByteMemo(Generic[V]):
             return value
         with self._lock:
             if key not in self._entries:
-                self._entries[key] = (value, size)
-                self.bytes += size
-            while self.bytes > self.max_bytes:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self.bytes -= dropped
+                self._entries[key] = (value, size)  # pushes out the least recent past the bound
         return value
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self.bytes = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from chat.schema import SchemaError, check_schema
 
@@ -39,6 +39,23 @@ class Tool:
 class ToolChoice:
     mode: Literal["none", "auto", "required", "named"]
     name: str | None = None
+
+
+class NamedChoice(Protocol):
+    """A request's choice of one function, whatever its API calls the wrapper (None: an
+    MCP choice naming only its server: one of that server's tools)."""
+
+    @property
+    def name(self) -> str | None: ...
+
+
+def tool_choice(choice: Literal["none", "auto", "required"] | NamedChoice | None) -> ToolChoice:
+    """An OpenAI-style `tool_choice`: "auto" when unset, a mode, or one named function."""
+    if choice is None:
+        return ToolChoice("auto")
+    if isinstance(choice, str):
+        return ToolChoice(choice)
+    return ToolChoice("named", choice.name) if choice.name else ToolChoice("required")
 
 
 def check_tools(tools: list[Tool], choice: ToolChoice) -> list[Tool]:

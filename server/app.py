@@ -275,6 +275,7 @@ def create_app(
         timeout_s=settings.server.body_timeout_s,
     )
     if settings.tracing.enabled:  # the server span; its trace id in the access line
+        # Here, not at the top: it imports OpenTelemetry, the optional [tracing] extra.
         from server.tracing_spans import TracingMiddleware
 
         app.add_middleware(TracingMiddleware)

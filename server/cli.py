@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvserve: cache.disk_dir is not usable: {problem}", file=sys.stderr)
         return 2
 
-    from server.lifecycle import serve  # after the settings are known good
+    # Here, not at the top: the server and llama.cpp load only to serve, so --help,
+    # --print-config and the model commands start fast (seconds, on a busy machine).
+    from server.lifecycle import serve
     from server.logs import setup_logging
 
     setup_logging(settings.logging)

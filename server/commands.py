@@ -105,7 +105,8 @@ def _show_progress(lines: Iterator[str], console: Console) -> None:
 
 def _pull_here(name: str, console: Console) -> int:
     """No server: into the local hub cache (a server serves it from its next start)."""
-    # Here, not at the top: the other commands start without the server's modules.
+    # Here, not at the top: the other commands start without the server's modules
+    # (server.hub_models loads FastAPI and the engine).
     from server import hub
     from server.hub_models import HubName
 

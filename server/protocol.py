@@ -190,6 +190,10 @@ class NamedToolChoice(_Open):
     type: Literal["function"]
     function: NamedFunction
 
+    @property
+    def name(self) -> str:  # the Responses API's flat spelling, for chat.tools.tool_choice
+        return self.function.name
+
 
 class JsonSchemaFormat(_Open):
     name: str = "response"

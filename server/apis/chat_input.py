@@ -6,8 +6,8 @@ from typing import Any
 
 from chat.callstream import Delta
 from chat.plan import ChatOptions, OutputParser
-from chat.tools import Tool, ToolChoice
-from server.protocol import ChatCompletionRequest, McpToolChoice
+from chat.tools import Tool, tool_choice
+from server.protocol import ChatCompletionRequest
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -46,19 +46,10 @@ def chat_options(body: ChatCompletionRequest) -> ChatOptions:
         for t in body.tools or []
         if t.function is not None  # (mcp entries: apis/chat_mcp.py)
     )
-    choice = body.tool_choice
-    if choice is None:
-        tool_choice = ToolChoice("auto")
-    elif isinstance(choice, str):
-        tool_choice = ToolChoice(choice)
-    elif isinstance(choice, McpToolChoice):
-        tool_choice = ToolChoice("named", choice.name) if choice.name else ToolChoice("required")
-    else:
-        tool_choice = ToolChoice("named", choice.function.name)
     fmt = body.response_format
     return ChatOptions(
         tools=tools,
-        tool_choice=tool_choice,
+        tool_choice=tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=fmt.type if fmt else "text",
         json_schema=fmt.json_schema.schema_ if fmt and fmt.json_schema else None,

@@ -25,7 +25,14 @@ from server.errors import APIError, BadRequest
 from server.protocol import SamplingExtras
 from server.protocol_messages import CountTokensRequest, MessagesRequest
 from server.serving import sse
-from server.serving.drive import ClientDisconnected, client_gone, collect, steps, until_disconnect
+from server.serving.drive import (
+    ClientDisconnected,
+    NamedEvent,
+    client_gone,
+    collect,
+    named_events,
+    until_disconnect,
+)
 from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens
 from server.serving.state import Choice, coalesced
 
@@ -100,16 +107,13 @@ def _stop(total: Choice, num_calls: int) -> dict[str, Any]:
     return {"stop_reason": "tool_use" if num_calls else "end_turn", "stop_sequence": None}
 
 
-Event = tuple[str, dict[str, Any]]
-
-
 class Blocks:
     """Parsed output -> content blocks and the stream events that build them; block
     indexes increase monotonically, one block open at a time."""
 
     def __init__(self) -> None:
         self.blocks: list[dict[str, Any]] = []
-        self.events: list[Event] = []
+        self.events: list[NamedEvent] = []
         self._open: str | None = None  # the kind of the open block
         self._args = ""
 
@@ -152,7 +156,7 @@ class Blocks:
             self._delta({"type": "input_json_delta", "partial_json": partial_json})
         self.events.append(("content_block_stop", {"index": len(self.blocks) - 1}))
 
-    def drain(self) -> list[Event]:
+    def drain(self) -> list[NamedEvent]:
         events, self.events = self.events, []
         return events
 
@@ -177,11 +181,8 @@ async def _stream(
     blocks = Blocks()
     (state,) = prepared.states()
     try:
-        async for increment in steps(generation, [state]):
-            for step in increment:
-                blocks.feed(step.deltas)
-            for name, payload in blocks.drain():
-                yield sse.named(name, payload)
+        async for name, payload in named_events(generation, state, blocks):
+            yield sse.named(name, payload)
     except APIError as err:
         yield sse.anthropic_error_tail(err)
         return

@@ -39,7 +39,13 @@ from server.errors import APIError, BadRequest
 from server.protocol import SamplingExtras
 from server.protocol_responses import ResponsesRequest
 from server.serving import sse
-from server.serving.drive import ClientDisconnected, client_gone, collect, steps, until_disconnect
+from server.serving.drive import (
+    ClientDisconnected,
+    client_gone,
+    collect,
+    named_events,
+    until_disconnect,
+)
 from server.serving.prepare import Prepared, prepare_chat
 from server.serving.state import Choice
 
@@ -232,11 +238,8 @@ async def _stream(
     builder = OutputBuilder()
     (state,) = prepared.states()
     try:
-        async for increment in steps(generation, [state]):
-            for step in increment:
-                builder.feed(step.deltas)
-            for name, payload in builder.drain():
-                yield event(name, payload)
+        async for name, payload in named_events(generation, state, builder):
+            yield event(name, payload)
     except APIError as err:
         final = _finished(engine, response, builder, state.total, len(prepared.prompt), err)
         for name, payload in builder.drain():

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from chat.plan import ChatOptions
-from chat.tools import Tool, ToolChoice
+from chat.tools import Tool, tool_choice
 from server.errors import BadRequest, Unsupported
 from server.protocol_responses import ResponsesRequest
 
@@ -144,21 +144,12 @@ def response_tools(body: ResponsesRequest) -> tuple[Tool, ...]:
 
 
 def response_options(body: ResponsesRequest) -> ChatOptions:
-    choice = body.tool_choice
-    if choice is None:
-        tool_choice = ToolChoice("auto")
-    elif isinstance(choice, str):
-        tool_choice = ToolChoice(choice)
-    elif choice.name is not None:
-        tool_choice = ToolChoice("named", choice.name)
-    else:  # an mcp choice naming only the server: one of the offered tools
-        tool_choice = ToolChoice("required")
     fmt = body.text.format if body.text and body.text.format else None
     if fmt is not None and fmt.type == "json_schema" and fmt.schema_ is None:
         raise BadRequest("a json_schema format needs 'schema'", param="text.format.schema")
     return ChatOptions(
         tools=response_tools(body),
-        tool_choice=tool_choice,
+        tool_choice=tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=fmt.type if fmt else "text",
         json_schema=fmt.schema_ if fmt else None,

@@ -13,9 +13,8 @@ import secrets
 from typing import Any
 
 from chat.callstream import Delta
+from server.serving.drive import NamedEvent
 from server.serving.state import coalesced
-
-Event = tuple[str, dict[str, Any]]
 
 
 def item_id(prefix: str) -> str:
@@ -26,9 +25,9 @@ class OutputBuilder:
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None
-        self._events: list[Event] = []
+        self._events: list[NamedEvent] = []
 
-    def drain(self) -> list[Event]:
+    def drain(self) -> list[NamedEvent]:
         events, self._events = self._events, []
         return events
 

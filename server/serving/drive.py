@@ -12,11 +12,12 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from chat.callstream import Delta
 from engine.client import EngineLike, FinishReason, Generation, SeqOutput
 from server.access import current_record
 from server.errors import APIError, BadRequest, generation_failure
@@ -135,8 +136,6 @@ async def increments(generation: Generation) -> AsyncIterator[list[tuple[int, Ch
             yield merged(item, rest)
 
 
-
-
 async def steps(generation: Generation, states: list[ChoiceState]) -> AsyncIterator[list[Step]]:
     """The parsed steps of each increment. A choice the engine failed raises the
     ServerError naming the cause (a stream turns it into its error tail)."""
@@ -147,3 +146,25 @@ async def steps(generation: Generation, states: list[ChoiceState]) -> AsyncItera
                 raise engine_failure(inc.error)
             out.append(states[index].advance(inc))
         yield out
+
+
+NamedEvent = tuple[str, dict[str, Any]]  # an event's name and payload (Responses, Messages)
+
+
+class EventBuilder(Protocol):
+    """Parsed output -> the named events of an API that names them."""
+
+    def feed(self, deltas: list[Delta]) -> None: ...
+
+    def drain(self) -> list[NamedEvent]: ...
+
+
+async def named_events(
+    generation: Generation, state: ChoiceState, builder: EventBuilder
+) -> AsyncIterator[NamedEvent]:
+    """The events `builder` makes of one choice's output, increment by increment."""
+    async for increment in steps(generation, [state]):
+        for step in increment:
+            builder.feed(step.deltas)
+        for event in builder.drain():
+            yield event
