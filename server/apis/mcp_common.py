@@ -22,7 +22,8 @@ log = logging.getLogger("kvserve.mcp")
 
 
 def refuse(param: str, message: str) -> Exception:
-    return BadRequest(message, param=param)
+    """The toolset's refusals, their message starting with the field (as every 400 here)."""
+    return BadRequest(f"{param}: {message}", param=param)
 
 
 def mcp_manager(request: Request) -> McpManager:

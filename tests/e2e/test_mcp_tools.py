@@ -143,7 +143,8 @@ def test_chat_completions_extension(oai: openai.OpenAI) -> None:
 def test_anthropic_mcp_connector(server: str, mcp_http: HttpMcp) -> None:
     with anthropic.Anthropic(base_url=server, api_key=KEY, max_retries=0) as claude:
         args: dict[str, Any] = dict(
-            model=MODEL, max_tokens=200, temperature=0, betas=["mcp-client-2025-04-04"],
+            model=MODEL, max_tokens=200, betas=["mcp-client-2025-04-04"],
+            extra_body={"temperature": 0},
             messages=[{"role": "user", "content": "Add 2 and 3."}],
             mcp_servers=[{"type": "url", "url": mcp_http.url, "name": "calc",
                           "tool_configuration": {"allowed_tools": ["add"]}}],

@@ -1,7 +1,7 @@
 """A real MCP server for the tests, on the official SDK: `python tool_server.py http PORT
 LOG` (streamable HTTP on loopback, path /mcp) or `python tool_server.py stdio LOG`.
 
-Its tools: `add`, `echo`, `whoami` (the Authorization header it got), `slow` (sleeps; `stall` the same for 60 s, no arguments;
+Its tools: `add`, `echo`, `whoami` (the Authorization header it got), `slow` (sleeps; `stall` the same for 60 s whatever its tag;
 writes "start <id>" / "cancelled <id>" / "done <id>" lines to LOG, so a test can see that
 a call was cancelled), `boom` (raises), `huge` (returns n characters), `grow` (adds a
 tool and announces the new list: notifications/tools/list_changed).
@@ -56,8 +56,8 @@ async def slow(seconds: float, tag: str) -> str:
 
 
 @server.tool()
-async def stall() -> str:
-    """Takes a minute (a call to cancel: no arguments for a model to choose)."""
+async def stall(tag: str) -> str:
+    """Takes a minute (a call to cancel; `tag` is not used)."""
     note("start stall")
     try:
         await asyncio.sleep(60)
