@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import engine.loading as loading_module
 import engine.submission as submission_module
 from cache import CacheConfig, CacheHit
 from engine.engine import Engine, EngineState
@@ -135,10 +136,15 @@ async def test_a_failed_load_frees_the_contexts_it_made(monkeypatch: pytest.Monk
         made.append(self)
 
     monkeypatch.setattr(Context, "__init__", tracked)
-    # The scheduler refuses this after both contexts exist (exact reuse needs chunks
-    # of 128+ tokens): the load fails late.
-    with pytest.raises(AssertionError):
-        await start(n_seq_max=1, n_threads=1, exact_reuse=True, prefill_chunk=64)
+
+    def refuse(*args: Any, **kw: Any) -> None:
+        raise RuntimeError("the scheduler refuses")
+
+    # The scheduler is made after both contexts exist: the load fails late. (Settings
+    # the scheduler would refuse are refused earlier now, where they are declared.)
+    monkeypatch.setattr(loading_module, "Scheduler", refuse)
+    with pytest.raises(AssertionError, match="the scheduler refuses"):  # start(): not ready
+        await start(n_seq_max=1, n_threads=1)
     assert len(made) == 2 and all(ctx.handle is None for ctx in made)
 
 
