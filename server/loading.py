@@ -111,11 +111,13 @@ class ModelLoader:
             engine.start()
             self._seen[served.id] = EngineState.LOADING
 
-    async def unload(self, served: ServedModel) -> bool:
-        """Unload `served` if it is loaded and idle; False if it was not."""
+    async def unload(self, served: ServedModel, *, own: int = 0) -> bool:
+        """Unload `served` if it is loaded and idle; False if it was not. `own`: the
+        requests in flight that are the caller's (a request that unloads its own model
+        counts itself)."""
         async with self._lock(served):
             engine = served.engine
-            if not engine.ready or served.in_flight or engine.busy:
+            if not engine.ready or served.in_flight > own or engine.busy:
                 return False
             log.info("unloading model %s", served.id)
             self._observe()  # counted as loaded before the state changes

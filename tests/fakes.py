@@ -100,7 +100,10 @@ class FakeEngine:
         return self._info
 
     def start(self) -> None:
-        pass
+        # an unloaded fake loads at once, as a real engine would after its load time
+        # (one made with ready=False stays loading: tests that drive the state by hand)
+        if self.state is EngineState.UNLOADED:
+            self.state, self.load_progress = EngineState.READY, 1.0
 
     @property
     def busy(self) -> bool:

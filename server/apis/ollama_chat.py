@@ -66,9 +66,13 @@ def chat_messages(body: OllamaChatRequest) -> list[dict[str, Any]]:
 
 def chat_options(body: OllamaChatRequest, template_source: str, model: str) -> ChatOptions:
     tools = tuple(
-        Tool(t.function.name, t.function.description,
-             {"type": "object", "properties": {}} if t.function.parameters is None
-             else t.function.parameters)  # fmt: skip
+        Tool(
+            t.function.name,
+            t.function.description,
+            {"type": "object", "properties": {}}
+            if t.function.parameters is None
+            else t.function.parameters,
+        )  # fmt: skip
         for t in body.tools or []
     )
     kwargs: dict[str, Any] = {}
@@ -108,7 +112,7 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
     keep_alive = parse_keep_alive(body.keep_alive)
     apply_keep_alive(served, keep_alive)
     if not body.messages:
-        return load_answer(body.model, keep_alive == 0,
+        return await load_answer(request, served, body.model, keep_alive == 0,
                            {"message": {"role": "assistant", "content": ""}})  # fmt: skip
     engine = served.engine
     opts = options(body.options, engine.info.n_ctx)

@@ -237,7 +237,13 @@ def done_fields(total: Choice, started: float, load_s: float) -> dict[str, Any]:
     }
 
 
-def load_answer(model: str, unload: bool, extra: dict[str, Any]) -> dict[str, Any]:
-    """An empty prompt only loads (or, with keep_alive 0, unloads) the model."""
+async def load_answer(
+    request: Request, served: ServedModel, model: str, unload: bool, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """An empty prompt only loads the model (the model gate did that before the route
+    ran) or, with keep_alive 0, unloads it before answering, as Ollama does. A model
+    still busy with other requests goes once idle (its keep-alive is 0 now)."""
+    if unload:
+        await request.app.state.loader.unload(served, own=1)
     return {"model": model, "created_at": created_at(), **extra, "done": True,
             "done_reason": "unload" if unload else "load"}  # fmt: skip

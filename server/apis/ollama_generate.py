@@ -110,7 +110,7 @@ async def serve_ollama_generate(
     keep_alive = parse_keep_alive(body.keep_alive)
     apply_keep_alive(served, keep_alive)
     if not body.prompt and not body.suffix:
-        return load_answer(body.model, keep_alive == 0, {"response": ""})
+        return await load_answer(request, served, body.model, keep_alive == 0, {"response": ""})
     engine = served.engine
     opts = options(body.options, engine.info.n_ctx)
     if body.raw or body.suffix:

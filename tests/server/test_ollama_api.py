@@ -14,6 +14,7 @@ import httpx
 import ollama
 import pytest
 
+from engine.client import EngineState
 from server.apis.ollama_common import parse_keep_alive, resolve_ollama_model
 from server.apis.ollama_show import parameter_size
 from server.errors import BadRequest
@@ -152,7 +153,9 @@ async def test_load_and_unload_answers(client: httpx.AsyncClient, fake: FakeEngi
     assert r.json()["done_reason"] == "unload" and r.json()["response"] == ""
     served = client._transport.app.state.models.default  # type: ignore[attr-defined]
     assert served.keep_alive_s == 0 and served.unload_after_s == 0
-    await client.post("/api/generate", json={"model": MODEL, "keep_alive": -1})
+    assert fake.state is EngineState.UNLOADED
+    r = await client.post("/api/generate", json={"model": MODEL, "keep_alive": -1})
+    assert r.status_code == 200 and fake.ready  # the next request loads it again
     assert served.unload_after_s is None
     await client.post("/api/generate", json={"model": MODEL, "keep_alive": "1m30s"})
     assert served.unload_after_s == 90
