@@ -48,6 +48,12 @@ def resolve_model(request: Request, name: str, *, require_ready: bool = True) ->
             param="model",
             code="model_not_found",
         )
+    return claim(served, require_ready=require_ready)
+
+
+def claim(served: ServedModel, *, require_ready: bool = True) -> ServedModel:
+    """The model this request is for: named in its access record, and (with
+    `require_ready`) its engine ready, else 503 while it loads."""
     record = current_record()
     if record is not None:
         record.model = served.id
@@ -66,11 +72,7 @@ def resolve_template(request: Request, name: str) -> ChatTemplate:
 
 def get_engine(request: Request) -> EngineLike:
     """The default (first) model's engine, for endpoints that name no model."""
-    served = registry(request).default
-    record = current_record()
-    if record is not None:
-        record.model = served.id
-    return ready_engine(served.engine)
+    return claim(registry(request).default).engine
 
 
 def presented_key(request: Request) -> str:

@@ -8,10 +8,13 @@ Unknown repos and files answer 404 with the X-Error-Code the real hub sends.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -122,3 +125,21 @@ def start(hub: StandIn) -> tuple[StandIn, ThreadingHTTPServer]:
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return hub, server
+
+
+@contextlib.contextmanager
+def serving(hub: StandIn) -> Iterator[StandIn]:
+    """`hub` served (see `start`) while the block runs, then stopped."""
+    stand_in, server = start(hub)
+    try:
+        yield stand_in
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def fake_gguf(directory: Path) -> Path:
+    """A file that is a GGUF by its magic only: what the downloads move, not a model."""
+    path = directory / "served.gguf"
+    path.write_bytes(b"GGUF" + os.urandom(300_000))
+    return path

@@ -25,14 +25,8 @@ from server.errors import APIError, BadRequest
 from server.protocol import SamplingExtras
 from server.protocol_messages import CountTokensRequest, MessagesRequest
 from server.serving import sse
-from server.serving.drive import (
-    ClientDisconnected,
-    NamedEvent,
-    client_gone,
-    collect,
-    named_events,
-    until_disconnect,
-)
+from server.serving.drive import ClientDisconnected, client_gone, collect, until_disconnect
+from server.serving.events import NamedEvent, named_events
 from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens
 from server.serving.state import Choice, coalesced
 

@@ -20,14 +20,12 @@ from chat.reasoning import has_thinking
 from chat.tools import Tool
 from server.apis.ollama_answer import Piece, answer
 from server.apis.ollama_common import (
-    apply_keep_alive,
     created_at,
     done_fields,
+    kept_model,
     load_answer,
     load_wait_s,
-    ollama_model,
     options,
-    parse_keep_alive,
     within_window,
 )
 from server.deps import Caller
@@ -108,9 +106,7 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
     started = time.monotonic()
     body.log_unknown("ollama.chat")
     body.refuse_unsupported()
-    served = ollama_model(request, body.model)
-    keep_alive = parse_keep_alive(body.keep_alive)
-    apply_keep_alive(served, keep_alive)
+    served, keep_alive = kept_model(request, body.model, body.keep_alive)
     if not body.messages:
         return await load_answer(request, served, body.model, keep_alive == 0,
                            {"message": {"role": "assistant", "content": ""}})  # fmt: skip

@@ -23,8 +23,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from engine.client import FinishReason
-from server.access import current_record
-from server.deps import ready_engine, registry
+from server.deps import claim, registry
 from server.errors import BadRequest, NotFound, Unsupported, generation_failure
 from server.protocol import SamplingExtras
 from server.registry import ModelRegistry, ServedModel
@@ -55,12 +54,16 @@ def ollama_model(request: Request, name: str, *, require_ready: bool = True) -> 
     served = resolve_ollama_model(registry(request), name)
     if served is None:
         raise NotFound(f'model "{name}" not found, try pulling it first', param="model")
-    record = current_record()
-    if record is not None:
-        record.model = served.id
-    if require_ready:
-        ready_engine(served.engine)
-    return served
+    return claim(served, require_ready=require_ready)
+
+
+def kept_model(request: Request, name: str, keep_alive: Any) -> tuple[ServedModel, float | None]:
+    """The model a generating or embedding request names, kept loaded as its
+    `keep_alive` asks; and that keep_alive in seconds (None: not given)."""
+    served = ollama_model(request, name)
+    seconds = parse_keep_alive(keep_alive)
+    apply_keep_alive(served, seconds)
+    return served, seconds
 
 
 # -- keep_alive --------------------------------------------------------------------------

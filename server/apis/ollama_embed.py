@@ -15,11 +15,9 @@ import numpy as np
 from fastapi import Request
 
 from server.apis.ollama_common import (
-    apply_keep_alive,
+    kept_model,
     load_wait_s,
-    ollama_model,
     options,
-    parse_keep_alive,
 )
 from server.errors import BadRequest, Unsupported
 from server.protocol_ollama import OllamaEmbeddingsRequest, OllamaEmbedRequest
@@ -62,8 +60,7 @@ async def _vectors(
 async def serve_ollama_embed(body: OllamaEmbedRequest, request: Request) -> Any:
     started = time.monotonic()
     body.log_unknown("ollama.embed")
-    served = ollama_model(request, body.model)
-    apply_keep_alive(served, parse_keep_alive(body.keep_alive))
+    served, _ = kept_model(request, body.model, body.keep_alive)
     limit = _limit(served, body.model, body.options)
     n_embd = served.engine.info.n_embd
     if body.dimensions is not None and body.dimensions > n_embd:
@@ -102,8 +99,7 @@ async def serve_ollama_embed(body: OllamaEmbedRequest, request: Request) -> Any:
 async def serve_ollama_embeddings(body: OllamaEmbeddingsRequest, request: Request) -> Any:
     """The older endpoint: one `prompt`, one `embedding`; too long is refused."""
     body.log_unknown("ollama.embeddings")
-    served = ollama_model(request, body.model)
-    apply_keep_alive(served, parse_keep_alive(body.keep_alive))
+    served, _ = kept_model(request, body.model, body.keep_alive)
     limit = _limit(served, body.model, body.options)
     if not body.prompt:
         return {"embedding": []}

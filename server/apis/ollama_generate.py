@@ -23,14 +23,12 @@ from chat.reasoning import has_thinking
 from chat.schema import SchemaError, json_object_gbnf, schema_to_gbnf
 from server.apis.ollama_answer import Piece, answer
 from server.apis.ollama_common import (
-    apply_keep_alive,
     created_at,
     done_fields,
+    kept_model,
     load_answer,
     load_wait_s,
-    ollama_model,
     options,
-    parse_keep_alive,
     within_window,
 )
 from server.deps import Caller, EngineLike
@@ -106,9 +104,7 @@ async def serve_ollama_generate(
     started = time.monotonic()
     body.log_unknown("ollama.generate")
     body.refuse_unsupported()
-    served = ollama_model(request, body.model)
-    keep_alive = parse_keep_alive(body.keep_alive)
-    apply_keep_alive(served, keep_alive)
+    served, keep_alive = kept_model(request, body.model, body.keep_alive)
     if not body.prompt and not body.suffix:
         return await load_answer(request, served, body.model, keep_alive == 0, {"response": ""})
     engine = served.engine

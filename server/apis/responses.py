@@ -39,13 +39,8 @@ from server.errors import APIError, BadRequest
 from server.protocol import SamplingExtras
 from server.protocol_responses import ResponsesRequest
 from server.serving import sse
-from server.serving.drive import (
-    ClientDisconnected,
-    client_gone,
-    collect,
-    named_events,
-    until_disconnect,
-)
+from server.serving.drive import ClientDisconnected, client_gone, collect, until_disconnect
+from server.serving.events import named_events
 from server.serving.prepare import Prepared, prepare_chat
 from server.serving.state import Choice
 

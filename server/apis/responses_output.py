@@ -13,7 +13,7 @@ import secrets
 from typing import Any
 
 from chat.callstream import Delta
-from server.serving.drive import NamedEvent
+from server.serving.events import NamedEvent
 from server.serving.state import coalesced
 
 

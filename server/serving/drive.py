@@ -12,12 +12,11 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from chat.callstream import Delta
 from engine.client import EngineLike, FinishReason, Generation, SeqOutput
 from server.access import current_record
 from server.errors import APIError, BadRequest, generation_failure
@@ -146,25 +145,3 @@ async def steps(generation: Generation, states: list[ChoiceState]) -> AsyncItera
                 raise engine_failure(inc.error)
             out.append(states[index].advance(inc))
         yield out
-
-
-NamedEvent = tuple[str, dict[str, Any]]  # an event's name and payload (Responses, Messages)
-
-
-class EventBuilder(Protocol):
-    """Parsed output -> the named events of an API that names them."""
-
-    def feed(self, deltas: list[Delta]) -> None: ...
-
-    def drain(self) -> list[NamedEvent]: ...
-
-
-async def named_events(
-    generation: Generation, state: ChoiceState, builder: EventBuilder
-) -> AsyncIterator[NamedEvent]:
-    """The events `builder` makes of one choice's output, increment by increment."""
-    async for increment in steps(generation, [state]):
-        for step in increment:
-            builder.feed(step.deltas)
-        for event in builder.drain():
-            yield event

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from server.config import default_model_path
-from tests.hub_standin import HubFile, StandIn, start
+from tests.hub_standin import HubFile, StandIn, serving
 from tests.kvserve_process import free_port, running
 
 pytestmark = pytest.mark.model
@@ -24,12 +24,9 @@ REPO = "kvtest/SmolLM2-135M-Instruct-GGUF"
 
 @pytest.fixture
 def hub() -> Iterator[StandIn]:
-    stand_in, server = start(
-        StandIn({REPO: {"SmolLM2-135M-Instruct.Q4_1.gguf": HubFile(Path(default_model_path()))}})
-    )
-    yield stand_in
-    server.shutdown()
-    server.server_close()
+    files = {"SmolLM2-135M-Instruct.Q4_1.gguf": HubFile(Path(default_model_path()))}
+    with serving(StandIn({REPO: files})) as stand_in:
+        yield stand_in
 
 
 def _env(hub: StandIn, cache: Path, offline: bool = False) -> dict[str, str]:

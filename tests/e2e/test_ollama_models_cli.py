@@ -19,7 +19,7 @@ import ollama
 import pytest
 
 from server.config import default_model_path
-from tests.hub_standin import HubFile, StandIn, start
+from tests.hub_standin import HubFile, StandIn, serving
 from tests.kvserve_process import MODEL, Server, free_port, running
 
 pytestmark = pytest.mark.model
@@ -32,12 +32,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 
 @pytest.fixture(scope="module")
 def hub() -> Iterator[StandIn]:
-    stand_in, server = start(
-        StandIn({REPO: {"SmolLM2-135M-Instruct.Q4_1.gguf": HubFile(Path(default_model_path()))}})
-    )
-    yield stand_in
-    server.shutdown()
-    server.server_close()
+    files = {"SmolLM2-135M-Instruct.Q4_1.gguf": HubFile(Path(default_model_path()))}
+    with serving(StandIn({REPO: files})) as stand_in:
+        yield stand_in
 
 
 def _env(hub: StandIn, cache: Path) -> dict[str, str]:

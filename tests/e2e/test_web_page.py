@@ -6,21 +6,16 @@ No test ends with an error in the browser's console."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from server.app import create_app
-from server.config import Settings
 from tests.browser import AVAILABLE, chromium, console_errors, wait_for
 from tests.fakes import FakeEngine
 from tests.kvserve_process import MODEL, running
+from tests.threaded_server import serving
 
 pytestmark = [
     pytest.mark.browser,
@@ -171,20 +166,8 @@ HOSTILE = (
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[tuple[str, FakeEngine]]:
     engine = FakeEngine(reply=HOSTILE, n_ctx=4096)  # the page asks for max_tokens 512
-    app = create_app(Settings(), engine=engine)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    yield f"http://127.0.0.1:{port}", engine
-    server.should_exit = True
-    thread.join(10)
+    with serving(engine) as url:
+        yield url, engine
 
 
 def test_a_hostile_reply_and_message_render_inert(

@@ -109,11 +109,16 @@ def test_several_models_with_their_own_engine_settings(tmp_path: Path) -> None:
 def test_bad_configuration_names_the_key(
     tmp_path: Path, text: str, env: dict[str, str], fragment: str
 ) -> None:
+    assert fragment in config_error(tmp_path, text, env)
+
+
+def config_error(tmp_path: Path, text: str, env: dict[str, str]) -> str:
+    """The message of the ConfigError that loading `text` as the file (and `env`) raises."""
     cfg = tmp_path / "k.toml"
     cfg.write_text(text)
     with pytest.raises(ConfigError) as err:
         load_settings(str(cfg), env=env)
-    assert fragment in str(err.value)
+    return str(err.value)
 
 
 def kvserve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

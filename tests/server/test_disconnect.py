@@ -2,41 +2,21 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
-from server.app import create_app
-from server.config import Settings
 from tests.fakes import FakeEngine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.threaded_server import serving
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[str, FakeEngine]]:
     engine = FakeEngine(reply="word " * 200, delay=0.02)
-    app = create_app(Settings(), engine=engine)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    yield f"http://127.0.0.1:{port}", engine
-    server.should_exit = True
-    thread.join(10)
+    with serving(engine) as url:
+        yield url, engine
 
 
 def wait_for(condition: object, timeout: float = 5.0) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,16 +10,14 @@ import pytest
 from server.hub import HubError, HubSource, choose_file, fetch
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
-from tests.hub_standin import HubFile, StandIn, start
+from tests.hub_standin import HubFile, StandIn, fake_gguf, serving, start
 
 REPO = "kvtest/tiny-GGUF"
 
 
 @pytest.fixture
 def gguf(tmp_path: Path) -> Path:
-    path = tmp_path / "served.gguf"
-    path.write_bytes(b"GGUF" + os.urandom(300_000))
-    return path
+    return fake_gguf(tmp_path)
 
 
 @pytest.fixture
@@ -30,10 +27,8 @@ def hub(gguf: Path) -> Iterator[StandIn]:
         "tiny-Q8_0.gguf": HubFile(gguf),
         "README.md": HubFile(gguf),
     }
-    stand_in, server = start(StandIn({REPO: files}))
-    yield stand_in
-    server.shutdown()
-    server.server_close()
+    with serving(StandIn({REPO: files})) as stand_in:
+        yield stand_in
 
 
 def _src(tmp_path: Path, spec: str = REPO + ":Q8_0", **kw: str) -> HubSource:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from engine.engine import EngineState
 from server.app import create_app
 from server.config import AuthSection, HubSection, ModelSection, Settings
 from tests.fakes import FakeEngine
-from tests.hub_standin import HubFile, StandIn, start
+from tests.hub_standin import HubFile, StandIn, fake_gguf, serving
 
 REPO = "kvtest/tiny-GGUF"
 KEY = {"Authorization": "Bearer k"}
@@ -25,25 +24,20 @@ KEY = {"Authorization": "Bearer k"}
 
 @pytest.fixture
 def gguf(tmp_path: Path) -> Path:
-    path = tmp_path / "served.gguf"
-    path.write_bytes(b"GGUF" + os.urandom(300_000))
-    return path
+    return fake_gguf(tmp_path)
 
 
 @pytest.fixture
 def hub(gguf: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn]:
     files = {"tiny-Q4_K_M.gguf": HubFile(gguf), "tiny-Q8_0.gguf": HubFile(gguf)}
-    stand_in, server = start(
-        StandIn({REPO: files, "kvtest/one-GGUF": {"one.Q4_1.gguf": HubFile(gguf)}})
-    )
-    # What HF_ENDPOINT sets when huggingface_hub is imported (a server process reads it so)
-    monkeypatch.setattr(constants, "ENDPOINT", stand_in.url)
-    template = stand_in.url + "/{repo_id}/resolve/{revision}/{filename}"
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    yield stand_in
-    server.shutdown()
-    server.server_close()
+    hub = StandIn({REPO: files, "kvtest/one-GGUF": {"one.Q4_1.gguf": HubFile(gguf)}})
+    with serving(hub) as stand_in:
+        # What HF_ENDPOINT sets when huggingface_hub is imported (a server process reads it so)
+        monkeypatch.setattr(constants, "ENDPOINT", stand_in.url)
+        template = stand_in.url + "/{repo_id}/resolve/{revision}/{filename}"
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        yield stand_in
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server.config import ConfigError, TracingSection, load_settings
-from tests.server.test_config import kvserve
+from server.config import TracingSection, load_settings
+from tests.server.test_config import config_error, kvserve
 
 
 @pytest.mark.parametrize(
@@ -32,11 +32,7 @@ from tests.server.test_config import kvserve
 def test_bad_tracing_values_name_the_key(
     tmp_path: Path, text: str, env: dict[str, str], fragment: str
 ) -> None:
-    cfg = tmp_path / "k.toml"
-    cfg.write_text(text)
-    with pytest.raises(ConfigError) as err:
-        load_settings(str(cfg), env=env)
-    assert fragment in str(err.value)
+    assert fragment in config_error(tmp_path, text, env)
 
 
 def test_tracing_settings_from_the_file_and_the_environment(tmp_path: Path) -> None:
