@@ -241,6 +241,8 @@ class Scheduler:
 
     def _admit(self, kv: KvPlan) -> None:
         """Admit from the queue (ranked: engine/admission.py) while slots and KV allow."""
+        if len(self.running) >= self.config.num_slots:
+            return  # each running sequence holds a slot: none to give (and no ranking cost)
         rank_waiting(self.waiting, self.running, self.slots, self.config)
         committed = self.kv_cells_committed
         admitted: list[Sequence] = []

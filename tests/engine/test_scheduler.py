@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cache import CacheHit
 from engine.detokenizer import IncrementalDetokenizer
 from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
@@ -546,3 +548,26 @@ def test_a_warm_short_turn_goes_before_a_cold_long_one_and_aging_bounds_it() -> 
     # Twice (OVERTAKE_LIMIT_PER_SLOT x 1 slot) the warm turn went first; then the cold
     # one had waited long enough.
     assert admitted == ["turn0", "turn1", "cold"]
+
+
+def test_the_queue_is_ranked_only_when_a_slot_can_be_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranking compares each queued prompt with every slot's tokens: not done on the
+    steps where every slot runs (most steps when agents outnumber slots)."""
+    import engine.scheduler as scheduler
+
+    ranked = []
+    monkeypatch.setattr(scheduler, "rank_waiting", lambda *a: ranked.append(len(a[0])))
+    s = sched(slots=2)
+    running = [seq(f"r{i}", 10) for i in range(2)]
+    for r in running:
+        s.add(r)
+    apply(s)
+    assert len(ranked) == 1  # the first step: two slots free
+    for i in range(3):
+        s.add(seq(f"w{i}", 10))
+    for _ in range(3):
+        apply(s)
+    assert len(ranked) == 1 and len(s.waiting) == 3
+    s.remove(running[0])  # a slot frees: the queue is ranked, one is admitted
+    apply(s)
+    assert len(ranked) == 2 and len(s.waiting) == 2

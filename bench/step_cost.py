@@ -1,0 +1,110 @@
+"""What one engine step costs inside llama_decode, by the shape of the batch kvserve hands it.
+
+    python bench/step_cost.py [--lengths 256,1024,2048] [--fa off,on] [--unified off,on]
+
+The agents benchmark spends 97% of the engine thread in llama_decode, and its wall time
+depends on flash attention. This script times llama_decode alone on the bundled model,
+with the engine's own context settings (4 sequences, 4096 cells each, 2 threads,
+n_batch 512, weights repacked) for the step shapes that workload makes, each sequence
+holding L tokens of KV first (not timed):
+
+- decode x4: one new row for each of the 4 sequences (four agents generating);
+- decode x1: one row of one sequence;
+- chunk 256: 256 prompt rows of one sequence (a prefill chunk alone);
+- chunk 256 + 3: the same chunk beside one decode row of each other sequence (what a
+  step looks like while a turn is admitted among generating ones);
+- chunk 64 + 3: a short warm suffix beside three decoding sequences.
+
+Every step's rows are removed again afterwards, so each repetition sees the same KV.
+Median of --repeat runs after one warm-up, in ms. Run by hand on a quiet machine: two
+things running at once on 2 cores make every figure meaningless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.llama import Batch, Context, ContextParams, Model  # noqa: E402
+from server.config import default_model_path  # noqa: E402
+
+N_SEQ = 4
+N_CTX_SEQ = 4096
+N_BATCH = 512
+SHAPES: dict[str, list[tuple[int, int]]] = {  # name -> (sequence, rows) runs
+    "decode x4": [(s, 1) for s in range(N_SEQ)],
+    "decode x1": [(0, 1)],
+    "chunk 256": [(0, 256)],
+    "chunk 256 + 3": [(0, 256), (1, 1), (2, 1), (3, 1)],
+    "chunk 64 + 3": [(0, 64), (1, 1), (2, 1), (3, 1)],
+}
+
+
+def time_shape(
+    ctx: Context, batch: Batch, runs: list[tuple[int, int]], length: int, rng, repeat: int
+) -> float:
+    """Median ms of one llama_decode of `runs` at position `length` of each sequence."""
+    times = []
+    for i in range(repeat + 1):
+        batch.clear()
+        for seq, rows in runs:
+            batch.add(seq, rng.integers(100, 40000, rows).tolist(), length, True)
+        began = time.perf_counter()
+        if ctx.decode(batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        if i:  # the first is a warm-up
+            times.append((time.perf_counter() - began) * 1000)
+        for seq, _ in runs:
+            ctx.remove_seq(seq, length)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lengths", default="256,1024,2048")
+    ap.add_argument("--fa", default="off,on")
+    ap.add_argument("--unified", default="off,on", help="one KV pool for all sequences")
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    model = Model(default_model_path())
+    rng = np.random.default_rng(18)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    configs = [(fa, u) for fa in args.fa.split(",") for u in args.unified.split(",")]
+    print(f"model {Path(model.path).name}, {N_SEQ} sequences x {N_CTX_SEQ} cells, "
+          f"n_batch {N_BATCH}, 2 threads; median ms of one llama_decode")  # fmt: skip
+    header = "| KV length | shape | " + " | ".join(f"fa {fa}, unified {u}" for fa, u in configs)
+    print(header + " |\n|" + "---|" * (len(configs) + 2))
+    results: dict[tuple[str, str], dict[tuple[int, str], float]] = {}
+    for fa, unified in configs:
+        params = ContextParams(
+            N_CTX_SEQ * N_SEQ, N_BATCH, N_SEQ, 2, kv_unified=unified == "on", flash_attn=fa == "on"
+        )
+        ctx, batch = Context(model, params), Batch(N_BATCH)
+        out = results[(fa, unified)] = {}
+        for length in lengths:
+            ctx.clear()
+            for seq in range(N_SEQ):  # each sequence's KV, in chunks of n_batch (not timed)
+                prompt = rng.integers(100, 40000, length).tolist()
+                for at in range(0, length, N_BATCH):
+                    batch.clear()
+                    batch.add(seq, prompt[at : at + N_BATCH], at, True)
+                    if ctx.decode(batch) != 0:
+                        raise RuntimeError("llama_decode failed")
+            for name, runs in SHAPES.items():
+                out[(length, name)] = time_shape(ctx, batch, runs, length, rng, args.repeat)
+        ctx.close()
+    for length in lengths:
+        for name in SHAPES:
+            cells = " | ".join(f"{results[c][(length, name)]:.1f}" for c in configs)
+            print(f"| {length} | {name} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
