@@ -14,8 +14,11 @@ that cannot be resolved locally, raises SchemaError.
 
 Choices made so the output is always valid *and* bounded:
 - Properties come out in the schema's order, required ones first. A missing
-  `additionalProperties` is treated as false (the model cannot invent keys; the output
-  still validates, since extra keys would have been allowed).
+  `additionalProperties` is treated as false when `properties` is given, even empty (the
+  model cannot invent keys; the output still validates, since extra keys would have been
+  allowed), as llama.cpp's json_schema_to_grammar does: `{"type": "object",
+  "properties": {}}`, the schema of a tool without parameters, allows only `{}`. An
+  object schema with neither keyword allows any object.
 - Number bounds: integers with both bounds and at most 256 values are enumerated, and
   `minimum >= 0` (or 1 for integers) forbids the sign (and zero). Other bounds are NOT
   enforced by the grammar (accepted, since agents' tool schemas carry them; the README
@@ -157,7 +160,9 @@ class SchemaConverter:
         props: dict[str, Any] = schema.get("properties", {})
         required = [p for p in schema.get("required", []) if p in props]
         missing = [p for p in schema.get("required", []) if p not in props]
-        extra = schema.get("additionalProperties", None if props else True)
+        # As llama.cpp's converter: `properties` given (even empty: a tool that takes no
+        # arguments) and no `additionalProperties` means no other keys; neither: any object.
+        extra = schema.get("additionalProperties", None if "properties" in schema else True)
         if missing:  # a grammar cannot force a key it does not know
             raise SchemaError(f"'{name}' requires {missing}, which it does not define")
         optional = [p for p in props if p not in required]

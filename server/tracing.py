@@ -127,13 +127,37 @@ def active() -> Any:
     return _active
 
 
-def span(name: str, /, **attributes: Any) -> AbstractContextManager[Any]:
-    """A child span of the current one for the `with` block, e.g.
-    `with span("mcp.call", **{"mcp.server": name}):`; a shared no-op when tracing is off.
-    An exception leaving the block is recorded on the span and marks it failed."""
+def span(name: str, /, parent: Any = None, **attributes: Any) -> AbstractContextManager[Any]:
+    """A child span of the current one (or of `parent`, a span from `open_span`) for the
+    `with` block, e.g. `with span("mcp.call", **{"mcp.server": name}):`; a shared no-op
+    (yielding None) when tracing is off. An exception leaving the block is recorded on the
+    span and marks it failed."""
     if _active is None:
         return _OFF
-    return _active.tracer.start_as_current_span(name, attributes=attributes)
+    context = None
+    if parent is not None:
+        from opentelemetry import trace
+
+        context = trace.set_span_in_context(parent)
+    return _active.tracer.start_as_current_span(name, context=context, attributes=attributes)
+
+
+def open_span(name: str, /, **attributes: Any) -> Any:
+    """A child span of the current one that is not made current, for code that yields
+    between its start and its end (an async generator: a span it made current would leak
+    into its consumer between yields); the caller ends it (`.end()`) and may hand it to
+    `span(parent=...)`. None when tracing is off."""
+    if _active is None:
+        return None
+    return _active.tracer.start_span(name, attributes=attributes)
+
+
+def failed(span: Any, reason: str) -> None:
+    """Mark a span (from `span` or `open_span`; None is ignored) as failed, with why."""
+    if span is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, reason))
 
 
 def outgoing_headers() -> dict[str, str]:
@@ -156,4 +180,13 @@ def started(section: TracingSection) -> Iterator[None]:
         shutdown()
 
 
-__all__ = ["TracingSection", "outgoing_headers", "shutdown", "span", "start", "started"]
+__all__ = [
+    "TracingSection",
+    "failed",
+    "open_span",
+    "outgoing_headers",
+    "shutdown",
+    "span",
+    "start",
+    "started",
+]

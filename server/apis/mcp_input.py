@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.errors import BadRequest, Unsupported
+from server.mcp.settings import header_problem
 from server.mcp.toolset import McpRef
 
 # OpenAI fields for hosted connectors and deferred tool search: nothing of the kind here.
@@ -70,7 +71,18 @@ def _headers(value: Any, where: str) -> dict[str, str]:
         isinstance(k, str) and k and isinstance(v, str) for k, v in value.items()
     ):
         raise BadRequest(f"'{where}' must map header names to strings", param=where)
+    for name, text in value.items():
+        problem = header_problem(name, text)
+        if problem is not None:
+            raise BadRequest(f"'{where}': {problem}", param=where)
     return dict(value)
+
+
+def _bearer(token: str, where: str) -> str:
+    value = "Bearer " + token
+    if header_problem("Authorization", value) is not None:
+        raise BadRequest(f"'{where}' has a line break or NUL", param=where)
+    return value
 
 
 def openai_ref(tool: dict[str, Any], where: str) -> McpRef:
@@ -94,7 +106,7 @@ def openai_ref(tool: dict[str, Any], where: str) -> McpRef:
     allowed = tool.get("allowed_tools")
     headers = _headers(tool["headers"], f"{where}.headers") if tool.get("headers") else {}
     if tool.get("authorization"):
-        headers["Authorization"] = "Bearer " + tool["authorization"]
+        headers["Authorization"] = _bearer(tool["authorization"], f"{where}.authorization")
     return McpRef(
         where, label, url,
         None if allowed is None else _filter_names(allowed, f"{where}.allowed_tools"),
@@ -122,6 +134,7 @@ def anthropic_ref(server: Any, where: str) -> McpRef:
     if token is not None and not isinstance(token, str):
         raise BadRequest(f"'{where}.authorization_token' must be a string",
                          param=f"{where}.authorization_token")  # fmt: skip
+    bearer = _bearer(token, f"{where}.authorization_token") if token else None
     config = server.get("tool_configuration") or {}
     if not isinstance(config, dict):
         raise BadRequest(f"'{where}.tool_configuration' must be an object",
@@ -140,5 +153,5 @@ def anthropic_ref(server: Any, where: str) -> McpRef:
     return McpRef(
         where, name, url, names if enabled else (),
         "never",  # the connector has no approvals: the tools run
-        {"Authorization": "Bearer " + token} if token else None, "url", "name",
+        {"Authorization": bearer} if bearer else None, "url", "name",
     )  # fmt: skip

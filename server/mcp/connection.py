@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 import mcp_types
 from mcp import Client
 from mcp.client.sse import sse_client
@@ -25,6 +27,7 @@ from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
+from server import tracing
 from server.mcp.settings import McpServerSection
 
 log = logging.getLogger("kvserve.mcp")
@@ -86,10 +89,11 @@ class McpConnection:
     def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
         spec = self.spec
         if spec.transport == "stdio":
+            # no headers here: the SDK puts the traceparent in each request's `_meta`
             return StdioServerParameters(command=spec.command, args=list(spec.args))
         if spec.transport == "sse":
-            return sse_client(spec.url, headers=self._headers)
-        http = create_mcp_http_client(headers=self._headers)
+            return sse_client(spec.url, headers=self._headers, httpx_client_factory=_traced_client)
+        http = _traced_client(headers=self._headers)
         stack.push_async_callback(http.aclose)  # a client handed in is ours to close
         return streamable_http_client(spec.url, http_client=http)
 
@@ -149,7 +153,10 @@ class McpConnection:
             # read by the waiter below, or (past its timeout) here: never left unretrieved
             ready.add_done_callback(lambda f: f.cancelled() or f.exception())
             self._stop = asyncio.Event()
-            self._owner = asyncio.create_task(self._hold(ready), name=f"mcp:{self.spec.label}")
+            # A fresh context: the connection outlives the request that opened it, and
+            # must not carry that request's trace span (its traceparent) into later ones.
+            self._owner = asyncio.create_task(self._hold(ready), name=f"mcp:{self.spec.label}",
+                                              context=contextvars.Context())  # fmt: skip
             try:
                 async with asyncio.timeout(self._connect_timeout_s):
                     await asyncio.shield(ready)
@@ -216,6 +223,25 @@ class McpConnection:
     async def close(self) -> None:
         async with self._lock:
             await self._end_owner()
+
+
+async def _trace_headers(request: httpx2.Request) -> None:
+    """Each HTTP request to an MCP server carries the W3C `traceparent` of the span current
+    where it was sent. The SDK's HTTP transports send a message in its sender's context
+    (the request's task, inside its `mcp.call` span), so a shared connection's requests
+    each carry their own caller's trace; none when tracing is off."""
+    request.headers.update(tracing.outgoing_headers())
+
+
+def _traced_client(
+    headers: dict[str, str] | None = None,
+    timeout: httpx2.Timeout | None = None,
+    auth: httpx2.Auth | None = None,
+) -> httpx2.AsyncClient:
+    """The SDK's HTTP client (its timeouts), with the traceparent added per request."""
+    client = create_mcp_http_client(headers=headers, timeout=timeout, auth=auth)
+    client.event_hooks["request"].append(_trace_headers)
+    return client
 
 
 def capped(text: str, max_chars: int) -> str:

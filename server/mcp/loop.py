@@ -22,6 +22,7 @@ from chat.callstream import Delta
 from chat.plan import ChatOptions
 from chat.tools import Tool, ToolChoice
 from engine.client import FinishReason, GenerateRequest, Generation
+from server import tracing
 from server.mcp.connection import CallOutcome
 from server.mcp.toolset import Toolset
 from server.serving.drive import steps
@@ -112,9 +113,12 @@ def _arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-async def _run_call(toolset: Toolset, call: McpCall) -> AsyncIterator[LoopEvent]:
+async def _run_call(
+    toolset: Toolset, call: McpCall, round_span: Any = None
+) -> AsyncIterator[LoopEvent]:
     yield CallStarted(call)
-    outcome = await toolset.call(call.server_label, call.name, _arguments(call.arguments))
+    arguments = _arguments(call.arguments)
+    outcome = await toolset.call(call.server_label, call.name, arguments, parent=round_span)
     yield CallDone(call, outcome)
 
 
@@ -158,60 +162,80 @@ async def run_loop(spec: LoopSpec) -> AsyncIterator[LoopEvent]:
     total, num_prompt, rounds = Choice(), 0, 0
     final: dict[str, Any] | None = None
     while True:
-        prepared = await spec.prepare(messages, _round_options(spec, rounds))
-        generation = await spec.generate(prepared.requests)
-        (state,) = prepared.states()
-        calls: dict[int, list[str]] = {}  # index -> [call id, name, arguments]
-        text: list[str] = []
-        async for increment in steps(generation, [state]):
-            for step in increment:
-                shown = []
-                for d in step.deltas:
-                    if d.kind == "start":
-                        calls[d.index] = [d.call_id, d.text, ""]
-                    elif d.kind == "args":
-                        calls[d.index][2] += d.text
-                    else:
-                        shown.append(d)
-                        text.append(d.text if d.kind == "content" else "")
-                if shown:
-                    yield Output(shown)
-        rounds += 1
-        round_total = state.total
-        num_prompt += len(prepared.prompt)
-        total = _summed(total, round_total)
-        yield RoundDone(round_total, len(prepared.prompt))
-        ours = [
-            McpCall(f"mcp_{secrets.token_hex(16)}", c[0], owner.ref.label, c[1], c[2])
-            for c in calls.values()
-            if (owner := spec.toolset.owner(c[1])) is not None
-        ]
-        theirs = [(i, c) for i, c in calls.items() if spec.toolset.owner(c[1]) is None]
-        if theirs:
-            deltas = []
-            for i, (call_id, name, args) in theirs:
-                deltas += [Delta("start", name, i, call_id), Delta("args", args, i)]
-            yield Output(deltas)
-        turn = _assistant_turn("".join(text), list(calls.values()))
-        if not ours or round_total.finish_reason is not FinishReason.STOP:
-            final = turn
-            break
-        messages.append(turn)
-        waiting = False
-        for call in ours:
-            server = spec.toolset.server(call.server_label)
-            if server is not None and server.needs_approval(call.name):
-                waiting = True
-                yield ApprovalNeeded(call)
-                continue
-            async for event in _run_call(spec.toolset, call):
-                yield event
-                if isinstance(event, CallDone):
-                    messages.append(tool_turn(call, event.outcome))
-        if waiting or theirs:
-            final = None
-            break  # the client answers (an approval, its own calls), then the loop goes on
+        # The round span is not made current: this generator yields inside it.
+        round_span = tracing.open_span("mcp.round", **{"kvserve.mcp.round": rounds + 1})
+        try:
+            prepared = await spec.prepare(messages, _round_options(spec, rounds))
+            generation = await spec.generate(prepared.requests)
+            (state,) = prepared.states()
+            calls: dict[int, list[str]] = {}  # index -> [call id, name, arguments]
+            text: list[str] = []
+            async for increment in steps(generation, [state]):
+                for step in increment:
+                    shown = []
+                    for d in step.deltas:
+                        if d.kind == "start":
+                            calls[d.index] = [d.call_id, d.text, ""]
+                        elif d.kind == "args":
+                            calls[d.index][2] += d.text
+                        else:
+                            shown.append(d)
+                            text.append(d.text if d.kind == "content" else "")
+                    if shown:
+                        yield Output(shown)
+            rounds += 1
+            round_total = state.total
+            num_prompt += len(prepared.prompt)
+            total = _summed(total, round_total)
+            yield RoundDone(round_total, len(prepared.prompt))
+            ours = [
+                McpCall(f"mcp_{secrets.token_hex(16)}", c[0], owner.ref.label, c[1], c[2])
+                for c in calls.values()
+                if (owner := spec.toolset.owner(c[1])) is not None
+            ]
+            theirs = [(i, c) for i, c in calls.items() if spec.toolset.owner(c[1]) is None]
+            _trace_round(round_span, round_total, len(ours))
+            if theirs:
+                deltas = []
+                for i, (call_id, name, args) in theirs:
+                    deltas += [Delta("start", name, i, call_id), Delta("args", args, i)]
+                yield Output(deltas)
+            turn = _assistant_turn("".join(text), list(calls.values()))
+            if not ours or round_total.finish_reason is not FinishReason.STOP:
+                final = turn
+                break
+            messages.append(turn)
+            waiting = False
+            for call in ours:
+                server = spec.toolset.server(call.server_label)
+                if server is not None and server.needs_approval(call.name):
+                    waiting = True
+                    yield ApprovalNeeded(call)
+                    continue
+                async for event in _run_call(spec.toolset, call, round_span):
+                    yield event
+                    if isinstance(event, CallDone):
+                        messages.append(tool_turn(call, event.outcome))
+            if waiting or theirs:
+                final = None
+                break  # the client answers (an approval, its own calls), then the loop goes on
+        finally:
+            if round_span is not None:
+                round_span.end()
     yield Finished(total, num_prompt, messages, rounds, final)
+
+
+def _trace_round(span: Any, counts: Choice, mcp_calls: int) -> None:
+    """The round's counts on its span: `kvserve.tokens.reused` > 0 from round 2 on shows
+    it continued on the previous round's KV."""
+    if span is not None:
+        span.set_attributes({
+            "kvserve.tokens.prompt": counts.num_prompt_tokens,
+            "kvserve.tokens.reused": counts.num_cached_tokens,
+            "kvserve.tokens.generated": counts.num_output_tokens,
+            "kvserve.finish_reason": str(counts.finish_reason or ""),
+            "kvserve.mcp.calls": mcp_calls,
+        })  # fmt: skip
 
 
 def _assistant_turn(text: str, calls: list[list[str]]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 from server.config_values import ConfigError, coerce
 
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
 TRANSPORTS = ("streamable_http", "sse", "stdio")
 
 
@@ -61,11 +62,24 @@ _SCALARS = {"label": str, "url": str, "transport": str, "command": str, "args": 
             "api_keys": tuple[str, ...]}  # fmt: skip
 
 
+def header_problem(name: str, value: str) -> str | None:
+    """Why a header cannot be sent (None: it can). Shared with the request's `headers`."""
+    if not _HEADER_NAME.match(name):
+        return f"{name!r} is not a valid header name"
+    if any(c in value for c in "\r\n\0"):
+        return f"the value of {name!r} has a line break or NUL"
+    return None
+
+
 def _headers(key: str, value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise ConfigError(f"{key}: expected a table of header names to strings")
+    for name, text in value.items():
+        problem = header_problem(name, text)
+        if problem is not None:
+            raise ConfigError(f"{key}: {problem}")
     return tuple(value.items())
 
 
@@ -91,6 +105,16 @@ def _entry(key: str, table: Any) -> McpServerSection:
                           "with command")  # fmt: skip
     if url and not url.startswith(("http://", "https://")):
         raise ConfigError(f"{key}.url: an http:// or https:// URL")
+    token_env = values.get("bearer_token_env", "")
+    if token_env and command:
+        raise ConfigError(f"{key}.bearer_token_env: only for an HTTP server (url); a stdio "
+                          "server has no headers")  # fmt: skip
+    if token_env and not os.environ.get(token_env):
+        # checked at start-up: a missing token would only show as 401s at the first call
+        raise ConfigError(f"{key}.bearer_token_env: the environment variable '{token_env}' "
+                          "is not set (or empty)")  # fmt: skip
+    if values.get("headers") and command:
+        raise ConfigError(f"{key}.headers: only for an HTTP server (url)")
     if values.get("timeout_s", 30.0) <= 0:
         raise ConfigError(f"{key}.timeout_s: must be above 0")
     values["transport"] = transport

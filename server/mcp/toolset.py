@@ -6,11 +6,13 @@ server. Built per request; `close()` ends the connections the request brought he
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from chat.tools import Tool
+from server import tracing
 from server.mcp.connection import CallOutcome, McpConnection, McpTool, McpUnavailable
 from server.mcp.manager import McpManager
 
@@ -70,12 +72,28 @@ class Toolset:
     def server(self, label: str) -> ServerTools | None:
         return next((s for s in self.servers if s.ref.label == label), None)
 
-    async def call(self, label: str, name: str, arguments: dict[str, Any]) -> CallOutcome:
-        """One tool call (the place a tracing span wraps)."""
+    async def call(
+        self, label: str, name: str, arguments: dict[str, Any], parent: Any = None
+    ) -> CallOutcome:
+        """One tool call, traced as an `mcp.call` span (a child of `parent`, the loop's
+        round span, else of the current span); the span is current while the call runs,
+        so the MCP request carries its `traceparent`."""
         server = self.server(label)
         if server is None:
             return CallOutcome(None, f"MCP server '{label}' is not offered in this request")
-        return await server.connection.call(name, arguments, self.max_chars)
+        attributes = {"kvserve.mcp.server": label, "gen_ai.tool.name": name,
+                      "mcp.method.name": "tools/call"}  # fmt: skip
+        began = time.monotonic()
+        with tracing.span("mcp.call", parent=parent, **attributes) as span:
+            outcome = await server.connection.call(name, arguments, self.max_chars)
+            if span is not None:
+                span.set_attribute("kvserve.mcp.duration_s", round(time.monotonic() - began, 6))
+                status = "failed" if outcome.error is not None else "completed"
+                span.set_attribute("kvserve.mcp.outcome", status)
+                if outcome.error is not None:
+                    span.set_attribute("error.type", "tool_error")
+                    tracing.failed(span, outcome.error[:512])
+        return outcome
 
     async def close(self) -> None:
         for server in self.servers:

@@ -84,6 +84,27 @@ def test_small_integer_ranges_are_enumerated() -> None:
     assert '"1" | "2" | "3"' in schema_to_gbnf({"type": "integer", "minimum": 1, "maximum": 3})
 
 
+@pytest.mark.parametrize(("schema", "any_keys"), [
+    ({"type": "object", "properties": {}}, False),  # a tool without parameters: only {}
+    ({"properties": {}}, False),
+    ({"type": "object", "additionalProperties": False}, False),
+    ({"type": "object", "properties": {}, "additionalProperties": True}, True),
+    ({"type": "object"}, True),  # no properties, no additionalProperties: any object
+    ({"type": "object", "additionalProperties": {}}, True),
+])  # fmt: skip
+def test_extra_keys_follow_llama_cpp(schema: dict[str, Any], any_keys: bool) -> None:
+    """As llama.cpp's json_schema_to_grammar: `properties` given and `additionalProperties`
+    absent means no keys beyond the named ones; only an object schema with neither (or
+    additionalProperties true or a schema) lets the model add keys."""
+    g = schema_to_gbnf(schema)
+    root = next(line for line in g.splitlines() if line.startswith("root-value ::="))
+    assert ("root-value-kv" in root) is any_keys, g
+    if not any_keys:
+        assert root == 'root-value ::= "{" ws  ws "}"'  # exactly {}
+    named = schema_to_gbnf({"type": "object", "properties": {"a": {"type": "null"}}})
+    assert "-kv" not in named and '"\\"a\\""' in named
+
+
 @pytest.mark.parametrize(
     "schema",
     [

@@ -1,6 +1,6 @@
 """Real MCP servers for the tests (tests/mcp/tool_server.py on the official SDK): one on
-streamable HTTP on a free loopback port, stopped when the block exits; and the command
-line of a stdio one."""
+streamable HTTP (or SSE) on a free loopback port, stopped when the block exits; and the
+command line of a stdio one."""
 
 from __future__ import annotations
 
@@ -45,16 +45,18 @@ def _wait_port(port: int, process: subprocess.Popen[bytes], timeout: float = 60.
 
 
 @contextlib.contextmanager
-def http_mcp(tmp: Path) -> Iterator[HttpMcp]:
+def http_mcp(tmp: Path, transport: str = "http") -> Iterator[HttpMcp]:
+    """transport "http" (streamable HTTP, /mcp) or "sse" (/sse)."""
     port = free_port()
     log = tmp / f"mcp-{port}.log"
     process = subprocess.Popen(
-        [sys.executable, SCRIPT, "http", str(port), str(log)],
+        [sys.executable, SCRIPT, transport, str(port), str(log)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ},
     )  # fmt: skip
     try:
         _wait_port(port, process)
-        yield HttpMcp(f"http://127.0.0.1:{port}/mcp", log, process)
+        path = "/sse" if transport == "sse" else "/mcp"
+        yield HttpMcp(f"http://127.0.0.1:{port}{path}", log, process)
     finally:
         process.terminate()
         try:

@@ -1,7 +1,9 @@
 """A real MCP server for the tests, on the official SDK: `python tool_server.py http PORT
-LOG` (streamable HTTP on loopback, path /mcp) or `python tool_server.py stdio LOG`.
+LOG` (streamable HTTP on loopback, path /mcp), `python tool_server.py sse PORT LOG` (SSE,
+path /sse) or `python tool_server.py stdio LOG`.
 
-Its tools: `add`, `echo`, `whoami` (the Authorization header it got), `slow` (sleeps; `stall` the same for 60 s whatever its tag;
+Its tools: `add`, `echo`, `whoami` (the Authorization header it got), `header` (any
+header it got), `trace` (the W3C traceparent it got, as HTTP header and in `_meta`), `slow` (sleeps; `stall` the same for 60 s whatever its tag;
 writes "start <id>" / "cancelled <id>" / "done <id>" lines to LOG, so a test can see that
 a call was cancelled), `boom` (raises), `huge` (returns n characters), `grow` (adds a
 tool and announces the new list: notifications/tools/list_changed).
@@ -10,6 +12,7 @@ tool and announces the new list: notifications/tools/list_changed).
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -40,6 +43,20 @@ def whoami(ctx: Context) -> str:
     """The Authorization header this call came with."""
     headers = ctx.headers or {}
     return headers.get("authorization", "none")
+
+
+@server.tool()
+def header(name: str, ctx: Context) -> str:
+    """The value of the request header `name` ("none" if absent)."""
+    return (ctx.headers or {}).get(name.lower(), "none")
+
+
+@server.tool()
+def trace(ctx: Context) -> str:
+    """The traceparent this call came with: the HTTP header and the request's `_meta`."""
+    meta = ctx.request_context.meta or {}
+    got = {"header": (ctx.headers or {}).get("traceparent"), "meta": meta.get("traceparent")}
+    return json.dumps(got)
 
 
 @server.tool()
@@ -96,5 +113,7 @@ async def grow(ctx: Context) -> str:
 if __name__ == "__main__":
     if sys.argv[1] == "http":
         asyncio.run(server.run_streamable_http_async(port=int(sys.argv[2])))
+    elif sys.argv[1] == "sse":
+        asyncio.run(server.run_sse_async(port=int(sys.argv[2])))
     else:
         asyncio.run(server.run_stdio_async())

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from server.app import create_app
-from server.config import AuthSection, McpSection, Settings
+from server.config import AuthSection, McpSection, Settings, TracingSection
 from server.mcp.settings import mcp_servers
 from tests.kvserve_process import free_port
 from tests.mcp.servers import stdio_command
@@ -37,11 +37,13 @@ def servers(url: str, log: Path, **per_label: dict[str, Any]) -> list[dict[str, 
 
 @contextlib.asynccontextmanager
 async def mcp_client(
-    engine: Any, entries: list[dict[str, Any]], *, api_keys: tuple[str, ...] = (), **mcp: Any
+    engine: Any, entries: list[dict[str, Any]], *, api_keys: tuple[str, ...] = (),
+    tracing: TracingSection | None = None, **mcp: Any,
 ) -> AsyncIterator[httpx.AsyncClient]:
     settings = Settings(mcp=McpSection(**{"connect_timeout_s": 30.0, **mcp}),
                         mcp_servers=mcp_servers(entries),
-                        auth=AuthSection(api_keys=api_keys))  # fmt: skip
+                        auth=AuthSection(api_keys=api_keys),
+                        tracing=tracing or TracingSection())  # fmt: skip
     app = create_app(settings, engine=engine)
     transport = httpx.ASGITransport(app=app)
     try:
