@@ -4,7 +4,8 @@
 #   docker run -p 8080:8080 -v kvserve-cache:/var/cache/kvserve kvserve
 #
 # Stage 1 compiles llama-cpp-python (about 5 minutes on 2 cores) and builds wheels of
-# kvserve and every dependency; stage 2 installs those wheels offline and carries no
+# kvserve, its `tracing` extra (OpenTelemetry: off until [tracing] otlp_endpoint is set)
+# and every dependency; stage 2 installs those wheels offline and carries no
 # compiler. Scale by running more containers (replicas), never more workers per container
 # (deploy/docker-compose.yml: two replicas, nginx, Redis as the shared cache tier).
 # Needs BuildKit (the default builder since Docker 23): pip's cache is a cache mount, so a
@@ -29,7 +30,7 @@ COPY cache ./cache
 COPY chat ./chat
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=.,target=/context \
-    pip wheel --wheel-dir /wheels --find-links /context/.wheels .
+    pip wheel --wheel-dir /wheels --find-links /context/.wheels '.[tracing]'
 
 FROM ${PYTHON_IMAGE} AS runtime
 # libgomp1: llama.cpp's OpenMP threads. No compilers, no curl: the health check is Python.
@@ -42,7 +43,7 @@ RUN apt-get update \
  && chown kvserve:kvserve /var/cache/kvserve
 COPY --from=builder /wheels /tmp/wheels
 RUN python -m venv /opt/kvserve \
- && /opt/kvserve/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels kvserve \
+ && /opt/kvserve/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels 'kvserve[tracing]' \
  && rm -rf /tmp/wheels
 # Configuration: mount a TOML file (-v ./kvserve.toml:/etc/kvserve/kvserve.toml:ro and
 # add `--config /etc/kvserve/kvserve.toml`) or set KVSERVE_<SECTION>_<KEY> variables.

@@ -4,7 +4,8 @@ dockerd, a debootstrapped Debian base, the real Dockerfile).
 One container after the other on one cache volume (host networking: the daemon runs
 with --bridge=none, so the container's port is the host's):
 - it runs as the non-root user, /health goes 503 -> 200, Docker's health becomes healthy;
-- the openai SDK gets a chat answer;
+- the openai SDK gets a chat answer, and its trace reaches a real OTLP receiver on the
+  host (the image carries the `tracing` extra);
 - `docker stop` drains: a stream in flight finishes, the container exits 0 in its grace;
 - `docker rm`, a new container on the same volume: the long prompt is warm from disk.
 """
@@ -24,6 +25,7 @@ import pytest
 
 from tests.e2e.docker_daemon import IMAGE, Docker, build_image, daemon, ensure_base, missing_tools
 from tests.kvserve_process import MODEL, free_port
+from tests.otlp_receiver import Receiver, running_receiver
 
 pytestmark = [pytest.mark.model, pytest.mark.docker]
 
@@ -58,8 +60,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             docker.run("volume", "rm", "-f", volume, check=False)
 
 
-def start(setup: Setup, name: str) -> str:
-    """A container of the image on the cache volume; its URL (host networking)."""
+def start(setup: Setup, name: str, env: tuple[str, ...] = ()) -> str:
+    """A container of the image on the cache volume; its URL (host networking).
+    `env`: more KEY=VALUE settings."""
     port = free_port()
     setup.docker.run(
         "run", "-d", "--name", name, "--network", "host",
@@ -69,6 +72,7 @@ def start(setup: Setup, name: str) -> str:
         "-e", "KVSERVE_ENGINE_EMBEDDINGS=false", "-e", "KVSERVE_ENGINE_N_THREADS=1",
         "-e", "KVSERVE_ENGINE_EXACT_REUSE=true",  # a warm reply must equal the cold one
         "--health-interval", "2s",  # the image's check, asked more often than in production
+        *(arg for item in env for arg in ("-e", item)),
         IMAGE,
     )
     return f"http://127.0.0.1:{port}"
@@ -101,9 +105,15 @@ def chat_long(url: str) -> tuple[str, int, int]:
 
 
 @pytest.fixture(scope="module")
-def first(setup: Setup) -> Iterator[tuple[str, str]]:
+def receiver() -> Iterator[Receiver]:
+    with running_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def first(setup: Setup, receiver: Receiver) -> Iterator[tuple[str, str]]:
     name = "kvserve-test-1"
-    url = start(setup, name)
+    url = start(setup, name, (f"KVSERVE_TRACING_OTLP_ENDPOINT={receiver.url}",))
     seen = wait_health(setup, name, url)
     setup.log_dir.joinpath("health-1.txt").write_text(str(seen))
     yield name, url
@@ -127,7 +137,9 @@ def test_the_container_runs_as_a_user_and_becomes_healthy(
         time.sleep(0.5)
 
 
-def test_the_openai_sdk_chats_with_the_container(first: tuple[str, str]) -> None:
+def test_the_openai_sdk_chats_with_the_container_and_traces_it(
+    first: tuple[str, str], receiver: Receiver
+) -> None:
     _, url = first
     with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
         reply = client.chat.completions.create(
@@ -138,6 +150,13 @@ def test_the_openai_sdk_chats_with_the_container(first: tuple[str, str]) -> None
         )
     assert reply.choices[0].message.content
     assert reply.usage is not None and reply.usage.completion_tokens > 0
+    deadline = time.monotonic() + 30  # spans are exported in batches, every few seconds
+    while not receiver.named("POST /v1/chat/completions"):
+        assert time.monotonic() < deadline, [s.name for s in receiver.spans]
+        time.sleep(0.2)
+    (http,) = receiver.named("POST /v1/chat/completions")
+    (generate,) = receiver.named("kvserve.generate")
+    assert generate.trace_id == http.trace_id and generate.parent_id == http.span_id
 
 
 def test_docker_stop_drains_then_a_new_container_is_warm_from_the_volume(
