@@ -43,6 +43,13 @@ def replicas(tmp_path: Path, store: Redis) -> Iterator[list[PrefixCache]]:
         cache.close(timeout=30)
 
 
+@pytest.fixture
+def seeded(replicas: list[PrefixCache]) -> list[PrefixCache]:
+    """The replicas once the first has saved PROMPT (and it reached the store)."""
+    saved(replicas[0], PROMPT)
+    return replicas
+
+
 @contextlib.contextmanager
 def replica(store: Redis, namespace: str = "ns") -> Iterator[PrefixCache]:
     """One more replica, on the shared store and RAM alone, closed after."""
@@ -53,9 +60,8 @@ def replica(store: Redis, namespace: str = "ns") -> Iterator[PrefixCache]:
         cache.close(timeout=10)
 
 
-def test_what_one_replica_saves_the_other_finds(replicas: list[PrefixCache]) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+def test_what_one_replica_saves_the_other_finds(seeded: list[PrefixCache]) -> None:
+    one, two = seeded
     assert two.lookup(ASK) is not None
     hit = two.lookup(ASK)  # the first hit was promoted to RAM
     assert hit is not None and hit.tier == "ram"
@@ -67,17 +73,15 @@ def test_what_one_replica_saves_the_other_finds(replicas: list[PrefixCache]) -> 
     assert one.stats().shared.bytes_written > len(state_for(PROMPT))  # type: ignore[union-attr]
 
 
-def test_a_shared_hit_carries_the_exact_state(replicas: list[PrefixCache]) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+def test_a_shared_hit_carries_the_exact_state(seeded: list[PrefixCache]) -> None:
+    one, two = seeded
     hit = two.lookup(ASK)
     assert hit is not None and hit.tier == "shared"
     assert (hit.tokens, hit.num_matched, hit.state) == (tuple(PROMPT), len(PROMPT), state_for(PROMPT))
 
 
-def test_a_partial_prefix_is_found_at_its_deepest_block(replicas: list[PrefixCache]) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+def test_a_partial_prefix_is_found_at_its_deepest_block(seeded: list[PrefixCache]) -> None:
+    one, two = seeded
     diverging = [*PROMPT[:9], 99, 98, 97, 96]  # shares two blocks and one token
     hit = two.lookup(diverging)
     assert hit is not None and hit.tier == "shared" and hit.num_matched == 9
@@ -102,10 +106,9 @@ def test_salts_and_namespaces_stay_apart(tmp_path: Path, store: Redis) -> None:
 
 
 def test_a_corrupt_or_foreign_value_is_a_counted_miss_and_removed(
-    replicas: list[PrefixCache], store: Redis
+    seeded: list[PrefixCache], store: Redis
 ) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+    one, two = seeded
     client = redis.Redis.from_url(store.url)
     name = f"kvserve:ns:e:{entry_key(seed('ns', ''), PROMPT)}:"  # the salt "" in hex
     value = client.get(name)
@@ -130,10 +133,9 @@ def test_a_corrupt_or_foreign_value_is_a_counted_miss_and_removed(
 
 
 def test_a_stopped_store_is_a_counted_miss_then_hits_resume(
-    replicas: list[PrefixCache], store: Redis
+    seeded: list[PrefixCache], store: Redis
 ) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+    one, two = seeded
     store.stop()
     start = time.monotonic()
     assert two.lookup(ASK) is None  # connection refused: at once
@@ -196,10 +198,9 @@ def test_a_store_that_never_answers_costs_one_timeout_not_a_stall(tmp_path: Path
 
 
 def test_purge_drops_the_shared_entries_of_its_namespace_only(
-    replicas: list[PrefixCache], store: Redis
+    seeded: list[PrefixCache], store: Redis
 ) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+    one, two = seeded
     with replica(store, "other") as other:
         saved(other, PROMPT)
         one.purge()
@@ -227,12 +228,11 @@ def test_a_tenant_purge_reaches_the_shared_tier(
 
 
 def test_a_hit_renews_the_pointers_that_lead_to_the_entry(
-    replicas: list[PrefixCache], store: Redis
+    seeded: list[PrefixCache], store: Redis
 ) -> None:
     """Issue 17, item 9: a hot entry stays reachable; renewing the entry alone would
     leave its block pointers to expire under it."""
-    one, two = replicas
-    saved(one, PROMPT)
+    one, two = seeded
     client = redis.Redis.from_url(store.url)
     try:
         names = list(client.scan_iter(match="kvserve:ns:*"))
