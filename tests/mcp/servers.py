@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.kvserve_process import free_port
+from tests.kvserve_process import free_port, terminate
 
 SCRIPT = str(Path(__file__).with_name("tool_server.py"))
 
@@ -56,9 +56,4 @@ def http_mcp(tmp: Path) -> Iterator[HttpMcp]:
         _wait_port(port, process)
         yield HttpMcp(f"http://127.0.0.1:{port}/mcp", log, process)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, 10)
