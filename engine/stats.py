@@ -10,7 +10,7 @@ Threads: written by the engine thread only; `stats()` copies them for other thre
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from cache import CacheStats
 from engine.types import EngineStats, SlotView
@@ -54,33 +54,24 @@ def snapshot(
 ) -> EngineStats:
     """The counters with the engine's gauges, for another thread: reads plain ints and
     copies of the dicts (a copy is one C call under the GIL; iterating a dict the engine
-    thread grows could fail mid-way)."""
+    thread grows could fail mid-way). Every int counter goes by its own name, so a new
+    counter needs a field in EngineStats and nothing here."""
     hits, sources = c.hits.copy(), c.hit_sources.copy()
+    counts: dict[str, int] = {
+        f.name: value for f in fields(c) if isinstance(value := getattr(c, f.name), int)
+    }
     return EngineStats(
         num_slots=num_slots,
         num_running=num_running,
         num_waiting=num_waiting,
         kv_cells_used=kv_cells_used,
-        num_steps=c.num_steps,
-        num_prefill_tokens=c.num_prefill_tokens,
-        num_generated_tokens=c.num_generated_tokens,
-        num_preemptions=c.num_preemptions,
-        num_decode_failures=c.num_decode_failures,
         last_batch_size=last_batch_size,
         num_sessions_pinned=num_sessions_pinned,
-        num_reclaims=c.num_reclaims,
-        num_restore_failures=c.num_restore_failures,
-        num_reused_tokens=c.num_reused_tokens,
-        num_drafted_tokens=c.num_drafted_tokens,
-        num_accepted_tokens=c.num_accepted_tokens,
         hits=tuple(sorted(hits.items())),
         hit_sources=tuple(sorted(sources.items())),
         cache=cache,
         batch_size_bounds=BATCH_SIZE_BOUNDS,
         batch_size_counts=tuple(c.batch_size_counts),
-        batch_size_sum=c.batch_size_sum,
-        num_decode_aborts=c.num_decode_aborts,
-        num_timeouts=c.num_timeouts,
-        num_rebuilds=c.num_rebuilds,
         slots=slots,
+        **counts,
     )

@@ -272,14 +272,15 @@ class EngineStats:
 
     num_slots: int
     num_running: int
-    num_waiting: int
-    kv_cells_used: int
-    num_steps: int
-    num_prefill_tokens: int
-    num_generated_tokens: int
-    num_preemptions: int
-    num_decode_failures: int
-    last_batch_size: int
+    # the rest start at 0 (an engine that has not run yet)
+    num_waiting: int = 0
+    kv_cells_used: int = 0
+    num_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_preemptions: int = 0
+    num_decode_failures: int = 0
+    last_batch_size: int = 0
     num_sessions_pinned: int = 0
     num_reclaims: int = 0  # idle sessions' slots taken for other requests
     num_restore_failures: int = 0

@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Here, not at the top: the server and llama.cpp load only to serve, so --help,
     # --print-config and the model commands start fast (seconds, on a busy machine).
-    from server.lifecycle import serve
     from server.logs import setup_logging
+    from server.serve import serve
 
     setup_logging(settings.logging)
     return serve(settings)

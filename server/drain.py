@@ -1,7 +1,8 @@
 """The app's shutdown state (`Lifecycle`): whether it drains, and the requests in flight.
 
-Apart from server/lifecycle.py, which runs the app, so that the app and its middleware
-can hold it without importing what runs them (see server/lifecycle.py for the drain)."""
+Apart from server/serve.py and server/lifecycle.py, which run the app, so that the app
+and its middleware can hold it without importing what runs them (see
+server/lifecycle.py for the drain)."""
 
 from __future__ import annotations
 

@@ -192,37 +192,41 @@ def cache_and_session_metrics(model: str, stats: EngineStats) -> Iterator[Metric
     def family(kind: type, name: str, doc: str, labels: tuple[str, ...] = ()) -> Metric:
         return kind(name, doc, labels=["model", *labels])  # type: ignore[no-any-return]
 
-    pinned = family(GaugeMetricFamily, "kvserve_sessions_pinned", "Sessions holding a slot.")
-    pinned.add_metric([model], stats.num_sessions_pinned)  # type: ignore[attr-defined]
-    reclaims = family(
-        CounterMetricFamily, "kvserve_session_reclaims", "Idle sessions' slots taken for others."
-    )
-    reclaims.add_metric([model], stats.num_reclaims)  # type: ignore[attr-defined]
-    kinds = family(
-        CounterMetricFamily,
-        "kvserve_cache_requests",
-        "Requests by how their prompt was found (cold/partial/exact/session) and where.",
-        ("kind",),
-    )
-    for kind, count in stats.hits:
-        kinds.add_metric([model, kind], count)  # type: ignore[attr-defined]
-    sources = family(
-        CounterMetricFamily,
-        "kvserve_cache_request_sources",
-        "Requests by where their reused tokens came from (none/slot/ram/disk/shared).",
-        ("source",),
-    )
-    for source, count in stats.hit_sources:
-        sources.add_metric([model, source], count)  # type: ignore[attr-defined]
-    reused = family(
-        CounterMetricFamily, "kvserve_cache_tokens_reused", "Prompt tokens not prefilled."
-    )
-    reused.add_metric([model], stats.num_reused_tokens)  # type: ignore[attr-defined]
-    failures = family(
-        CounterMetricFamily, "kvserve_cache_restore_failures", "Cached states that failed to load."
-    )
-    failures.add_metric([model], stats.num_restore_failures)  # type: ignore[attr-defined]
-    yield from (pinned, reclaims, kinds, sources, reused, failures)
+    per_model = {
+        "kvserve_sessions_pinned": (
+            GaugeMetricFamily, "Sessions holding a slot.", stats.num_sessions_pinned
+        ),
+        "kvserve_session_reclaims": (
+            CounterMetricFamily, "Idle sessions' slots taken for others.", stats.num_reclaims
+        ),
+        "kvserve_cache_tokens_reused": (
+            CounterMetricFamily, "Prompt tokens not prefilled.", stats.num_reused_tokens
+        ),
+        "kvserve_cache_restore_failures": (
+            CounterMetricFamily, "Cached states that failed to load.", stats.num_restore_failures
+        ),
+    }
+    for name, (kind, doc, value) in per_model.items():
+        metric = family(kind, name, doc)
+        metric.add_metric([model], value)  # type: ignore[attr-defined]
+        yield metric
+    by_label = {
+        "kvserve_cache_requests": (
+            "kind",
+            "Requests by how their prompt was found (cold/partial/exact/session) and where.",
+            stats.hits,
+        ),
+        "kvserve_cache_request_sources": (
+            "source",
+            "Requests by where their reused tokens came from (none/slot/ram/disk/shared).",
+            stats.hit_sources,
+        ),
+    }
+    for name, (label, doc, counts) in by_label.items():
+        metric = family(CounterMetricFamily, name, doc, (label,))
+        for label_value, count in counts:
+            metric.add_metric([model, label_value], count)  # type: ignore[attr-defined]
+        yield metric
     cache = stats.cache
     if cache is None:
         return

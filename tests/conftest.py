@@ -50,7 +50,8 @@ def fake() -> FakeEngine:
 
 @pytest.fixture
 async def make_client() -> AsyncIterator[ClientFactory]:
-    """Build an httpx client on the app over a given engine, with server settings."""
+    """Build an httpx client on the app over a given engine, with server settings (or
+    the whole `settings`)."""
     clients: list[httpx.AsyncClient] = []
 
     def build(
@@ -58,12 +59,14 @@ async def make_client() -> AsyncIterator[ClientFactory]:
         *,
         api_keys: tuple[str, ...] = (),
         admin_api_keys: tuple[str, ...] = (),
+        settings: Settings | None = None,
         **server: Any,
     ) -> httpx.AsyncClient:
-        settings = Settings(
-            server=dataclasses.replace(ServerSection(), **server),
-            auth=AuthSection(api_keys=api_keys, admin_api_keys=admin_api_keys),
-        )
+        if settings is None:  # else the whole settings are given
+            settings = Settings(
+                server=dataclasses.replace(ServerSection(), **server),
+                auth=AuthSection(api_keys=api_keys, admin_api_keys=admin_api_keys),
+            )
         app = create_app(settings, engine=engine)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
         clients.append(client)

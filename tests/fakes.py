@@ -135,14 +135,6 @@ class FakeEngine:
         return EngineStats(
             num_slots=self._info.n_seq_max,
             num_running=len(self.running),
-            num_waiting=0,
-            kv_cells_used=0,
-            num_steps=0,
-            num_prefill_tokens=0,
-            num_generated_tokens=0,
-            num_preemptions=0,
-            num_decode_failures=0,
-            last_batch_size=0,
             slots=self._slot_views(),
         )
 

@@ -7,7 +7,7 @@ from typing import Any
 from chat.callstream import Delta
 from chat.plan import ChatOptions, OutputParser
 from chat.tools import Tool, tool_choice
-from server.protocol import ChatCompletionRequest
+from server.protocol import ChatCompletionRequest, FunctionDef
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -34,15 +34,15 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
+def function_tool(fn: FunctionDef) -> Tool:
+    """A function tool for the chat layer (no `parameters`: it takes no arguments)."""
+    parameters = {"type": "object", "properties": {}} if fn.parameters is None else fn.parameters
+    return Tool(fn.name, fn.description, parameters)
+
+
 def chat_options(body: ChatCompletionRequest) -> ChatOptions:
     tools = tuple(
-        Tool(
-            t.function.name,
-            t.function.description,
-            {"type": "object", "properties": {}}
-            if t.function.parameters is None
-            else t.function.parameters,
-        )
+        function_tool(t.function)
         for t in body.tools or []
         if t.function is not None  # (mcp entries: apis/chat_mcp.py)
     )

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
 
-from chat.plan import ChatOptions
-from engine.client import GenerateRequest, Generation
 from server.apis.chat_input import chat_messages, chat_options, stream_deltas
-from server.apis.mcp_common import check_mcp_choice, cleanup_later, loop_session, open_toolset
+from server.apis.mcp_common import (
+    check_mcp_choice,
+    cleanup_later,
+    loop_prepare,
+    loop_session,
+    open_toolset,
+)
 from server.apis.mcp_input import openai_ref
 from server.deps import Caller, resolve_model
 from server.errors import APIError, BadRequest, Unsupported
@@ -28,7 +31,6 @@ from server.mcp.toolset import McpRef, Toolset
 from server.protocol import ChatCompletionRequest, McpToolChoice
 from server.serving import sse
 from server.serving.drive import ClientDisconnected, client_gone, new_id, now, until_disconnect
-from server.serving.prepare import Prepared, prepare_chat
 from server.serving.state import chat_finish_text
 
 
@@ -86,24 +88,9 @@ async def serve_chat_mcp(body: ChatCompletionRequest, request: Request, caller: 
     sampling = body.model_copy(update={"session_id": session_id})
     max_tokens = body.max_completion_tokens or body.max_tokens
 
-    async def prepare(messages: list[dict[str, Any]], opts: ChatOptions) -> Prepared:
-        prepared = await prepare_chat(
-            engine,
-            served.template,
-            messages,
-            opts,
-            sampling,
-            caller,
-            max_tokens=max_tokens,
-            overflow=served.context_overflow,
-        )
-        return replace(prepared, requests=[replace(r, session_pool=pool)
-                                           for r in prepared.requests])  # fmt: skip
-
-    async def generate(requests: list[GenerateRequest]) -> Generation:
-        return await engine.generate(requests)
-
-    spec = LoopSpec(toolset, chat_messages(body), chat_options(body), prepare, generate,
+    prepare = loop_prepare(served, sampling, caller, pool, max_tokens=max_tokens,
+                           overflow=served.context_overflow)  # fmt: skip
+    spec = LoopSpec(toolset, chat_messages(body), chat_options(body), prepare, engine.generate,
                     request.app.state.settings.mcp.max_tool_iterations)  # fmt: skip
     cleanup = cleanup_later(engine, caller.tenant, session_id if internal else None, toolset)
     response_id, created, model = new_id("chatcmpl"), now(), engine.info.model_id

@@ -1,5 +1,6 @@
-"""What every API's MCP path shares: the session the loop runs on, and building and
-listing the request's toolset with errors in the API's own shape."""
+"""What every API's MCP path shares: the session the loop runs on, how a round's prompt is
+prepared, and building and listing the request's toolset with errors in the API's own
+shape."""
 
 from __future__ import annotations
 
@@ -7,16 +8,22 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
 
 from fastapi import Request
 
+from chat.plan import ChatOptions
 from engine.client import SessionBusyError, SessionPool
 from server.deps import Caller, EngineLike
 from server.errors import BadRequest
+from server.mcp.loop import Prepare
 from server.mcp.manager import McpManager
 from server.mcp.toolset import McpRef, Toolset, list_tools, resolve
-from server.protocol import McpToolChoice
+from server.protocol import McpToolChoice, SamplingExtras
+from server.registry import ServedModel
+from server.serving.prepare import Prepared, prepare_chat
 
 log = logging.getLogger("kvserve.mcp")
 
@@ -66,6 +73,37 @@ def loop_session(given: str | None) -> tuple[str, SessionPool, bool]:
     if given is not None:
         return given, SessionPool.NAMED, False
     return "mcp_loop_" + secrets.token_hex(12), SessionPool.CHAIN, True
+
+
+def loop_prepare(
+    served: ServedModel,
+    sampling: SamplingExtras,
+    caller: Caller,
+    pool: SessionPool,
+    *,
+    max_tokens: int | None,
+    head: Sequence[dict[str, Any]] = (),
+    overflow: str = "error",
+    param_name: Callable[[str | None], str | None] | None = None,
+) -> Prepare:
+    """How the loop prepares each round: `head` (a system turn) before the round's
+    messages, the requests on the loop's session pool, and a refusal's field renamed by
+    `param_name` into the API's own spelling."""
+
+    async def prepare(messages: list[dict[str, Any]], opts: ChatOptions) -> Prepared:
+        try:
+            prepared = await prepare_chat(
+                served.engine, served.template, [*head, *messages], opts, sampling, caller,
+                max_tokens=max_tokens, overflow=overflow,
+            )  # fmt: skip
+        except BadRequest as err:
+            if param_name is not None:
+                err.param = param_name(err.param)
+            raise
+        return replace(prepared, requests=[replace(r, session_pool=pool)
+                                           for r in prepared.requests])  # fmt: skip
+
+    return prepare
 
 
 async def end_internal_session(engine: EngineLike, tenant: str, session_id: str) -> None:

@@ -11,15 +11,12 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
-from chat.plan import ChatOptions
-from engine.client import GenerateRequest, Generation
-from server.apis.mcp_common import cleanup_later, loop_session, open_toolset
+from server.apis.mcp_common import cleanup_later, loop_prepare, loop_session, open_toolset
 from server.apis.mcp_input import anthropic_ref
 from server.apis.messages import Blocks, _stop, _usage
 from server.apis.messages_input import chat_messages, chat_param, message_options
@@ -30,7 +27,6 @@ from server.protocol import SamplingExtras
 from server.protocol_messages import MessagesRequest
 from server.serving import sse
 from server.serving.drive import ClientDisconnected, client_gone, until_disconnect
-from server.serving.prepare import Prepared, prepare_chat
 from server.serving.state import Choice
 
 BETA = "mcp-client-2025-04-04"
@@ -61,20 +57,9 @@ async def serve_messages_mcp(body: MessagesRequest, request: Request, caller: Ca
         "session_id": session_id,
     })  # fmt: skip
 
-    async def prepare(messages: list[dict[str, Any]], opts: ChatOptions) -> Prepared:
-        try:
-            prepared = await prepare_chat(engine, served.template, messages, opts, sampling,
-                                          caller, max_tokens=body.max_tokens)  # fmt: skip
-        except BadRequest as err:
-            err.param = chat_param(err.param)
-            raise
-        return replace(prepared, requests=[replace(r, session_pool=pool)
-                                           for r in prepared.requests])  # fmt: skip
-
-    async def generate(requests: list[GenerateRequest]) -> Generation:
-        return await engine.generate(requests)
-
-    spec = LoopSpec(toolset, chat_messages(body), message_options(body), prepare, generate,
+    prepare = loop_prepare(served, sampling, caller, pool, max_tokens=body.max_tokens,
+                           param_name=chat_param)  # fmt: skip
+    spec = LoopSpec(toolset, chat_messages(body), message_options(body), prepare, engine.generate,
                     request.app.state.settings.mcp.max_tool_iterations)  # fmt: skip
     cleanup = cleanup_later(engine, caller.tenant, session_id if internal else None, toolset)
     message: dict[str, Any] = {

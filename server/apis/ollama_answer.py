@@ -1,10 +1,10 @@
 """An Ollama answer from a running generation: one object, or NDJSON lines.
 
 Chat and generate differ only in how a piece of output is shaped (`message` or
-`response`) and what the final object adds (`context`), so both hand their shapes to
-`answer`. A stream is one JSON object per line (`application/x-ndjson`), the last with
-`done: true` and the timings; a failure midway is one last `{"error": ...}` line, which
-is how Ollama's clients read it.
+`response`) and what the final object adds (`context`), so both hand those to `answer`,
+which adds the model, the time and (at the end) the counts. A stream is one JSON object
+per line (`application/x-ndjson`), the last with `done: true` and the timings; a failure
+midway is one last `{"error": ...}` line, which is how Ollama's clients read it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from starlette.background import BackgroundTask
 from chat.callstream import Delta
 from chat.plan import OutputParser
 from engine.client import FinishReason, Generation
+from server.apis.ollama_common import created_at, done_fields, load_wait_s
 from server.errors import APIError, ServerError
 from server.serving.drive import (
     ClientDisconnected,
@@ -81,16 +82,34 @@ Shape = Callable[[Piece], dict[str, Any]]
 Final = Callable[[Choice, Piece], dict[str, Any]]
 
 
+def _no_extra(total: Choice) -> dict[str, Any]:
+    return {}
+
+
 async def answer(
     request: Request,
     generation: Generation,
     parser: OutputParser,
     *,
+    model: str,
+    started: float,
     stream: bool,
-    chunk: Shape,
-    final: Final,
+    shape: Shape,
+    extra: Callable[[Choice], dict[str, Any]] = _no_extra,
 ) -> Any:
-    """The whole answer (`final` of everything), or a stream of `chunk`s and `final`."""
+    """The whole answer (the final object of everything), or a stream of chunks and the
+    final object: each `{"model", "created_at", **shape(piece)}`, then `"done": false`, or
+    the final's reason, counts and timings (`started`: time.monotonic() when the route
+    began) and `extra(total)`."""
+    load_s = load_wait_s(request)
+
+    def chunk(part: Piece) -> dict[str, Any]:
+        return {"model": model, "created_at": created_at(), **shape(part), "done": False}
+
+    def final(total: Choice, part: Piece) -> dict[str, Any]:
+        return {"model": model, "created_at": created_at(), **shape(part),
+                **done_fields(total, started, load_s), **extra(total)}  # fmt: skip
+
     if stream:
         return StreamingResponse(_lines(generation, parser, chunk, final), media_type=NDJSON,
                                  background=BackgroundTask(generation.abort))  # fmt: skip

@@ -17,22 +17,13 @@ from fastapi import Request
 
 from chat.plan import ChatOptions
 from chat.reasoning import has_thinking
-from chat.tools import Tool
+from server.apis.chat_input import function_tool
 from server.apis.ollama_answer import Piece, answer
-from server.apis.ollama_common import (
-    created_at,
-    done_fields,
-    kept_model,
-    load_answer,
-    load_wait_s,
-    options,
-    within_window,
-)
+from server.apis.ollama_common import kept_model, load_answer, options, within_window
 from server.deps import Caller
 from server.errors import BadRequest
 from server.protocol_ollama import OllamaChatRequest
 from server.serving.prepare import prepare_chat
-from server.serving.state import Choice
 
 
 def chat_messages(body: OllamaChatRequest) -> list[dict[str, Any]]:
@@ -63,16 +54,7 @@ def chat_messages(body: OllamaChatRequest) -> list[dict[str, Any]]:
 
 
 def chat_options(body: OllamaChatRequest, template_source: str, model: str) -> ChatOptions:
-    tools = tuple(
-        Tool(
-            t.function.name,
-            t.function.description,
-            {"type": "object", "properties": {}}
-            if t.function.parameters is None
-            else t.function.parameters,
-        )  # fmt: skip
-        for t in body.tools or []
-    )
+    tools = tuple(function_tool(t.function) for t in body.tools or [])
     kwargs: dict[str, Any] = {}
     if isinstance(body.think, bool):
         if body.think and not has_thinking(template_source):
@@ -127,15 +109,6 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
     limit = within_window(opts, len(prepared.prompt))
     requests = [replace(r, max_tokens=limit) for r in prepared.requests]
     generation = await engine.generate(requests)
-    load_s = load_wait_s(request)
-
-    def chunk(part: Piece) -> dict[str, Any]:
-        return {"model": body.model, "created_at": created_at(), "message": message(part),
-                "done": False}  # fmt: skip
-
-    def final(total: Choice, part: Piece) -> dict[str, Any]:
-        return {"model": body.model, "created_at": created_at(), "message": message(part),
-                **done_fields(total, started, load_s)}  # fmt: skip
-
-    return await answer(request, generation, prepared.plan.parser(), stream=body.stream,
-                        chunk=chunk, final=final)  # fmt: skip
+    return await answer(request, generation, prepared.plan.parser(), model=body.model,
+                        started=started, stream=body.stream,
+                        shape=lambda part: {"message": message(part)})  # fmt: skip

@@ -22,15 +22,7 @@ from chat.plan import ChatOptions, OutputParser
 from chat.reasoning import has_thinking
 from chat.schema import SchemaError, json_object_gbnf, schema_to_gbnf
 from server.apis.ollama_answer import Piece, answer
-from server.apis.ollama_common import (
-    created_at,
-    done_fields,
-    kept_model,
-    load_answer,
-    load_wait_s,
-    options,
-    within_window,
-)
+from server.apis.ollama_common import kept_model, load_answer, options, within_window
 from server.deps import Caller, EngineLike
 from server.errors import BadRequest
 from server.protocol_ollama import OllamaGenerateRequest
@@ -38,7 +30,6 @@ from server.registry import ServedModel
 from server.sampling import generate_requests
 from server.serving.drive import tokenize
 from server.serving.prepare import grammar_fields, make_plan, prompt_tokens
-from server.serving.state import Choice
 
 
 def _grammar(body: OllamaGenerateRequest) -> GrammarSpec | None:
@@ -128,20 +119,10 @@ async def serve_ollama_generate(
                                  logprobs=None, caller=caller,
                                  overrides=grammar_fields(grammar))  # fmt: skip
     generation = await engine.generate(requests)
-    load_s = load_wait_s(request)
 
-    def chunk(part: Piece) -> dict[str, Any]:
-        out = {"model": body.model, "created_at": created_at(), "response": part.content}
-        if part.thinking:
-            out["thinking"] = part.thinking
-        return {**out, "done": False}
+    def shape(part: Piece) -> dict[str, Any]:
+        return {"response": part.content, **({"thinking": part.thinking} if part.thinking else {})}
 
-    def final(total: Choice, part: Piece) -> dict[str, Any]:
-        out = {"model": body.model, "created_at": created_at(), "response": part.content}
-        if part.thinking:
-            out["thinking"] = part.thinking
-        return {**out, **done_fields(total, started, load_s),
-                "context": [*prompt, *total.token_ids]}  # fmt: skip
-
-    return await answer(request, generation, parser, stream=body.stream, chunk=chunk,
-                        final=final)  # fmt: skip
+    return await answer(request, generation, parser, model=body.model, started=started,
+                        stream=body.stream, shape=shape,
+                        extra=lambda total: {"context": [*prompt, *total.token_ids]})  # fmt: skip

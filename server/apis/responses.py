@@ -17,7 +17,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import Request
 from sse_starlette import ServerSentEvent
@@ -38,6 +38,7 @@ from server.deps import Caller, resolve_model
 from server.errors import APIError, BadRequest
 from server.protocol import SamplingExtras
 from server.protocol_responses import ResponsesRequest
+from server.registry import ServedModel
 from server.serving import sse
 from server.serving.drive import ClientDisconnected, client_gone, collect, until_disconnect
 from server.serving.events import named_events
@@ -59,22 +60,35 @@ def _sampling(body: ResponsesRequest, session_id: str | None) -> SamplingExtras:
     })  # fmt: skip
 
 
-async def serve_response(body: ResponsesRequest, request: Request, caller: Caller) -> Any:
-    body.log_unknown("responses")
+class Turn(NamedTuple):
+    """What a turn starts from (with MCP tools or without)."""
+
+    store: ResponseStore
+    previous: Stored | None  # the stored response it continues
+    served: ServedModel
+    conversation: list[dict[str, Any]]  # the stored conversation, then this input
+
+
+async def open_turn(body: ResponsesRequest, request: Request, caller: Caller) -> Turn:
     store = response_store(request)
     previous = None
     if body.previous_response_id is not None:
         previous = await store.get(caller.tenant, body.previous_response_id,
                                    "previous_response_id")  # fmt: skip
     served = resolve_model(request, body.model)
-    engine = served.engine
     history = previous.conversation if previous else []
-    new = input_messages(body)
+    return Turn(store, previous, served, [*history, *input_messages(body)])
+
+
+async def serve_response(body: ResponsesRequest, request: Request, caller: Caller) -> Any:
+    body.log_unknown("responses")
+    store, previous, served, conversation = await open_turn(body, request, caller)
+    engine = served.engine
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     session_id, pool = _session(body, caller, previous)
     try:
         prepared = await prepare_chat(
-            engine, served.template, [*system, *history, *new], response_options(body),
+            engine, served.template, [*system, *conversation], response_options(body),
             _sampling(body, session_id), caller, max_tokens=body.max_output_tokens,
         )  # fmt: skip
     except BadRequest as err:
@@ -83,7 +97,6 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
     requests = [replace(r, session_pool=pool) for r in prepared.requests]
     generation, session_id = await _generate(engine, requests)
     response = _skeleton(body, engine.info.model_id)
-    conversation = [*history, *new]
 
     async def keep(final: dict[str, Any], builder: OutputBuilder) -> None:
         if body.store and final["status"] in ("completed", "incomplete"):

@@ -11,15 +11,19 @@ items sent back) carries `mcp_approval_response` items and the loop goes on from
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
-from chat.plan import ChatOptions
 from engine.client import GenerateRequest, Generation
-from server.apis.mcp_common import check_mcp_choice, cleanup_later, loop_session, open_toolset
+from server.apis.mcp_common import (
+    check_mcp_choice,
+    cleanup_later,
+    loop_prepare,
+    loop_session,
+    open_toolset,
+)
 from server.apis.mcp_input import openai_ref
 from server.apis.responses import (
     _finished,
@@ -27,12 +31,12 @@ from server.apis.responses import (
     _sampling,
     _session,
     _skeleton,
-    response_store,
+    open_turn,
 )
-from server.apis.responses_input import chat_param, input_messages, response_options
+from server.apis.responses_input import chat_param, response_options
 from server.apis.responses_output import OutputBuilder, item_id
 from server.apis.responses_store import Stored
-from server.deps import Caller, resolve_model
+from server.deps import Caller
 from server.errors import APIError, BadRequest
 from server.mcp.loop import (
     ApprovalNeeded,
@@ -49,7 +53,6 @@ from server.mcp.toolset import Toolset
 from server.protocol_responses import McpChoice, ResponsesRequest
 from server.serving import sse
 from server.serving.drive import ClientDisconnected, client_gone, until_disconnect
-from server.serving.prepare import Prepared, prepare_chat
 from server.serving.state import Choice
 
 
@@ -103,15 +106,8 @@ def _echo_tools(body: ResponsesRequest, response: dict[str, Any]) -> None:
 async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: Caller) -> Any:
     body.log_unknown("responses")
     body.refuse_unsupported()
-    store = response_store(request)
-    previous = None
-    if body.previous_response_id is not None:
-        previous = await store.get(caller.tenant, body.previous_response_id,
-                                   "previous_response_id")  # fmt: skip
-    served = resolve_model(request, body.model)
+    store, previous, served, conversation = await open_turn(body, request, caller)
     engine = served.engine
-    history = previous.conversation if previous else []
-    new = input_messages(body)
     options = response_options(body)
     refs = [openai_ref(t, f"tools[{i}]") for i, t in enumerate(body.tools or [])
             if t.get("type") == "mcp"]  # fmt: skip
@@ -128,28 +124,13 @@ async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: C
     pool = loop_pool if internal else pool
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     sampling = _sampling(body, session_id)
-
-    async def prepare(messages: list[dict[str, Any]], opts: ChatOptions) -> Prepared:
-        try:
-            prepared = await prepare_chat(
-                engine,
-                served.template,
-                [*system, *messages],
-                opts,
-                sampling,
-                caller,
-                max_tokens=body.max_output_tokens,
-            )
-        except BadRequest as err:
-            err.param = chat_param(err.param)
-            raise
-        return replace(prepared, requests=[replace(r, session_pool=pool)
-                                           for r in prepared.requests])  # fmt: skip
+    prepare = loop_prepare(served, sampling, caller, pool, max_tokens=body.max_output_tokens,
+                           head=system, param_name=chat_param)  # fmt: skip
 
     async def generate(requests: list[GenerateRequest]) -> Generation:
         return (await _generate(engine, requests))[0]
 
-    spec = LoopSpec(toolset, [*history, *new], options, prepare, generate,
+    spec = LoopSpec(toolset, conversation, options, prepare, generate,
                     request.app.state.settings.mcp.max_tool_iterations, resumed)  # fmt: skip
     response = _skeleton(body, engine.info.model_id)
     _echo_tools(body, response)

@@ -12,6 +12,7 @@ short conversation renders inline: a thread hop would only add to its latency.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from chat import ChatOptions, ChatPlan, ChatTemplate, plan_chat
@@ -35,28 +36,6 @@ async def plan_within_context(
 ) -> Fitted:
     """The plan, its prompt tokens, and how many messages were dropped to fit. What
     still does not fit is left to the engine's 400."""
-    fit = (engine, template, messages, opts, max_tokens, overflow)
-    if _is_short(messages):
-        return fit_within_context(*fit)
-    return await asyncio.to_thread(fit_within_context, *fit)
-
-
-def _is_short(messages: list[dict[str, Any]]) -> bool:
-    if len(messages) > INLINE_MESSAGES:
-        return False
-    chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
-    return chars <= TOKENIZE_INLINE_CHARS
-
-
-def fit_within_context(
-    engine: EngineLike,
-    template: ChatTemplate,
-    messages: list[dict[str, Any]],
-    opts: ChatOptions,
-    max_tokens: int | None,
-    overflow: str,
-) -> Fitted:
-    """`plan_within_context`, in the calling (worker) thread."""
     starts = turn_starts(messages)
 
     def attempt(turn: int) -> tuple[Fitted, bool]:
@@ -68,14 +47,34 @@ def fit_within_context(
         fits = len(prompt) + (max_tokens or 1) <= engine.info.n_ctx
         return (plan, prompt, len(messages) - len(kept)), fits
 
+    def fit() -> Fitted:
+        return _fewest_dropped(attempt, len(starts), overflow == "drop_oldest")
+
+    if _is_short(messages):
+        return fit()
+    return await asyncio.to_thread(fit)
+
+
+def _is_short(messages: list[dict[str, Any]]) -> bool:
+    if len(messages) > INLINE_MESSAGES:
+        return False
+    chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+    return chars <= TOKENIZE_INLINE_CHARS
+
+
+def _fewest_dropped(
+    attempt: Callable[[int], tuple[Fitted, bool]], num_turns: int, drop: bool
+) -> Fitted:
+    """The attempt that keeps the most turns and fits (or keeps the last turn alone),
+    if turns may be dropped; else the whole conversation's."""
     whole, fits = attempt(0)
-    if fits or overflow != "drop_oldest" or len(starts) == 1:
+    if fits or not drop or num_turns == 1:
         return whole
     # Fewer kept turns never make a longer prompt, so the first turn to keep is found by
     # searching: from the last turn backwards in doubling steps (a long history that
     # cannot fit is rarely rendered whole again), then by halving between the two
     # bounds. `failing` does not fit; `best` fits (or is the last turn alone).
-    last = len(starts) - 1
+    last = num_turns - 1
     best, fits = attempt(last)
     if not fits:
         return best

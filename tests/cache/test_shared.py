@@ -3,6 +3,7 @@ the local tiers' guarantees, and a store that is down or slow is a counted miss.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -42,9 +43,25 @@ def replicas(tmp_path: Path, store: Redis) -> Iterator[list[PrefixCache]]:
         cache.close(timeout=30)
 
 
-def test_what_one_replica_saves_the_other_finds(replicas: list[PrefixCache]) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+@pytest.fixture
+def seeded(replicas: list[PrefixCache]) -> list[PrefixCache]:
+    """The replicas once the first has saved PROMPT (and it reached the store)."""
+    saved(replicas[0], PROMPT)
+    return replicas
+
+
+@contextlib.contextmanager
+def replica(store: Redis, namespace: str = "ns") -> Iterator[PrefixCache]:
+    """One more replica, on the shared store and RAM alone, closed after."""
+    cache = PrefixCache(config(disk_dir="", shared_url=store.url), namespace)
+    try:
+        yield cache
+    finally:
+        cache.close(timeout=10)
+
+
+def test_what_one_replica_saves_the_other_finds(seeded: list[PrefixCache]) -> None:
+    one, two = seeded
     assert two.lookup(ASK) is not None
     hit = two.lookup(ASK)  # the first hit was promoted to RAM
     assert hit is not None and hit.tier == "ram"
@@ -56,17 +73,15 @@ def test_what_one_replica_saves_the_other_finds(replicas: list[PrefixCache]) -> 
     assert one.stats().shared.bytes_written > len(state_for(PROMPT))  # type: ignore[union-attr]
 
 
-def test_a_shared_hit_carries_the_exact_state(replicas: list[PrefixCache]) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+def test_a_shared_hit_carries_the_exact_state(seeded: list[PrefixCache]) -> None:
+    one, two = seeded
     hit = two.lookup(ASK)
     assert hit is not None and hit.tier == "shared"
     assert (hit.tokens, hit.num_matched, hit.state) == (tuple(PROMPT), len(PROMPT), state_for(PROMPT))
 
 
-def test_a_partial_prefix_is_found_at_its_deepest_block(replicas: list[PrefixCache]) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+def test_a_partial_prefix_is_found_at_its_deepest_block(seeded: list[PrefixCache]) -> None:
+    one, two = seeded
     diverging = [*PROMPT[:9], 99, 98, 97, 96]  # shares two blocks and one token
     hit = two.lookup(diverging)
     assert hit is not None and hit.tier == "shared" and hit.num_matched == 9
@@ -81,28 +96,19 @@ def test_a_longer_shared_entry_beats_a_shorter_local_one(replicas: list[PrefixCa
 
 
 def test_salts_and_namespaces_stay_apart(tmp_path: Path, store: Redis) -> None:
-    writer = PrefixCache(config(disk_dir="", shared_url=store.url), "ns")
-    other_ns = PrefixCache(config(disk_dir="", shared_url=store.url), "other")
-    try:
+    with replica(store) as writer, replica(store, "other") as other_ns:
         saved(writer, PROMPT, salt="tenant-a")
-        reader = PrefixCache(config(disk_dir="", shared_url=store.url), "ns")
-        try:
+        with replica(store) as reader:
             assert reader.lookup(ASK, salt="tenant-b") is None
             assert reader.lookup(ASK) is None
             assert other_ns.lookup(ASK, salt="tenant-a") is None
             assert reader.lookup(ASK, salt="tenant-a") is not None
-        finally:
-            reader.close(timeout=10)
-    finally:
-        writer.close(timeout=10)
-        other_ns.close(timeout=10)
 
 
 def test_a_corrupt_or_foreign_value_is_a_counted_miss_and_removed(
-    replicas: list[PrefixCache], store: Redis
+    seeded: list[PrefixCache], store: Redis
 ) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+    one, two = seeded
     client = redis.Redis.from_url(store.url)
     name = f"kvserve:ns:e:{entry_key(seed('ns', ''), PROMPT)}:"  # the salt "" in hex
     value = client.get(name)
@@ -116,27 +122,20 @@ def test_a_corrupt_or_foreign_value_is_a_counted_miss_and_removed(
     assert stats.corrupt_removed == 1 and stats.shared is not None and stats.shared.misses == 1
     # an entry of another namespace under this one's key: its header says so
     saved(one, PROMPT)
-    foreign = PrefixCache(config(disk_dir="", shared_url=store.url), "zz")
-    try:
+    with replica(store, "zz") as foreign:
         saved(foreign, PROMPT)
         other = client.get(f"kvserve:zz:e:{entry_key(seed('zz', ''), PROMPT)}:")
         assert isinstance(other, bytes)
         client.set(name, other)
-        three = PrefixCache(config(disk_dir="", shared_url=store.url), "ns")
-        try:
+        with replica(store) as three:
             assert three.lookup(ASK) is None and three.stats().corrupt_removed == 1
-        finally:
-            three.close(timeout=10)
-    finally:
-        foreign.close(timeout=10)
     client.close()
 
 
 def test_a_stopped_store_is_a_counted_miss_then_hits_resume(
-    replicas: list[PrefixCache], store: Redis
+    seeded: list[PrefixCache], store: Redis
 ) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
+    one, two = seeded
     store.stop()
     start = time.monotonic()
     assert two.lookup(ASK) is None  # connection refused: at once
@@ -199,22 +198,15 @@ def test_a_store_that_never_answers_costs_one_timeout_not_a_stall(tmp_path: Path
 
 
 def test_purge_drops_the_shared_entries_of_its_namespace_only(
-    replicas: list[PrefixCache], store: Redis
+    seeded: list[PrefixCache], store: Redis
 ) -> None:
-    one, two = replicas
-    saved(one, PROMPT)
-    other = PrefixCache(config(disk_dir="", shared_url=store.url), "other")
-    try:
+    one, two = seeded
+    with replica(store, "other") as other:
         saved(other, PROMPT)
         one.purge()
         assert two.lookup(ASK) is None
-        fresh = PrefixCache(config(disk_dir="", shared_url=store.url), "other")
-        try:
+        with replica(store, "other") as fresh:
             assert fresh.lookup(ASK) is not None
-        finally:
-            fresh.close(timeout=10)
-    finally:
-        other.close(timeout=10)
 
 
 def test_a_tenant_purge_reaches_the_shared_tier(
@@ -229,22 +221,18 @@ def test_a_tenant_purge_reaches_the_shared_tier(
     assert two.purge_where(lambda salt: salt == "t1" or salt.startswith("t1/")) == 1
     assert two.lookup(ASK, salt="t1/x") is None
     assert one.purge_where(lambda salt: salt.startswith("t1/")) == 1  # its own local copy
-    fresh = PrefixCache(config(disk_dir="", shared_url=store.url), "ns")
-    try:
+    with replica(store) as fresh:
         assert fresh.lookup(ASK, salt="t1/x") is None
         hit = fresh.lookup(ASK, salt="t2")  # another tenant's stays
         assert hit is not None and hit.tier == "shared"
-    finally:
-        fresh.close(timeout=10)
 
 
 def test_a_hit_renews_the_pointers_that_lead_to_the_entry(
-    replicas: list[PrefixCache], store: Redis
+    seeded: list[PrefixCache], store: Redis
 ) -> None:
     """Issue 17, item 9: a hot entry stays reachable; renewing the entry alone would
     leave its block pointers to expire under it."""
-    one, two = replicas
-    saved(one, PROMPT)
+    one, two = seeded
     client = redis.Redis.from_url(store.url)
     try:
         names = list(client.scan_iter(match="kvserve:ns:*"))
@@ -264,10 +252,7 @@ def test_close_stores_the_queued_saves_before_letting_go(tmp_path: Path, store: 
     for tokens in prompts:
         assert leaving.save(tokens, state_for(tokens))
     leaving.close(timeout=30)  # no flush() first
-    other = PrefixCache(config(disk_dir="", shared_url=store.url), "ns")
-    try:
+    with replica(store) as other:
         for tokens in prompts:
             hit = other.lookup(tokens)
             assert hit is not None and hit.tier == "shared" and hit.state == state_for(tokens)
-    finally:
-        other.close(timeout=10)

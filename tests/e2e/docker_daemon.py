@@ -18,13 +18,14 @@ import contextlib
 import glob
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.kvserve_process import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERD = shutil.which("dockerd")
@@ -95,12 +96,7 @@ def daemon(log_dir: Path) -> Iterator[Docker]:
             time.sleep(0.5)
         yield docker
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, 60)
         # dockerd leaves its default network namespace mounted in the exec root
         netns = run_dir / "exec" / "netns" / "default"
         if os.path.ismount(netns):

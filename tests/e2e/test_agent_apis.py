@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.kvserve_process import running
+from tests.e2e.shared import keyed_server, run_agent
 
 pytestmark = pytest.mark.model
 
@@ -30,10 +30,7 @@ CITY = {"type": "object", "properties": {"capital": {"type": "string", "maxLengt
 SYSTEM = "You are a concise geography assistant. " * 12
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running(["--parallel", "2", "--api-key", KEY], tmp_path_factory.mktemp("apis")) as s:
-        yield s.url
+server = keyed_server(KEY)
 
 
 @pytest.fixture
@@ -174,9 +171,8 @@ def test_messages_count_tokens_and_cache_read(claude: anthropic.Anthropic) -> No
 
 @pytest.mark.parametrize("api", ["responses", "chat_completions"])
 def test_agents_runner_calls_the_tool(server: str, api: str) -> None:
-    import asyncio
 
-    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents import Agent, ModelSettings, function_tool, set_tracing_disabled
     from agents.items import ToolCallItem, ToolCallOutputItem
     from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
     from agents.models.openai_responses import OpenAIResponsesModel
@@ -200,13 +196,7 @@ def test_agents_runner_calls_the_tool(server: str, api: str) -> None:
                                                             # model repeats calls until the
                                                             # token limit when it may
                                                             parallel_tool_calls=False))  # fmt: skip
-    async def run() -> Any:
-        try:
-            return await Runner.run(agent, "What is the weather in Oslo?", max_turns=4)
-        finally:  # in this loop: a client closed after it would leak its sockets
-            await client.close()
-
-    result = asyncio.run(run())
+    result = run_agent(agent, client, "What is the weather in Oslo?")
     assert seen, "the tool was not called"
     assert any(isinstance(i, ToolCallItem) for i in result.new_items)
     assert any(isinstance(i, ToolCallOutputItem) for i in result.new_items)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 import jsonschema
@@ -15,7 +14,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.kvserve_process import running
+from tests.e2e.shared import keyed_server, run_agent
 
 pytestmark = pytest.mark.model
 
@@ -49,10 +48,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
            "required": ["city"]}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running(["--parallel", "2", "--api-key", KEY], tmp_path_factory.mktemp("fw")) as s:
-        yield s.url
+server = keyed_server(KEY)
 
 
 def get_weather(city: str) -> str:
@@ -79,7 +75,7 @@ def test_pydantic_tool_schema_in_every_mode(server: str, choice: Any) -> None:
 
 
 def test_openai_agents_tool_and_output_type(server: str) -> None:
-    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents import Agent, ModelSettings, function_tool, set_tracing_disabled
     from agents.models.openai_responses import OpenAIResponsesModel
 
     set_tracing_disabled(True)
@@ -88,13 +84,7 @@ def test_openai_agents_tool_and_output_type(server: str) -> None:
                   tools=[function_tool(get_weather)], output_type=Capital,
                   model=OpenAIResponsesModel(MODEL, client),
                   model_settings=ModelSettings(temperature=0, max_tokens=400))  # fmt: skip
-    async def run() -> Any:
-        try:
-            return await Runner.run(agent, "What is the capital of France?", max_turns=4)
-        finally:  # in this loop: a client closed after it would leak its sockets
-            await client.close()
-
-    result = asyncio.run(run())
+    result = run_agent(agent, client, "What is the capital of France?")
     assert isinstance(result.final_output, Capital)
 
 

@@ -13,7 +13,7 @@ import jsonschema
 import ollama
 import pytest
 
-from tests.kvserve_process import running
+from tests.e2e.shared import keyed_server
 
 pytestmark = pytest.mark.model
 
@@ -28,10 +28,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                           "required": ["city"]}}}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running(["--parallel", "2", "--api-key", KEY], tmp_path_factory.mktemp("ollama")) as s:
-        yield s.url
+server = keyed_server(KEY)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kvserve_process import Server, free_port, running
+from tests.kvserve_process import Server, free_port, running, terminate
 
 pytestmark = pytest.mark.model
 
@@ -183,10 +183,5 @@ def test_real_prometheus_scrapes_the_ttft_histogram(
         inf = next(b for b in buckets if b["metric"]["le"] == "+Inf")
         assert float(inf["value"][1]) >= 1
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, 15)
         log.close()

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -38,23 +39,20 @@ def client(server: str) -> Iterator[openai.OpenAI]:
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def test_sync_chat_completion(client: openai.OpenAI) -> None:
-    completion = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        temperature=0,
-        max_tokens=24,  # type: ignore[arg-type]
+def ask(client: openai.OpenAI, **extra: Any) -> Any:
+    """MESSAGES, greedy, 24 tokens at most."""
+    return client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=0, max_tokens=24, **extra  # type: ignore[arg-type]
     )
+
+
+def test_sync_chat_completion(client: openai.OpenAI) -> None:
+    completion = ask(client)
     assert completion.object == "chat.completion"
     assert completion.choices[0].message.content
     assert completion.choices[0].finish_reason in ("stop", "length")
     assert completion.usage is not None and completion.usage.prompt_tokens > 10
-    again = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        temperature=0,
-        max_tokens=24,  # type: ignore[arg-type]
-    )
+    again = ask(client)
     # The repeated prompt is reused from the slot, all but its last token (computed again
     # for its logits); both runs computed every row with the same (under 64 rows) kernels.
     assert again.choices[0].message.content == completion.choices[0].message.content
@@ -72,20 +70,8 @@ def test_sync_chat_completion(client: openai.OpenAI) -> None:
 
 
 def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
-    whole = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,
-        temperature=0,
-        max_tokens=24,  # type: ignore[arg-type]
-    )
-    stream = client.chat.completions.create(
-        model=MODEL,
-        messages=MESSAGES,  # type: ignore[arg-type]
-        temperature=0,
-        max_tokens=24,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
+    whole = ask(client)
+    stream = ask(client, stream=True, stream_options={"include_usage": True})
     parts, usage = [], None
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.kvserve_process import running
+from tests.kvserve_process import Server, running
 
 pytestmark = pytest.mark.model
 
@@ -55,13 +57,22 @@ class Stream(threading.Thread):
         return [json.loads(e) for e in self.events if e != "[DONE]"]
 
 
-def test_sigterm_lets_a_stream_finish_refuses_new_work_and_exits_0(tmp_path: Path) -> None:
-    with running(["--parallel", "2", "--shutdown-grace", "120"], tmp_path, env=NO_EMBEDDINGS) as k:
-        # long enough to be still running when the checks below are made (about 2 s
-        # on an idle machine), short enough to finish well within the grace
-        stream = Stream(k.url, max_tokens=128)
+@contextlib.contextmanager
+def streaming(tmp_path: Path, grace: int, max_tokens: int) -> Iterator[tuple[Server, Stream]]:
+    """A server with two slots and `grace` seconds of shutdown grace, and a stream on it
+    that has sent its first tokens."""
+    args = ["--parallel", "2", "--shutdown-grace", str(grace)]
+    with running(args, tmp_path, env=NO_EMBEDDINGS) as k:
+        stream = Stream(k.url, max_tokens=max_tokens)
         stream.start()
         stream.wait_for_tokens(2)
+        yield k, stream
+
+
+def test_sigterm_lets_a_stream_finish_refuses_new_work_and_exits_0(tmp_path: Path) -> None:
+    with streaming(tmp_path, 120, max_tokens=128) as (k, stream):
+        # long enough to be still running when the checks below are made (about 2 s
+        # on an idle machine), short enough to finish well within the grace
         k.process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         refused = httpx.get(f"{k.url}/v1/models", timeout=10)
@@ -78,10 +89,7 @@ def test_sigterm_lets_a_stream_finish_refuses_new_work_and_exits_0(tmp_path: Pat
 
 
 def test_grace_over_cuts_the_stream_with_a_proper_end(tmp_path: Path) -> None:
-    with running(["--parallel", "2", "--shutdown-grace", "1"], tmp_path, env=NO_EMBEDDINGS) as k:
-        stream = Stream(k.url, max_tokens=3000)
-        stream.start()
-        stream.wait_for_tokens(2)
+    with streaming(tmp_path, 1, max_tokens=3000) as (k, stream):
         started = time.monotonic()
         k.process.send_signal(signal.SIGTERM)
         stream.join(60)
@@ -93,10 +101,7 @@ def test_grace_over_cuts_the_stream_with_a_proper_end(tmp_path: Path) -> None:
 
 
 def test_second_sigterm_exits_at_once(tmp_path: Path) -> None:
-    with running(["--parallel", "2", "--shutdown-grace", "600"], tmp_path, env=NO_EMBEDDINGS) as k:
-        stream = Stream(k.url, max_tokens=3000)
-        stream.start()
-        stream.wait_for_tokens(2)
+    with streaming(tmp_path, 600, max_tokens=3000) as (k, stream):
         k.process.send_signal(signal.SIGTERM)
         time.sleep(1.0)
         assert k.process.poll() is None  # draining: the stream may run for 600 s

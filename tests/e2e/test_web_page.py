@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from tests.browser import AVAILABLE, chromium, console_errors, wait_for
+from tests.e2e.shared import keyed_server
 from tests.fakes import FakeEngine
-from tests.kvserve_process import MODEL, running
+from tests.kvserve_process import MODEL
 from tests.threaded_server import serving
 
 pytestmark = [
@@ -64,10 +65,7 @@ def browser() -> Iterator[Any]:
 # -- the real server ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running(["--parallel", "2", "--api-key", KEY], tmp_path_factory.mktemp("page")) as s:
-        yield s.url
+server = keyed_server(KEY)
 
 
 def open_page(browser: Any, server: str, path: str = "/") -> None:

@@ -194,6 +194,17 @@ async def test_abort_frees_the_slot(engine: Engine) -> None:
     assert reason is FinishReason.LENGTH and text
 
 
+async def fails_then_serves(engine: Engine, question: str, error: str) -> None:
+    """The first request on `question` ends with `error`; the same one again is served."""
+    prompt = chat_prompt(engine, question)
+    generation = await engine.generate([request(prompt, max_tokens=8)])
+    outputs = [out async for _, out in generation]
+    assert outputs[-1].finish_reason is FinishReason.ERROR
+    assert error in (outputs[-1].error or "")
+    text, reason, _, _ = await run(engine, request(prompt, max_tokens=8))
+    assert text and reason in (FinishReason.STOP, FinishReason.LENGTH)
+
+
 async def test_failed_decode_fails_the_batch_and_engine_goes_on(engine: Engine) -> None:
     worker = engine._worker
     assert worker is not None
@@ -205,13 +216,7 @@ async def test_failed_decode_fails_the_batch_and_engine_goes_on(engine: Engine) 
         return -3 if calls["n"] == 1 else real(batch)  # type: ignore[arg-type]
 
     worker.runner.ctx.decode = broken  # type: ignore[method-assign]
-    prompt = chat_prompt(engine, QUESTIONS[0])
-    generation = await engine.generate([request(prompt, max_tokens=8)])
-    outputs = [out async for _, out in generation]
-    assert outputs[-1].finish_reason is FinishReason.ERROR
-    assert "llama_decode failed with code -3" in (outputs[-1].error or "")
-    text, reason, _, _ = await run(engine, request(prompt, max_tokens=8))
-    assert text and reason in (FinishReason.STOP, FinishReason.LENGTH)
+    await fails_then_serves(engine, QUESTIONS[0], "llama_decode failed with code -3")
     assert engine.stats().num_decode_failures == 1  # type: ignore[union-attr]
 
 
@@ -294,13 +299,7 @@ async def test_a_bug_in_a_step_fails_its_requests_not_the_engine(engine: Engine)
         return real(chunks)  # type: ignore[arg-type]
 
     worker.runner.run = buggy  # type: ignore[method-assign]
-    prompt = chat_prompt(engine, QUESTIONS[1])
-    generation = await engine.generate([request(prompt, max_tokens=8)])
-    outputs = [out async for _, out in generation]
-    assert outputs[-1].finish_reason is FinishReason.ERROR
-    assert "boom" in (outputs[-1].error or "")
-    text, reason, _, _ = await run(engine, request(prompt, max_tokens=8))
-    assert text and reason in (FinishReason.STOP, FinishReason.LENGTH)
+    await fails_then_serves(engine, QUESTIONS[1], "boom")
 
 
 async def test_prefix_copied_from_a_busy_slot_gives_the_cold_output(reuse_all: Engine) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,21 @@ class Samplers:
         return bool(self.made) and all(s.handle is None for s in self.made)
 
 
+@pytest.fixture
+def samplers(monkeypatch: pytest.MonkeyPatch) -> Samplers:
+    return Samplers(monkeypatch)
+
+
+@pytest.fixture
+async def cached() -> AsyncIterator[Engine]:
+    """An engine of one slot with the prefix cache (RAM), closed after the test."""
+    engine = await start(n_seq_max=1, n_threads=1, embeddings=False, cache=CACHE)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
 def blocking_lookup(engine: Engine) -> tuple[threading.Event, threading.Event]:
     """Make the engine's cache lookups wait (in their worker thread) for `release`."""
     cache = engine._cache
@@ -64,13 +79,12 @@ def blocking_lookup(engine: Engine) -> tuple[threading.Event, threading.Event]:
 
 
 async def test_an_unload_during_the_cache_lookup_refuses_the_request(
-    monkeypatch: pytest.MonkeyPatch,
+    samplers: Samplers, cached: Engine
 ) -> None:
-    samplers = Samplers(monkeypatch)
-    engine = await start(n_seq_max=1, n_threads=1, embeddings=False, cache=CACHE)
+    engine = cached
+    prompt = chat_prompt(engine, LONG)
+    entered, release = blocking_lookup(engine)
     try:
-        prompt = chat_prompt(engine, LONG)
-        entered, release = blocking_lookup(engine)
         pending = asyncio.create_task(engine.generate([request(prompt, max_tokens=4)]))
         assert await asyncio.to_thread(entered.wait, 30)
         assert engine.unload()
@@ -88,43 +102,38 @@ async def test_an_unload_during_the_cache_lookup_refuses_the_request(
         reasons = [out.finish_reason async for _, out in generation]
         assert reasons[-1] is FinishReason.LENGTH and not engine.busy
     finally:
-        release.set()
-        engine.close()
+        release.set()  # a failed check must not leave the lookup waiting
 
 
 async def test_samplers_are_freed_when_the_lookup_fails_or_the_caller_leaves(
-    monkeypatch: pytest.MonkeyPatch,
+    samplers: Samplers, cached: Engine
 ) -> None:
-    samplers = Samplers(monkeypatch)
-    engine = await start(n_seq_max=1, n_threads=1, embeddings=False, cache=CACHE)
-    try:
-        prompt = chat_prompt(engine, LONG)
-        cache = engine._cache
-        assert cache is not None
+    engine = cached
+    prompt = chat_prompt(engine, LONG)
+    cache = engine._cache
+    assert cache is not None
 
-        def broken(tokens: Sequence[int], salt: str = "") -> CacheHit | None:
-            raise OSError("the disk went away")
+    def broken(tokens: Sequence[int], salt: str = "") -> CacheHit | None:
+        raise OSError("the disk went away")
 
-        cache.lookup = broken  # type: ignore[method-assign]
-        with pytest.raises(OSError):
-            await engine.generate([request(prompt, max_tokens=4)])
-        assert samplers.all_closed and len(samplers.made) == 1
-        del cache.lookup  # type: ignore[method-assign]
+    cache.lookup = broken  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        await engine.generate([request(prompt, max_tokens=4)])
+    assert samplers.all_closed and len(samplers.made) == 1
+    del cache.lookup  # type: ignore[method-assign]
 
-        entered, release = blocking_lookup(engine)
-        grammar = SamplingParams(temperature=0.0, grammar='root ::= "yes" | "no"')
-        leaving = asyncio.create_task(
-            engine.generate([request(prompt, max_tokens=4, sampling=grammar)])
-        )
-        assert await asyncio.to_thread(entered.wait, 30)
-        leaving.cancel()
-        release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await leaving
-        assert samplers.all_closed and len(samplers.made) == 2
-        assert not engine.busy
-    finally:
-        engine.close()
+    entered, release = blocking_lookup(engine)
+    grammar = SamplingParams(temperature=0.0, grammar='root ::= "yes" | "no"')
+    leaving = asyncio.create_task(
+        engine.generate([request(prompt, max_tokens=4, sampling=grammar)])
+    )
+    assert await asyncio.to_thread(entered.wait, 30)
+    leaving.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    assert samplers.all_closed and len(samplers.made) == 2
+    assert not engine.busy
 
 
 async def test_a_failed_load_frees_the_contexts_it_made(monkeypatch: pytest.MonkeyPatch) -> None:

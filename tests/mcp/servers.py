@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.kvserve_process import free_port
+from tests.kvserve_process import free_port, terminate
 
 SCRIPT = str(Path(__file__).with_name("tool_server.py"))
 
@@ -58,9 +58,4 @@ def http_mcp(tmp: Path, transport: str = "http") -> Iterator[HttpMcp]:
         path = "/sse" if transport == "sse" else "/mcp"
         yield HttpMcp(f"http://127.0.0.1:{port}{path}", log, process)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, 10)

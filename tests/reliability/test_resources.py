@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.kvserve_process import SHOW_LEAKS, free_port, running
+from tests.kvserve_process import SHOW_LEAKS, free_port, running, terminate
 
 pytestmark = pytest.mark.model
 
@@ -79,9 +79,4 @@ def test_silent_connections_are_bounded_and_timed_out_under_a_descriptor_limit(
     finally:
         for s in silent:
             s.close()
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, 30)

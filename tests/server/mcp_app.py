@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from server.app import create_app
 from server.config import AuthSection, McpSection, Settings, TracingSection
 from server.mcp.settings import mcp_servers
+from tests.fakes import FakeEngine
 from tests.kvserve_process import free_port
-from tests.mcp.servers import stdio_command
+from tests.mcp.servers import HttpMcp, http_mcp, stdio_command
 
 CALL = '{{"tool_calls": [{{"name": "{name}", "arguments": {args}}}]}}'
 
@@ -52,3 +54,27 @@ async def mcp_client(
             yield client
     finally:
         await app.state.mcp.close()
+
+
+def mcp_fixtures(**mcp: Any) -> tuple[Callable[..., Any], ...]:
+    """The fixtures an MCP test module binds as `mcp_http, fake, client = mcp_fixtures()`:
+    one real MCP server on streamable HTTP for the module, a roomy fake engine per test, and
+    a client on an app with `servers()` configured and the [mcp] settings `mcp`. (A factory,
+    not a conftest: `fake` and `client` mean other things to the rest of tests/server.)"""
+
+    @pytest.fixture(scope="module")
+    def mcp_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpMcp]:
+        with http_mcp(tmp_path_factory.mktemp("mcp")) as server:
+            yield server
+
+    @pytest.fixture
+    def fake() -> FakeEngine:
+        return FakeEngine(n_ctx=16384)
+
+    @pytest.fixture
+    async def client(fake: FakeEngine, mcp_http: HttpMcp, tmp_path: Path
+                     ) -> AsyncIterator[httpx.AsyncClient]:  # fmt: skip
+        async with mcp_client(fake, servers(mcp_http.url, tmp_path / "stdio.log"), **mcp) as c:
+            yield c
+
+    return mcp_http, fake, client

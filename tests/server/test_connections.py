@@ -15,7 +15,7 @@ import uvicorn
 
 from server.app import create_app
 from server.config import AuthSection, ServerSection, Settings
-from server.lifecycle import uvicorn_config
+from server.serve import uvicorn_config
 from tests.fakes import FakeEngine
 
 HEAD_S = 1.0  # server.header_timeout_s

@@ -13,7 +13,7 @@ import pytest
 
 from chat import ChatOptions, ChatTemplate, plan_chat
 from server.serving import prepare
-from server.serving.context_fit import fit_within_context, keep_turns_from, turn_starts
+from server.serving.context_fit import keep_turns_from, plan_within_context, turn_starts
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.server.test_api import MODEL, assert_error
@@ -53,7 +53,7 @@ def one_at_a_time(engine: FakeEngine, template: ChatTemplate, messages: list[dic
 
 
 @pytest.mark.parametrize("n_ctx", [40, 120, 300, 700, 2000, 5000])
-def test_the_search_finds_the_cut_of_dropping_one_turn_at_a_time(n_ctx: int) -> None:
+async def test_the_search_finds_the_cut_of_dropping_one_turn_at_a_time(n_ctx: int) -> None:
     engine = FakeEngine(n_ctx=n_ctx)
     template = ChatTemplate(None, bos_token="", eos_token="", add_bos=False)
     messages = [m("system", "Be brief.")]
@@ -66,7 +66,7 @@ def test_the_search_finds_the_cut_of_dropping_one_turn_at_a_time(n_ctx: int) -> 
                          {"role": "tool", "tool_call_id": f"c{i}", "content": "r" * i}]  # fmt: skip
         messages.append(m("assistant", "answer " + "y" * (i * 11 % 31)))
     messages.append(m("user", "last"))
-    plan, prompt, dropped = fit_within_context(
+    plan, prompt, dropped = await plan_within_context(
         engine, template, messages, ChatOptions(), 8, "drop_oldest"
     )
     assert dropped == one_at_a_time(engine, template, messages, 8)

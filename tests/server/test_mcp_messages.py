@@ -4,16 +4,14 @@ against a real MCP server: mcp_tool_use / mcp_tool_result blocks, streamed whole
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.fakes import FakeEngine
-from tests.mcp.servers import HttpMcp, http_mcp
-from tests.server.mcp_app import call, mcp_client, servers
+from tests.mcp.servers import HttpMcp
+from tests.server.mcp_app import call, mcp_fixtures
 from tests.server.test_api import MODEL
 from tests.server.test_responses_api import named_events
 
@@ -21,22 +19,7 @@ ADD = call("add", '{"a": 1, "b": 1}')
 BETA = {"anthropic-beta": "mcp-client-2025-04-04", "anthropic-version": "2023-06-01"}
 
 
-@pytest.fixture(scope="module")
-def mcp_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpMcp]:
-    with http_mcp(tmp_path_factory.mktemp("mcp")) as server:
-        yield server
-
-
-@pytest.fixture
-def fake() -> FakeEngine:
-    return FakeEngine(n_ctx=16384)
-
-
-@pytest.fixture
-async def client(fake: FakeEngine, mcp_http: HttpMcp, tmp_path: Path
-                 ) -> AsyncIterator[httpx.AsyncClient]:  # fmt: skip
-    async with mcp_client(fake, servers(mcp_http.url, tmp_path / "stdio.log")) as c:
-        yield c
+mcp_http, fake, client = mcp_fixtures()
 
 
 def req(url: str, **extra: Any) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,32 +13,15 @@ import httpx
 import pytest
 
 from tests.fakes import FakeEngine
-from tests.mcp.servers import HttpMcp, http_mcp
-from tests.server.mcp_app import call, mcp_client, servers
+from tests.mcp.servers import HttpMcp
+from tests.server.mcp_app import call, mcp_client, mcp_fixtures, servers
 from tests.server.test_api import MODEL
 from tests.server.test_responses_api import named_events
 
 ADD = call("add", '{"a": 2, "b": 3}')
 NEVER = {"type": "mcp", "server_label": "tools", "require_approval": "never"}
 
-
-@pytest.fixture(scope="module")
-def mcp_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpMcp]:
-    with http_mcp(tmp_path_factory.mktemp("mcp")) as server:
-        yield server
-
-
-@pytest.fixture
-def fake() -> FakeEngine:
-    return FakeEngine(n_ctx=16384)
-
-
-@pytest.fixture
-async def client(fake: FakeEngine, mcp_http: HttpMcp, tmp_path: Path
-                 ) -> AsyncIterator[httpx.AsyncClient]:  # fmt: skip
-    async with mcp_client(fake, servers(mcp_http.url, tmp_path / "stdio.log"),
-                          max_tool_iterations=3, max_result_chars=1000) as c:  # fmt: skip
-        yield c
+mcp_http, fake, client = mcp_fixtures(max_tool_iterations=3, max_result_chars=1000)
 
 
 def req(**extra: Any) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from engine import CacheConfig
 from engine.sessions import SessionLimits
 from engine.types import SessionPool
 from server.apis.responses_store import ResponseStore, Stored
-from server.app import create_app
 from server.config import AuthSection, ResponsesSection, Settings
+from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.redis_process import Redis, running_redis
 from tests.server.test_api import MODEL, assert_error
@@ -27,9 +27,8 @@ K2 = {"Authorization": "Bearer k2"}
 
 
 @pytest.fixture
-async def build() -> AsyncIterator[Build]:
+async def build(make_client: ClientFactory) -> AsyncIterator[Build]:
     """An app over `engine` with the given [responses] and [cache] settings, keys k1, k2."""
-    clients: list[httpx.AsyncClient] = []
     apps: list[Any] = []
 
     def make(engine: Any, *, max_stored: int = 1000, shared_url: str = "") -> httpx.AsyncClient:
@@ -38,15 +37,11 @@ async def build() -> AsyncIterator[Build]:
             cache=CacheConfig(disk_dir="", shared_url=shared_url, shared_retry_s=0.2),
             auth=AuthSection(api_keys=("k1", "k2")),
         )
-        app = create_app(settings, engine=engine)
-        apps.append(app)
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
-        clients.append(client)
+        client = make_client(engine, settings=settings)
+        apps.append(client._transport.app)  # type: ignore[attr-defined]
         return client
 
     yield make
-    for client in clients:
-        await client.aclose()
     for app in apps:  # (the lifespan, which closes the store, does not run here)
         app.state.responses.close()
 
