@@ -10,6 +10,9 @@ holding L tokens of KV first (not timed):
 
 - decode x4: one new row for each of the 4 sequences (four agents generating);
 - decode x1: one row of one sequence;
+- the same rows in another order, or with a gap in the sequence ids: with a KV stream
+  per sequence llama.cpp splits a batch into ubatches of consecutive increasing
+  sequence ids (llama_batch_allocr::split_equal, sequential), one graph pass each;
 - chunk 256: 256 prompt rows of one sequence (a prefill chunk alone);
 - chunk 256 + 3: the same chunk beside one decode row of each other sequence (what a
   step looks like while a turn is admitted among generating ones);
@@ -41,6 +44,8 @@ N_BATCH = 512
 SHAPES: dict[str, list[tuple[int, int]]] = {  # name -> (sequence, rows) runs
     "decode x4": [(s, 1) for s in range(N_SEQ)],
     "decode x1": [(0, 1)],
+    "decode x4, seqs 3,2,1,0": [(s, 1) for s in (3, 2, 1, 0)],
+    "decode x3, seqs 0,2,3": [(0, 1), (2, 1), (3, 1)],
     "chunk 256": [(0, 256)],
     "chunk 256 + 3": [(0, 256), (1, 1), (2, 1), (3, 1)],
     "chunk 64 + 3": [(0, 64), (1, 1), (2, 1), (3, 1)],
