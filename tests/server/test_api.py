@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
+from server.config import LoadingSection, Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 
@@ -329,7 +330,8 @@ async def test_tokenize_roundtrip(client: httpx.AsyncClient) -> None:
 
 async def test_health_loading_then_ready(make_client: ClientFactory) -> None:
     engine = FakeEngine(ready=False)
-    c = make_client(engine)
+    # it stays loading until the test says: a request waits wait_s for it, then 503
+    c = make_client(engine, settings=Settings(loading=LoadingSection(wait_s=0.2)))
     r = await c.get("/health")
     assert r.status_code == 503
     assert r.json() == {

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.engine import EngineState
 from server.app import create_app
-from server.config import ModelSection, Settings
+from server.config import LoadingSection, ModelSection, Settings
 from server.logs import JsonFormatter
 from tests.fakes import FakeEngine
 
@@ -39,7 +39,8 @@ async def two(engines: dict[str, FakeEngine]) -> AsyncIterator[httpx.AsyncClient
         models=(
             ModelSection(id="a", aliases=("gpt-4o-mini",)),
             ModelSection(id="b", chat_template="{% for m in messages %}B:{{ m.content }}{% endfor %}"),
-        )
+        ),
+        loading=LoadingSection(wait_s=0.2),  # a model set loading by hand never loads
     )
     app = create_app(settings, engines=engines)
     async with httpx.AsyncClient(
