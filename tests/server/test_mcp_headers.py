@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from server.config import ConfigError, load_settings
@@ -48,16 +49,22 @@ def outputs(body: dict[str, Any]) -> dict[str, str]:
     return {i["name"]: i["output"] for i in body["output"] if i["type"] == "mcp_call"}
 
 
+async def who(client: httpx.AsyncClient, fake: FakeEngine, **tool: Any) -> dict[str, str]:
+    """What the MCP server saw of one Responses request that calls `whoami` and
+    `header` (the `mcp` tool entry with `tool`'s extra fields)."""
+    fake.replies = list(WHO)
+    r = await client.post("/v1/responses", json=req(**tool))
+    assert r.status_code == 200, r.text
+    return outputs(r.json())
+
+
 async def test_configured_headers_and_bearer_token_reach_the_server(
     fake: FakeEngine, mcp_server: HttpMcp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, "s3cret")
     servers = entry(mcp_server, headers={"X-Team": "blue"}, bearer_token_env=TOKEN_ENV)
     async with mcp_client(fake, servers, max_tool_iterations=2) as client:
-        fake.replies = list(WHO)
-        r = await client.post("/v1/responses", json=req())
-        assert r.status_code == 200, r.text
-        assert outputs(r.json()) == {"whoami": "Bearer s3cret", "header": "blue"}
+        assert await who(client, fake) == {"whoami": "Bearer s3cret", "header": "blue"}
 
 
 async def test_a_requests_own_headers_reach_the_server_and_not_the_shared_connection(
@@ -66,20 +73,16 @@ async def test_a_requests_own_headers_reach_the_server_and_not_the_shared_connec
     monkeypatch.setenv(TOKEN_ENV, "s3cret")
     servers = entry(mcp_server, headers={"X-Team": "blue"}, bearer_token_env=TOKEN_ENV)
     async with mcp_client(fake, servers, max_tool_iterations=2) as client:
-        fake.replies = list(WHO)  # the shared connection opens first
-        r = await client.post("/v1/responses", json=req())
-        assert outputs(r.json()) == {"whoami": "Bearer s3cret", "header": "blue"}
-        fake.replies = list(WHO)  # the request's headers win over the configured ones
-        r = await client.post("/v1/responses", json=req(
-            headers={"X-Team": "red", "Authorization": "Bearer mine"}))
-        assert r.status_code == 200, r.text
-        assert outputs(r.json()) == {"whoami": "Bearer mine", "header": "red"}
-        fake.replies = list(WHO)  # OpenAI's `authorization`: the OAuth token, as Bearer
-        r = await client.post("/v1/responses", json=req(authorization="tok-1"))
-        assert outputs(r.json()) == {"whoami": "Bearer tok-1", "header": "blue"}
-        fake.replies = list(WHO)  # the shared connection is as configured still
-        r = await client.post("/v1/responses", json=req())
-        assert outputs(r.json()) == {"whoami": "Bearer s3cret", "header": "blue"}
+        # the shared connection opens first
+        assert await who(client, fake) == {"whoami": "Bearer s3cret", "header": "blue"}
+        # the request's headers win over the configured ones
+        own = {"X-Team": "red", "Authorization": "Bearer mine"}
+        assert await who(client, fake, headers=own) == {"whoami": "Bearer mine", "header": "red"}
+        # OpenAI's `authorization`: the OAuth token, as Bearer
+        got = await who(client, fake, authorization="tok-1")
+        assert got == {"whoami": "Bearer tok-1", "header": "blue"}
+        # the shared connection is as configured still
+        assert await who(client, fake) == {"whoami": "Bearer s3cret", "header": "blue"}
 
 
 async def test_anthropic_authorization_token_reaches_the_server(
