@@ -58,22 +58,13 @@ async def who(client: httpx.AsyncClient, fake: FakeEngine, **tool: Any) -> dict[
     return outputs(r.json())
 
 
-async def test_configured_headers_and_bearer_token_reach_the_server(
+async def test_configured_and_request_headers_reach_the_server(
     fake: FakeEngine, mcp_server: HttpMcp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, "s3cret")
     servers = entry(mcp_server, headers={"X-Team": "blue"}, bearer_token_env=TOKEN_ENV)
     async with mcp_client(fake, servers, max_tool_iterations=2) as client:
-        assert await who(client, fake) == {"whoami": "Bearer s3cret", "header": "blue"}
-
-
-async def test_a_requests_own_headers_reach_the_server_and_not_the_shared_connection(
-    fake: FakeEngine, mcp_server: HttpMcp, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(TOKEN_ENV, "s3cret")
-    servers = entry(mcp_server, headers={"X-Team": "blue"}, bearer_token_env=TOKEN_ENV)
-    async with mcp_client(fake, servers, max_tool_iterations=2) as client:
-        # the shared connection opens first
+        # the shared connection opens first, with the configured headers and token
         assert await who(client, fake) == {"whoami": "Bearer s3cret", "header": "blue"}
         # the request's headers win over the configured ones
         own = {"X-Team": "red", "Authorization": "Bearer mine"}
