@@ -6,6 +6,7 @@ No test ends with an error in the browser's console."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,7 +96,10 @@ def test_chat_streams_and_the_second_turn_is_warm(browser: Any, server: str) -> 
     stats = first.find_element("css selector", ".stats")
     assert float(stats.get_attribute("data-ttft")) > 0
     assert int(stats.get_attribute("data-prompt-tokens")) > 0
-    assert "tok/s" in stats.text and "12 tokens" in stats.text
+    # the page's limit reached the server (the reply is sampled: it may end sooner)
+    generated = re.search(r"(\d+) tokens", stats.text)
+    assert generated and 0 < int(generated.group(1)) <= 12, stats.text
+    assert "tok/s" in stats.text or generated.group(1) == "1", stats.text
 
     second = send(browser, "Three more, please.")
     stats = second.find_element("css selector", ".stats")

@@ -212,11 +212,11 @@ def test_shared_tier_settings_are_checked() -> None:
 
 def _start_without_serving(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
     """`kvserve` up to the point where it would serve: what it would have served."""
-    import server.lifecycle
     import server.logs
+    import server.serve
 
     served: list[Settings] = []
-    monkeypatch.setattr(server.lifecycle, "serve", lambda s: served.append(s) or 0)
+    monkeypatch.setattr(server.serve, "serve", lambda s: served.append(s) or 0)
     monkeypatch.setattr(server.logs, "setup_logging", lambda _: None)
     return served
 
