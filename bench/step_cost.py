@@ -77,10 +77,12 @@ def main() -> None:
     ap.add_argument("--fa", default="off,on")
     ap.add_argument("--unified", default="off,on", help="one KV pool for all sequences")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--shapes", default=";".join(SHAPES), help="a subset, separated by ;")
     args = ap.parse_args()
     model = Model(default_model_path())
     rng = np.random.default_rng(18)
     lengths = [int(x) for x in args.lengths.split(",")]
+    shapes = {name: SHAPES[name] for name in args.shapes.split(";")}
     configs = [(fa, u) for fa in args.fa.split(",") for u in args.unified.split(",")]
     print(f"model {Path(model.path).name}, {N_SEQ} sequences x {N_CTX_SEQ} cells, "
           f"n_batch {N_BATCH}, 2 threads; median ms of one llama_decode")  # fmt: skip
@@ -102,11 +104,13 @@ def main() -> None:
                     batch.add(seq, prompt[at : at + N_BATCH], at, True)
                     if ctx.decode(batch) != 0:
                         raise RuntimeError("llama_decode failed")
-            for name, runs in SHAPES.items():
+            for name, runs in shapes.items():
                 out[(length, name)] = time_shape(ctx, batch, runs, length, rng, args.repeat)
+                print(f"  fa {fa}, unified {unified}, {length}: {name} "
+                      f"{out[(length, name)]:.1f} ms", file=sys.stderr, flush=True)  # fmt: skip
         ctx.close()
     for length in lengths:
-        for name in SHAPES:
+        for name in shapes:
             cells = " | ".join(f"{results[c][(length, name)]:.1f}" for c in configs)
             print(f"| {length} | {name} | {cells} |")
 
