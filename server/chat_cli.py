@@ -2,8 +2,11 @@
 
 With a prompt (or a prompt piped on stdin) it prints one streamed answer. With neither
 and a terminal on stdin it is a conversation: each turn is sent with the history before
-it (on the server's OpenAI chat route, streamed), `/clear` forgets the history, `/bye`
-or Ctrl-D ends it, and Ctrl-C stops an answer in the middle.
+it on Ollama's chat route (streamed NDJSON), as `ollama run` sends it. The route drops
+the oldest turns once the history outgrows the model's context (`truncate`), so a long
+conversation goes on; an error from the server ends that turn, not the conversation.
+`/clear` forgets the history, `/bye` or Ctrl-D ends it, and Ctrl-C stops an answer in
+the middle.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ HELP = "Type a message; /clear forgets the conversation, /bye (or Ctrl-D) ends i
 
 
 def run(client: httpx.Client, model: str, prompt: str | None, console: Console) -> int:
-    name = _model_id(client, model)
+    name = _model_name(client, model)
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
     if prompt is not None:
@@ -51,49 +54,55 @@ def run(client: httpx.Client, model: str, prompt: str | None, console: Console) 
         if not text:
             continue
         history.append({"role": "user", "content": line})
-        try:
-            reply = answer(client, name, history)
-        except KeyboardInterrupt:
-            reply = None
-            console.print()
-        if reply is None:  # interrupted: the question goes too
+        reply = _turn(client, name, history, console)
+        if reply is None:  # interrupted or refused: the question goes too
             history.pop()
         else:
             history.append({"role": "assistant", "content": reply})
 
 
-def answer(client: httpx.Client, model: str, messages: list[dict[str, Any]]) -> str:
-    """Stream one answer to stdout; the whole text."""
-    body = {"model": model, "messages": messages, "stream": True}
+def _turn(
+    client: httpx.Client, model: str, history: list[dict[str, Any]], console: Console
+) -> str | None:
+    """One answer in a conversation; None if Ctrl-C stopped it or the server refused it
+    (the error is shown and the conversation goes on)."""
+    try:
+        return answer(client, model, history, truncate=True)
+    except KeyboardInterrupt:
+        console.print()
+    except CommandError as exc:
+        console.print(f"Error: {exc}", style="red", markup=False, highlight=False)
+    return None
+
+
+def answer(
+    client: httpx.Client, model: str, messages: list[dict[str, Any]], truncate: bool = False
+) -> str:
+    """Stream one answer to stdout; the whole text. `truncate`: the server may drop the
+    oldest turns to fit the context (false: a history too long is refused)."""
+    body = {"model": model, "messages": messages, "stream": True, "truncate": truncate}
     parts: list[str] = []
-    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+    with client.stream("POST", "/api/chat", json=body) as r:
         if not r.is_success:
             check(r)
         for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            if not line.strip():
                 continue
-            event = json.loads(line[len("data: ") :])
-            if "error" in event:
-                raise CommandError(event["error"].get("message", str(event["error"])))
-            for choice in event.get("choices", []):
-                text = (choice.get("delta") or {}).get("content") or ""
-                parts.append(text)
-                sys.stdout.write(text)
-                sys.stdout.flush()
+            event = json.loads(line)
+            if "error" in event:  # Ollama's in-stream error line
+                raise CommandError(str(event["error"]))
+            text = (event.get("message") or {}).get("content") or ""
+            parts.append(text)
+            sys.stdout.write(text)
+            sys.stdout.flush()
     sys.stdout.write("\n\n" if sys.stdout.isatty() else "\n")
     sys.stdout.flush()
     return "".join(parts)
 
 
-def _model_id(client: httpx.Client, name: str) -> str:
-    """The id or alias the OpenAI route knows for an Ollama name (`x:latest` is `x`)."""
-    known: list[str] = []
-    for card in check(client.get("/v1/models"))["data"]:
-        known += [card["id"], *card.get("meta", {}).get("aliases", [])]
-    for candidate in (name, name.removesuffix(":latest"), f"{name}:latest"):
-        if candidate in known:
-            return candidate
-    for candidate in known:
-        if candidate.lower() in (name.lower(), name.lower().removesuffix(":latest")):
-            return candidate
-    raise CommandError(f"model '{name}' not found")
+def _model_name(client: httpx.Client, name: str) -> str:
+    """`name`, once the server says it knows it (Ollama's show route, which resolves
+    names as its chat route does): an unknown name fails before the first question,
+    as `ollama run` fails."""
+    check(client.post("/api/show", json={"model": name}))
+    return name

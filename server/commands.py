@@ -1,8 +1,8 @@
 """`kvserve pull|ls|ps|rm|run`: manage and talk to the models of a running kvserve.
 
-They speak its Ollama routes (/api/pull, /api/tags, /api/ps, /api/delete) and, for
-`run`, its OpenAI chat route, over HTTP (httpx); `rich` draws the progress bar and the
-tables. `--host` (else KVSERVE_HOST, else http://127.0.0.1:8080) and `--api-key` (else
+They speak its Ollama routes over HTTP (httpx): /api/pull, /api/tags, /api/ps,
+/api/delete, and /api/show with /api/chat for `run`; `rich` draws the progress bar and
+the tables. `--host` (else KVSERVE_HOST, else http://127.0.0.1:8080) and `--api-key` (else
 KVSERVE_API_KEY) name the server. `pull` with no server listening downloads into the
 local hub cache instead, which a server serves from its next start.
 """
