@@ -64,12 +64,13 @@ class Runner:
         """Compute the step: one llama_decode, or (solo_rows) one for the decode rows and
         short chunks together and one for each chunk of solo_rows+ rows.
 
-        Why split: with a KV stream per sequence, llama.cpp cuts a batch into ubatches
-        holding the same number of rows of each sequence, so a prompt chunk sharing a
-        batch with decode rows is computed partly in one-row ubatches, with other kernels
-        than the same chunk alone (see exact_min_rows in scheduler.py). Alone in its
-        decode, a chunk is one ubatch, exactly as a cold prefill computes it. Shorter
-        chunks are computed with the small-step kernels either way."""
+        Why split (SchedulerConfig.solo_rows): with a KV stream per sequence, llama.cpp
+        cuts a batch into ubatches holding the same number of rows of each sequence, so
+        a prompt chunk sharing a batch with decode rows is computed partly in one-row
+        ubatches, with other kernels than the same chunk alone (exact_min_rows in
+        engine/plan.py), and a 64-row chunk becomes 63 rows, too few for flash
+        attention's tiled kernel. Alone in its decode, a chunk is one ubatch, exactly as
+        a cold prefill computes it. Shorter chunks take the small-step kernels either way."""
         if not self.solo_rows:
             return self._run(chunks)
         result = self._run([c for c in chunks if c.length < self.solo_rows])

@@ -56,8 +56,7 @@ class Worker:
         self.ctx = ctx
         self.scheduler = scheduler
         config = scheduler.config
-        solo = config.exact_min_rows if config.exact and config.keeps_prefixes else 0
-        self.runner = Runner(ctx, config.step_tokens, solo_rows=solo)
+        self.runner = Runner(ctx, config.step_tokens, solo_rows=config.solo_rows)
         self.embedder = embedder
         self.deliver = deliver
         self.cache = cache

@@ -1,10 +1,12 @@
-"""The runner's split of a step into llama_decode calls (exact reuse), without a model."""
+"""The runner's split of a step into llama_decode calls (exact reuse, flash attention's
+tiled kernel), without a model; and which configurations ask for it."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from engine.llama import Batch
+from engine.plan import FLASH_TILE_ROWS, SchedulerConfig
 from engine.runner import Runner
 from engine.scheduler import Chunk
 from tests.engine.test_scheduler import seq_of
@@ -42,3 +44,15 @@ def test_exact_chunks_run_alone_from_the_minimum_rows_on() -> None:
     # 2-row chunk's first row would be computed as a one-row step beside slot 0's row.
     assert run(2, [1, 2, 5, 1]) == [{0: 1, 3: 1}, {1: 2}, {2: 5}]
     assert run(64, [1, 2, 64]) == [{0: 1, 1: 2}, {2: 64}]  # flash attention on
+
+
+def test_solo_rows_follow_exact_reuse_and_flash_attention() -> None:
+    def solo(**kw: object) -> int:
+        config = {"exact": False, "exact_min_rows": 64, **kw}
+        return SchedulerConfig(4, 4 * 4096, 4096, 512, 256, **config).solo_rows  # type: ignore[arg-type]
+
+    assert solo() == 0  # no flash attention, no exact reuse: one decode a step
+    # flash attention on the CPU with a stream per slot: 64+ rows keep the tiled kernel
+    assert solo(flash_tiles=True) == FLASH_TILE_ROWS == 64
+    assert solo(exact=True, exact_min_rows=2) == 2  # exact reuse without flash attention
+    assert solo(exact=True, exact_min_rows=64, flash_tiles=True) == 64
