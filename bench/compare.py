@@ -10,7 +10,7 @@ Add `llama-server` to --servers (with LLAMA_SERVER=/path/to/llama-server) to inc
 llama.cpp's C++ server, or pass --base-url NAME=URL for any server you started yourself.
 kvserve variants add one setting to the defaults: kvserve-exact (exact_reuse on),
 kvserve-spec (speculative decoding on by default), kvserve-fa / kvserve-nofa (flash attention
-on / off); llama-server-nofa is llama-server with `-fa off`.
+on / off), kvserve-q8 (a q8_0 KV cache); llama-server-nofa is llama-server with `-fa off`.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ KVSERVE_VARIANTS = {
         "KVSERVE_ENGINE_EXACT_REUSE": "true",
     },
     "kvserve-fast": {"KVSERVE_ENGINE_EXACT_REUSE": "false"},
+    "kvserve-q8": {"KVSERVE_ENGINE_TYPE_K": "q8_0", "KVSERVE_ENGINE_TYPE_V": "q8_0"},
 }
 
 
