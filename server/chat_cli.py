@@ -25,11 +25,11 @@ HELP = "Type a message; /clear forgets the conversation, /bye (or Ctrl-D) ends i
 
 
 def run(client: httpx.Client, model: str, prompt: str | None, console: Console) -> int:
-    name = _model_name(client, model)
+    _require_model(client, model)
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
     if prompt is not None:
-        answer(client, name, [{"role": "user", "content": prompt}])
+        answer(client, model, [{"role": "user", "content": prompt}])
         return 0
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
@@ -54,7 +54,7 @@ def run(client: httpx.Client, model: str, prompt: str | None, console: Console) 
         if not text:
             continue
         history.append({"role": "user", "content": line})
-        reply = _turn(client, name, history, console)
+        reply = _turn(client, model, history, console)
         if reply is None:  # interrupted or refused: the question goes too
             history.pop()
         else:
@@ -100,9 +100,8 @@ def answer(
     return "".join(parts)
 
 
-def _model_name(client: httpx.Client, name: str) -> str:
-    """`name`, once the server says it knows it (Ollama's show route, which resolves
-    names as its chat route does): an unknown name fails before the first question,
-    as `ollama run` fails."""
+def _require_model(client: httpx.Client, name: str) -> None:
+    """CommandError unless the server knows `name` (Ollama's show route resolves names
+    as its chat route does): an unknown name fails before the first question, as
+    `ollama run` fails."""
     check(client.post("/api/show", json={"model": name}))
-    return name
