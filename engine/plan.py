@@ -99,6 +99,13 @@ class SchedulerConfig:
         return FLASH_TILE_ROWS if self.flash_tiles else 0
 
     @property
+    def solo_apart(self) -> bool:
+        """Each chunk of solo_rows+ rows in a decode of its own (exact reuse: computed
+        as a cold prefill computes it), else all of them in one (flash attention: each
+        keeps 64+ rows in its first ubatch, and a burst of prompts one weight pass)."""
+        return self.exact
+
+    @property
     def keeps_prefixes(self) -> bool:
         """Finished sequences leave their KV for reuse: with a stream per slot, or a
         single slot (in a unified pool shared by several, resident cells would compete

@@ -56,7 +56,9 @@ class Worker:
         self.ctx = ctx
         self.scheduler = scheduler
         config = scheduler.config
-        self.runner = Runner(ctx, config.step_tokens, solo_rows=config.solo_rows)
+        self.runner = Runner(
+            ctx, config.step_tokens, solo_rows=config.solo_rows, apart=config.solo_apart
+        )
         self.embedder = embedder
         self.deliver = deliver
         self.cache = cache

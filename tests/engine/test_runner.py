@@ -23,7 +23,7 @@ class RecordingContext:
         return 0
 
 
-def run(solo_rows: int, lengths: list[int]) -> list[dict[int, int]]:
+def run(solo_rows: int, lengths: list[int], apart: bool = True) -> list[dict[int, int]]:
     """One step of one chunk per slot (slot i: `lengths[i]` rows); the decodes it made."""
     ctx = RecordingContext()
     chunks = []
@@ -31,7 +31,7 @@ def run(solo_rows: int, lengths: list[int]) -> list[dict[int, int]]:
         seq = seq_of(f"s{slot}", list(range(1, 200)))
         seq.slot = slot
         chunks.append(Chunk(seq, 0, length, sample=False))
-    Runner(ctx, 512, solo_rows=solo_rows).run(chunks)  # type: ignore[arg-type]
+    Runner(ctx, 512, solo_rows=solo_rows, apart=apart).run(chunks)  # type: ignore[arg-type]
     return ctx.decodes
 
 
@@ -46,6 +46,13 @@ def test_exact_chunks_run_alone_from_the_minimum_rows_on() -> None:
     assert run(64, [1, 2, 64]) == [{0: 1, 1: 2}, {2: 64}]  # flash attention on
 
 
+def test_flash_attention_chunks_leave_the_decode_rows_together() -> None:
+    # without exact reuse the long chunks share one decode (one pass over the weights
+    # for a burst of prompts), apart from the decode rows that would cut them to 63
+    assert run(64, [1, 70, 64, 3], apart=False) == [{0: 1, 3: 3}, {1: 70, 2: 64}]
+    assert run(64, [1, 2], apart=False) == [{0: 1, 1: 2}]  # no long chunk: one decode
+
+
 def test_solo_rows_follow_exact_reuse_and_flash_attention() -> None:
     def solo(**kw: object) -> int:
         config = {"exact": False, "exact_min_rows": 64, **kw}
@@ -56,3 +63,6 @@ def test_solo_rows_follow_exact_reuse_and_flash_attention() -> None:
     assert solo(flash_tiles=True) == FLASH_TILE_ROWS == 64
     assert solo(exact=True, exact_min_rows=2) == 2  # exact reuse without flash attention
     assert solo(exact=True, exact_min_rows=64, flash_tiles=True) == 64
+    config = SchedulerConfig(4, 4 * 4096, 4096, 512, 256, exact=False, flash_tiles=True)
+    assert not config.solo_apart  # flash attention alone: long chunks in one decode
+    assert SchedulerConfig(4, 4 * 4096, 4096, 512, 256, exact=True).solo_apart
