@@ -125,7 +125,6 @@ def load(
                 exact=cfg.exact_reuse,
                 exact_min_rows=exact_min_rows(cfg.flash_attn),
                 speculative=cfg.speculative,
-                flash_tiles=cfg.flash_attn and not cfg.kv_unified and cfg.n_gpu_layers == 0,
             ),
             counters,
         )

@@ -53,9 +53,9 @@ class KvPlan:
 
 # llama.cpp's CPU flash attention (ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16)
 # takes its tiled kernel (a small GEMM per tile) only for this many query rows of a KV
-# stream in one ubatch (GGML_FA_TILE_Q); fewer go row by row. That is both why 64 is the
-# exact-reuse bound with flash attention and why 63 rows over a 2k-token stream cost 1.6x
-# what 64 do (bench/step_cost.py, README "Where the rest of the time goes").
+# stream in one ubatch (GGML_FA_TILE_Q); fewer go row by row. That is why 64 is the
+# exact-reuse bound with flash attention, and why 63 rows over a 2k-token stream cost
+# 1.6x what 64 do (bench/step_cost.py, README "Where the rest of the time goes").
 FLASH_TILE_ROWS = 64
 
 
@@ -83,27 +83,14 @@ class SchedulerConfig:
     exact: bool = True  # reuse only what reproduces the cold output exactly (see above)
     exact_min_rows: int = 64  # exact_min_rows(flash_attn) of the context
     speculative: bool = False  # draft tokens by prompt lookup, unless a request says otherwise
-    # Flash attention on the CPU over a KV stream per slot: a chunk of FLASH_TILE_ROWS+
-    # rows is computed in its own llama_decode, so it stays one ubatch (solo_rows).
-    flash_tiles: bool = False
 
     @property
     def solo_rows(self) -> int:
         """Chunks of this many rows get a llama_decode of their own (engine/runner.py);
-        0: none. With a KV stream per slot llama.cpp cuts a batch into ubatches holding
-        the same number of rows of each sequence, so a chunk beside decode rows loses a
-        row to a one-row ubatch: exact mode needs the chunk whole (its kernels), flash
-        attention needs its 64+ rows together (the tiled kernel; 1.4x faster a step)."""
-        if self.exact and self.keeps_prefixes:
-            return self.exact_min_rows
-        return FLASH_TILE_ROWS if self.flash_tiles else 0
-
-    @property
-    def solo_apart(self) -> bool:
-        """Each chunk of solo_rows+ rows in a decode of its own (exact reuse: computed
-        as a cold prefill computes it), else all of them in one (flash attention: each
-        keeps 64+ rows in its first ubatch, and a burst of prompts one weight pass)."""
-        return self.exact
+        0: none. Exact reuse needs it with a KV stream per slot: llama.cpp cuts a batch
+        into ubatches holding the same number of rows of each sequence, so a chunk beside
+        decode rows would lose a row to a one-row ubatch, computed with other kernels."""
+        return self.exact_min_rows if self.exact and self.keeps_prefixes else 0
 
     @property
     def keeps_prefixes(self) -> bool:

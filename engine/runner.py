@@ -55,35 +55,31 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
 class Runner:
     """The model runner: computes what the scheduler decided, decides nothing."""
 
-    def __init__(self, ctx: Context, capacity: int, *, solo_rows: int = 0, apart: bool = True):
+    def __init__(self, ctx: Context, capacity: int, *, solo_rows: int = 0):
         self.ctx = ctx
         self.batch = Batch(capacity)
-        self.solo_rows = solo_rows  # chunks of this many rows leave the shared decode; 0: none
-        self.apart = apart  # each such chunk alone (True), or all of them in one decode
+        self.solo_rows = solo_rows  # chunks of this many rows get their own decode; 0: none
 
     def run(self, chunks: list[Chunk]) -> StepResult:
         """Compute the step: one llama_decode, or (solo_rows) one for the decode rows and
-        short chunks together and one for the chunks of solo_rows+ rows: one each
-        (`apart`) or one for all.
+        short chunks together and one for each chunk of solo_rows+ rows.
 
-        Why split (SchedulerConfig.solo_rows): with a KV stream per sequence, llama.cpp
-        cuts a batch into ubatches holding the same number of rows of each sequence, so
-        a prompt chunk sharing a batch with decode rows is computed partly in one-row
-        ubatches, with other kernels than the same chunk alone (exact_min_rows in
-        engine/plan.py), and a 64-row chunk becomes 63 rows, too few for flash
-        attention's tiled kernel. Alone in its decode, a chunk is one ubatch, exactly as
-        a cold prefill computes it (exact reuse needs that). Long chunks together keep
-        64+ rows of each in their first ubatch and share one pass over the weights (a
-        burst of new prompts). Shorter chunks take the small-step kernels either way."""
+        Why split (SchedulerConfig.solo_rows, exact reuse): with a KV stream per sequence,
+        llama.cpp cuts a batch into ubatches holding the same number of rows of each
+        sequence, so a prompt chunk sharing a batch with decode rows is computed partly
+        in one-row ubatches, with other kernels than the same chunk alone (exact_min_rows
+        in engine/plan.py). Alone in its
+        decode, a chunk is one ubatch, exactly as a cold prefill computes it. Shorter
+        chunks are computed with the small-step kernels either way."""
         if not self.solo_rows:
             return self._run(chunks)
-        long = [c for c in chunks if c.length >= self.solo_rows]
         result = self._run([c for c in chunks if c.length < self.solo_rows])
-        for group in [[c] for c in long] if self.apart else [long]:
-            more = self._run(group)
-            result.sampled += more.sampled
-            result.scored += more.scored
-            result.drafts += more.drafts
+        for chunk in chunks:
+            if chunk.length >= self.solo_rows:
+                more = self._run([chunk])
+                result.sampled += more.sampled
+                result.scored += more.scored
+                result.drafts += more.drafts
         return result
 
     def _run(self, chunks: list[Chunk]) -> StepResult:

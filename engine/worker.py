@@ -56,9 +56,7 @@ class Worker:
         self.ctx = ctx
         self.scheduler = scheduler
         config = scheduler.config
-        self.runner = Runner(
-            ctx, config.step_tokens, solo_rows=config.solo_rows, apart=config.solo_apart
-        )
+        self.runner = Runner(ctx, config.step_tokens, solo_rows=config.solo_rows)
         self.embedder = embedder
         self.deliver = deliver
         self.cache = cache
