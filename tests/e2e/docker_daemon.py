@@ -10,6 +10,9 @@ egress proxy); the Dockerfile's own default base stays the public python image.
 The daemon's data root persists (KVSERVE_DOCKER_ROOT, default /var/tmp/kvserve-docker)
 so the base image and BuildKit's cache (pip's cache mount) survive between runs; the
 llama-cpp-python wheel the host already built is handed to the build in .wheels/.
+With vfs every layer is a full copy of the filesystem below it, so each run's image and
+its superseded build cache cost several GB: `prune` (before the build and after the
+tests) keeps only the two base images and BuildKit's most recently used cache.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ DATA_ROOT = Path(os.environ.get("KVSERVE_DOCKER_ROOT", "/var/tmp/kvserve-docker"
 DEBOOTSTRAP_IMAGE = "kvserve-debootstrap:bookworm"
 BASE_IMAGE = "kvserve-test-base:bookworm"
 IMAGE = "kvserve:test"
+# BuildKit's cache kept between runs (pip's cache mount and the latest layers); more, at
+# vfs's full copy per layer, filled a 100 GB disk in about ten runs.
+BUILD_CACHE_KEEP = "1500mb"
+# Free space the build needs on the data root's disk (the image and its layers as copies).
+BUILD_FREE_BYTES = 12 * 2**30
 DEBIAN_PACKAGES = "python3,python3-venv,python3-pip,python-is-python3,ca-certificates"
 MIRROR = os.environ.get("KVSERVE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
@@ -102,6 +110,22 @@ def daemon(log_dir: Path) -> Iterator[Docker]:
         if os.path.ismount(netns):
             subprocess.run(["umount", str(netns)], check=False, capture_output=True)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def prune(docker: Docker) -> None:
+    """Drop the test image, dangling images and BuildKit's cache beyond BUILD_CACHE_KEEP;
+    the base images stay (debootstrap takes minutes)."""
+    docker.run("image", "rm", "-f", IMAGE, check=False)
+    docker.run("image", "prune", "-f")
+    docker.run("builder", "prune", "-f", "--keep-storage", BUILD_CACHE_KEEP, timeout=600)
+
+
+def check_free_space() -> None:
+    free = shutil.disk_usage(DATA_ROOT).free
+    assert free >= BUILD_FREE_BYTES, (
+        f"{free / 2**30:.1f} GiB free on the disk of {DATA_ROOT}; the image build needs "
+        f"{BUILD_FREE_BYTES / 2**30:.0f} GiB (vfs copies every layer)"
+    )
 
 
 def ensure_base(docker: Docker, work: Path) -> None:

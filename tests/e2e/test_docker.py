@@ -23,7 +23,16 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.docker_daemon import IMAGE, Docker, build_image, daemon, ensure_base, missing_tools
+from tests.e2e.docker_daemon import (
+    IMAGE,
+    Docker,
+    build_image,
+    check_free_space,
+    daemon,
+    ensure_base,
+    missing_tools,
+    prune,
+)
 from tests.kvserve_process import MODEL, free_port
 from tests.otlp_receiver import Receiver, running_receiver
 
@@ -48,16 +57,21 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         pytest.skip(why)
     work = tmp_path_factory.mktemp("docker")
     with daemon(work) as docker:
-        ensure_base(docker, work)
-        build_s = build_image(docker, work)
-        print(f"\ndocker: image built in {build_s:.0f}s")
-        volume = f"kvserve-test-cache-{uuid.uuid4().hex[:8]}"
-        docker.run("volume", "create", volume)
+        prune(docker)  # what an interrupted run left
+        check_free_space()
         try:
-            yield Setup(docker, volume, work, build_s)
+            ensure_base(docker, work)
+            build_s = build_image(docker, work)
+            print(f"\ndocker: image built in {build_s:.0f}s")
+            volume = f"kvserve-test-cache-{uuid.uuid4().hex[:8]}"
+            docker.run("volume", "create", volume)
+            try:
+                yield Setup(docker, volume, work, build_s)
+            finally:
+                docker.run("rm", "-f", "kvserve-test-1", "kvserve-test-2", check=False)
+                docker.run("volume", "rm", "-f", volume, check=False)
         finally:
-            docker.run("rm", "-f", "kvserve-test-1", "kvserve-test-2", check=False)
-            docker.run("volume", "rm", "-f", volume, check=False)
+            prune(docker)
 
 
 def start(setup: Setup, name: str, env: tuple[str, ...] = ()) -> str:
