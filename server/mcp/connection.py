@@ -14,7 +14,6 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx2
@@ -28,28 +27,10 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from server import tracing
+from server.mcp.outcome import CallOutcome, McpTool, McpUnavailable
 from server.mcp.settings import McpServerSection
 
 log = logging.getLogger("kvserve.mcp")
-
-
-class McpUnavailable(Exception):
-    """The server could not be reached, or could not list its tools."""
-
-
-@dataclass(frozen=True, slots=True)
-class McpTool:
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class CallOutcome:
-    """A tool call's result as the model will read it: `output` on success, else `error`."""
-
-    output: str | None
-    error: str | None
 
 
 def _reason(exc: BaseException) -> str:

@@ -23,7 +23,7 @@ from chat.plan import ChatOptions
 from chat.tools import Tool, ToolChoice
 from engine.client import FinishReason, GenerateRequest, Generation
 from server import tracing
-from server.mcp.connection import CallOutcome
+from server.mcp.outcome import CallOutcome
 from server.mcp.toolset import Toolset
 from server.serving.drive import steps
 from server.serving.prepare import Prepared

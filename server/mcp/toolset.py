@@ -9,12 +9,15 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from chat.tools import Tool
 from server import tracing
-from server.mcp.connection import CallOutcome, McpConnection, McpTool, McpUnavailable
 from server.mcp.manager import McpManager
+from server.mcp.outcome import CallOutcome, McpTool, McpUnavailable
+
+if TYPE_CHECKING:
+    from server.mcp.connection import McpConnection  # the SDK, opened by the manager
 
 # A request error naming the field: the API raises it in its own shape.
 Refuse = Callable[[str, str], Exception]

@@ -12,6 +12,7 @@ import pytest
 from tests.fakes import FakeEngine
 from tests.server.mcp_app import call, mcp_fixtures
 from tests.server.test_api import MODEL
+from tests.server.test_tracing import REQUEST, run_python
 
 ADD = call("add", '{"a": 20, "b": 22}')
 MCP = {"type": "mcp", "server_label": "tools"}
@@ -87,3 +88,15 @@ async def test_bad_input_is_400_naming_the_field(
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert fake.submitted == []
+
+
+def test_no_mcp_servers_loads_no_mcp_sdk() -> None:
+    """The SDK costs about a second at start-up (a third of kvserve's imports): with no
+    `[[mcp_servers]]` a request through the whole app never loads it. (The tests above,
+    with a server configured, load it on first use.)"""
+    loaded = REQUEST + """
+import sys
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types")
+             or m == "server.mcp.connection"))
+"""
+    assert run_python(loaded) == "[]"
