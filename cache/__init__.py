@@ -6,17 +6,21 @@ the engine decides what to save and how to restore it.
 """
 
 from cache.keys import model_fingerprint, namespace
-from cache.redis_tier import redis_client
+from cache.redis_tier import redis_client, redis_peer
+from cache.shared import recording_calls
 from cache.store import PrefixCache
-from cache.types import CacheConfig, CacheHit, CacheStats, TierStats
+from cache.types import CacheConfig, CacheHit, CacheStats, StoreCall, TierStats
 
 __all__ = [
     "CacheConfig",
     "CacheHit",
     "CacheStats",
     "PrefixCache",
+    "StoreCall",
     "TierStats",
     "model_fingerprint",
     "namespace",
+    "recording_calls",
     "redis_client",
+    "redis_peer",
 ]

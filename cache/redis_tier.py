@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -52,6 +53,13 @@ def redis_client(url: str, timeout_s: float) -> redis.Redis:
     )
 
 
+def redis_peer(url: str) -> tuple[str, int | None]:
+    """The store's host (or unix socket path) and port, for traces: never the password
+    a redis:// URL may carry."""
+    where = urlsplit(url)
+    return where.hostname or where.path, where.port
+
+
 class RedisTier:
     """The SharedStore of cache/shared.py on Redis: find() turns a prompt's block hashes
     into the names of its longest stored prefixes; get/touch/delete by name. Entries are
@@ -61,6 +69,7 @@ class RedisTier:
 
     def __init__(self, url: str, namespace: str, timeout_s: float, ttl_s: float) -> None:
         self._client = redis_client(url, timeout_s)
+        self.address, self.port = redis_peer(url)
         self._namespace = namespace
         self._prefix = f"{KEY_PREFIX}:{namespace}:"
         self._ttl_ms = int(ttl_s * 1000)

@@ -10,29 +10,51 @@ drops the save, counted), so a slow store never holds up the disk writes or the 
 
 Threads: lookup() runs where PrefixCache.lookup runs (a worker thread of the event
 loop, never the engine thread); save() only queues. The lock covers the counters.
+
+Traces: inside `recording_calls()` every store call is also noted as a `StoreCall` (the
+engine records a lookup's calls, and server/tracing_spans.py makes them spans); a
+context variable, so the writer thread's saves and other lookups are never mixed in.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import cache.record as record
 from cache.purges import PurgeLog
 from cache.redis_tier import ERRORS, RedisTier
-from cache.types import Entry, TierStats
+from cache.types import Entry, StoreCall, TierStats
 from cache.writer import Writer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_recorded: contextvars.ContextVar[list[StoreCall] | None] = contextvars.ContextVar(
+    "kvserve_store_calls", default=None
+)
+
+
+@contextlib.contextmanager
+def recording_calls() -> Iterator[list[StoreCall]]:
+    """The shared-store calls made in this block, on this thread (see the module doc)."""
+    calls: list[StoreCall] = []
+    token = _recorded.set(calls)
+    try:
+        yield calls
+    finally:
+        _recorded.reset(token)
 
 
 class SharedStore(Protocol):
+    address: str  # for traces: host or socket path
+    port: int | None
+
     """What a shared store offers (Redis: cache/redis_tier.py). An entry is stored under
     a name of the store's own (`name_of`), which find() returns. Calls may raise the
     store's errors; get() raises record.CorruptRecord for a value that is not an entry."""
@@ -99,15 +121,18 @@ class SharedTier:
 
     # -- calls to the store ---------------------------------------------------------
 
-    def _call(self, fn: Callable[[], T]) -> T:
-        """fn() timed and counted; raises _Unavailable on a store error or during the
-        pause after one."""
+    def _call(self, operation: str, fn: Callable[[], T]) -> T:
+        """fn() timed and counted (and recorded, see `recording_calls`); raises
+        _Unavailable on a store error or during the pause after one."""
         if time.monotonic() < self._down_until:
             raise _Unavailable()
-        start = time.perf_counter()
+        started = time.monotonic()
         try:
             result = fn()
-        except self._errors as e:
+        except BaseException as e:
+            self._record(operation, started, f"{type(e).__name__}: {e}")
+            if not isinstance(e, self._errors):
+                raise
             with self._lock:
                 self._counts.errors += 1
                 self._down_until = time.monotonic() + self._retry_s
@@ -115,13 +140,21 @@ class SharedTier:
             if not was_down:
                 log.warning("cache: shared tier down (%s); next try in %gs", e, self._retry_s)
             raise _Unavailable() from e
+        self._record(operation, started, None)
         with self._lock:
             self._counts.io_ops += 1
-            self._counts.io_seconds += time.perf_counter() - start
+            self._counts.io_seconds += time.monotonic() - started
             was_down, self._down = self._down, False
         if was_down:
             log.info("cache: shared tier reachable again")
         return result
+
+    def _record(self, operation: str, started: float, error: str | None) -> None:
+        calls = _recorded.get()
+        if calls is not None:
+            store = self._store
+            calls.append(StoreCall(operation, started, time.monotonic(), store.address,
+                                   store.port, error))  # fmt: skip
 
     def _count_error(self) -> None:
         with self._lock:
@@ -147,7 +180,8 @@ class SharedTier:
         self, prompt: tuple[int, ...], hashes: Sequence[bytes], salt: str, longer_than: int
     ) -> tuple[Entry, int] | None:
         try:
-            candidates = self._call(lambda: self._store.find(hashes, longer_than // self._block))
+            depth = longer_than // self._block
+            candidates = self._call("find", lambda: self._store.find(hashes, depth))
             for depth, name in candidates:
                 entry = self._load(name)
                 shared = depth * self._block
@@ -166,16 +200,16 @@ class SharedTier:
         prompt's `hashes` it matched): an entry kept without its pointers could no longer
         be found. Failing that costs nothing but a count."""
         with contextlib.suppress(_Unavailable):
-            self._call(lambda: self._store.touch(name, hashes))
+            self._call("touch", lambda: self._store.touch(name, hashes))
 
     def _load(self, name: str) -> Entry | None:
         try:
-            return self._call(lambda: self._store.get(name))
+            return self._call("get", lambda: self._store.get(name))
         except record.CorruptRecord as e:
             log.warning("cache: removing shared entry %s (%s)", name, e)
             with self._lock:
                 self._counts.corrupt_removed += 1
-            self._call(lambda: self._store.delete(name))
+            self._call("delete", lambda: self._store.delete(name))
             return None
 
     # -- save -----------------------------------------------------------------------
@@ -198,9 +232,9 @@ class SharedTier:
         if self._covered(job):
             return  # purged after it was queued
         try:
-            size = self._call(lambda: self._store.put(job.entry, job.hashes))
+            size = self._call("put", lambda: self._store.put(job.entry, job.hashes))
             if self._covered(job):  # purged while it was being stored
-                self._call(lambda: self._store.delete(self._store.name_of(job.entry)))
+                self._call("delete", lambda: self._store.delete(self._store.name_of(job.entry)))
                 return
         except _Unavailable:
             return
@@ -215,7 +249,7 @@ class SharedTier:
         with self._lock:
             self._purges.record()
         try:
-            return self._call(self._store.clear)
+            return self._call("clear", self._store.clear)
         except _Unavailable:
             log.warning("cache: a purge could not reach the shared tier")
             return 0
@@ -226,7 +260,7 @@ class SharedTier:
         with self._lock:
             self._purges.record(owns)
         try:
-            return self._call(lambda: self._store.delete_where(owns))
+            return self._call("delete_where", lambda: self._store.delete_where(owns))
         except _Unavailable:
             log.warning("cache: a tenant's purge could not reach the shared tier")
             return 0

@@ -71,6 +71,20 @@ class CacheHit:
     tier: str  # "ram", "disk" or "shared"
 
 
+@dataclass(frozen=True, slots=True)
+class StoreCall:
+    """One call a lookup made to the shared store, for the request's trace
+    (server/tracing_spans.py): which, when (time.monotonic() seconds), to which store
+    (host or unix socket path, never credentials), and why it failed (None: it did not)."""
+
+    operation: str  # find, get, touch or delete
+    start: float
+    end: float
+    address: str
+    port: int | None
+    error: str | None = None
+
+
 @dataclass(frozen=True)
 class TierStats:
     """One tier's contents and counters. A lookup not served from RAM is a RAM miss; one

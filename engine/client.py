@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from cache import redis_client
+from cache import redis_client, redis_peer
 from engine.engine import Engine
 from engine.generation import Generation
 from engine.llama import KV_TYPES, gpu_offload_supported
@@ -41,6 +41,7 @@ from engine.types import (
     SessionBusyError,
     SessionNotFoundError,
     SessionPool,
+    StoreCall,
     TenantCacheView,
     TierStats,
     TimeLimits,
@@ -74,6 +75,7 @@ __all__ = [
     "QueueFullError",
     "SamplingParams",
     "SeqOutput",
+    "StoreCall",
     "Session",
     "SessionBusyError",
     "SessionLimits",
@@ -91,6 +93,7 @@ __all__ = [
     "least_prefill_chunk",
     "least_step_tokens",
     "redis_client",
+    "redis_peer",
     "salt_of_prefix",
 ]
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sessions import pin_key
-from engine.types import GenerateRequest, Timings, TokenLogprob
+from engine.types import GenerateRequest, StoreCall, Timings, TokenLogprob
 
 if TYPE_CHECKING:
     from cache import CacheHit
@@ -58,6 +58,7 @@ class Sequence:
         "t_lookup",
         "lookup_tier",
         "lookup_tokens",
+        "lookup_calls",
         "t_restore",
         "t_finished",
         "drafter",
@@ -102,6 +103,7 @@ class Sequence:
         self.t_lookup: tuple[float, float] | None = None
         self.lookup_tier = ""
         self.lookup_tokens = 0
+        self.lookup_calls: tuple[StoreCall, ...] = ()
         self.t_restore: tuple[float, float] | None = None
         self.t_finished: float | None = None
         self.drafter: Drafter | None = None  # speculative decoding, made at first decode
@@ -156,6 +158,7 @@ class Sequence:
             lookup=self.t_lookup,
             lookup_tier=self.lookup_tier,
             lookup_tokens=self.lookup_tokens,
+            lookup_calls=self.lookup_calls,
             restore=self.t_restore,
             reuse_source=self.hit_source,
             finished=self.t_finished,

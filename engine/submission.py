@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from cache import CacheHit, PrefixCache
+from cache import CacheHit, PrefixCache, recording_calls
 from engine.commands import Abort, Embed, Submit
 from engine.detokenizer import IncrementalDetokenizer
 from engine.embedder import EmbedJob
@@ -32,6 +32,7 @@ from engine.types import (
     ModelInfo,
     QueueFullError,
     SeqOutput,
+    StoreCall,
 )
 from engine.validation import validate
 from engine.worker import Worker
@@ -79,7 +80,9 @@ class Submitting:
         samplers: list[Sampler] = []
         try:
             samplers = await self._samplers(model, requests)
-            hit, looked_up = await self._lookup(requests[0]) if requests else (None, None)
+            hit, looked_up, calls = (
+                await self._lookup(requests[0]) if requests else (None, None, ())
+            )
             # Re-checked after the awaits: an unload (or a rebuild) that began meanwhile
             # would leave a Submit in a queue nobody reads, the request waiting forever
             # and `_outstanding` raised for good (the model never unloadable again); and
@@ -110,7 +113,7 @@ class Submitting:
         )
         if seqs:
             seqs[0].cache_hit = hit
-            seqs[0].t_lookup = looked_up
+            seqs[0].t_lookup, seqs[0].lookup_calls = looked_up, calls
             if hit is not None:
                 seqs[0].lookup_tier, seqs[0].lookup_tokens = hit.tier, hit.num_matched
             for sibling in seqs[1:]:  # n > 1: one prompt, prefilled once (see scheduler)
@@ -135,10 +138,11 @@ class Submitting:
 
     async def _lookup(
         self, request: GenerateRequest
-    ) -> tuple[CacheHit | None, tuple[float, float] | None]:
+    ) -> tuple[CacheHit | None, tuple[float, float] | None, tuple[StoreCall, ...]]:
         """The longest cached prefix of the prompt, read off the event loop (a disk hit
-        reads a file), and when the lookup started and ended (for traces). Skipped
-        (None, None) when the session's own slot already holds its KV."""
+        reads a file); for traces, when the lookup started and ended and the calls it made
+        to the shared store. Skipped (None, None, ()) when the session's own slot already
+        holds its KV."""
         cache = self._cache
         if (
             cache is None
@@ -149,10 +153,15 @@ class Submitting:
                 and self.session_slot(pin_key(request.tenant, request.session_id)) is not None
             )
         ):
-            return None, None
+            return None, None, ()
+
+        def lookup() -> tuple[CacheHit | None, tuple[StoreCall, ...]]:
+            with recording_calls() as calls:
+                return cache.lookup(request.prompt_tokens, request.prefix_salt), tuple(calls)
+
         started = time.monotonic()
-        hit = await asyncio.to_thread(cache.lookup, request.prompt_tokens, request.prefix_salt)
-        return hit, (started, time.monotonic())
+        hit, calls = await asyncio.to_thread(lookup)
+        return hit, (started, time.monotonic()), calls
 
     def _build_samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
         samplers: list[Sampler] = []

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cache import CacheStats  # re-exported: server/ reports them and may not import cache/
+from cache import StoreCall as StoreCall
 from cache import TierStats as TierStats
 
 
@@ -163,9 +164,10 @@ class Timings:
     prompt in the KV cache; first_token: its first token sampled. The rest are for traces
     (server/tracing_spans.py): admitted: given a slot; lookup: (start, end) of the
     prefix-cache lookup, which runs before arrival, and what it found (lookup_tier: ram,
-    disk or shared, "" for none; lookup_tokens: prompt tokens matched); restore: (start,
-    end) of loading that state into the slot; reuse_source: where the reused prompt tokens
-    came from (none, slot, ram, disk, shared); finished: the sequence ended."""
+    disk or shared, "" for none; lookup_tokens: prompt tokens matched; lookup_calls: the
+    calls it made to the shared store); restore: (start, end) of loading that state into
+    the slot; reuse_source: where the reused prompt tokens came from (none, slot, ram,
+    disk, shared); finished: the sequence ended."""
 
     arrival: float
     scheduled: float | None = None
@@ -175,6 +177,7 @@ class Timings:
     lookup: tuple[float, float] | None = None
     lookup_tier: str = ""
     lookup_tokens: int = 0
+    lookup_calls: tuple[StoreCall, ...] = ()
     restore: tuple[float, float] | None = None
     reuse_source: str = "none"
     finished: float | None = None

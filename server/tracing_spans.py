@@ -8,6 +8,7 @@ are made here afterwards with those times, so the engine thread does no tracing 
     POST /v1/chat/completions          server span: method, route, status
     └── kvserve.generate               one per sequence (choice): tokens, hit, finish
         ├── kvserve.cache.lookup       the prefix-cache lookup: tier, tokens matched
+        │   └── redis find|get|touch   each call it made to the shared tier (Redis)
         ├── kvserve.queue              waiting for a slot
         ├── kvserve.cache.restore      the found KV state loaded into the slot
         ├── kvserve.prefill            prompt tokens computed and reused
@@ -24,7 +25,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, format_trace_id
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.client import FinishReason, SeqOutput, Timings
+from engine.client import FinishReason, SeqOutput, StoreCall, Timings
 from server import tracing
 from server.access import current_record
 
@@ -139,32 +140,54 @@ class RequestTrace:
             root.set_status(Status(StatusCode.ERROR, out.error or "failed"))
         inside = trace.set_span_in_context(root)
 
-        def child(name: str, begin: float | None, stop: float | None, **attrs: Any) -> None:
-            if begin is None or stop is None:
-                return  # a stage the sequence never reached (aborted, failed)
-            span = self.tracer.start_span(
-                name, context=inside, start_time=ns(begin), attributes=attrs
-            )
-            span.end(end_time=ns(max(begin, stop)))
+        def child(name: str, begin: float | None, stop: float | None,
+                  attrs: dict[str, Any], under: Any = inside) -> Any:  # fmt: skip
+            return self._stage(ns, under, name, begin, stop, attrs)
 
         tier, tokens, reused = "kvserve.cache.tier", "kvserve.cache.tokens", out.num_cached_tokens
         if t.lookup is not None:
             found = {tier: t.lookup_tier or "none", tokens: t.lookup_tokens}
-            child("kvserve.cache.lookup", t.lookup[0], t.lookup[1], **found)
-        child("kvserve.queue", t.arrival, t.admitted)
+            lookup = child("kvserve.cache.lookup", t.lookup[0], t.lookup[1], found)
+            for call in t.lookup_calls:  # what it asked the shared tier, as Redis spans
+                self._stage(ns, trace.set_span_in_context(lookup), f"redis {call.operation}",
+                            call.start, call.end, _store_attributes(call), call.error)  # fmt: skip
+        child("kvserve.queue", t.arrival, t.admitted, {})
         if t.restore is not None:
             restored = {tier: t.reuse_source, tokens: reused}
-            child("kvserve.cache.restore", t.restore[0], t.restore[1], **restored)
+            child("kvserve.cache.restore", t.restore[0], t.restore[1], restored)
         prefill_start = t.restore[1] if t.restore is not None else t.admitted
         prefill = {
             "kvserve.tokens.computed": computed,
             "kvserve.tokens.reused": reused,
             "kvserve.reuse_source": t.reuse_source,
         }
-        child("kvserve.prefill", prefill_start, t.prompt_done, **prefill)
+        child("kvserve.prefill", prefill_start, t.prompt_done, prefill)
         decode = _decode_attributes(t, generated, end)
-        child("kvserve.decode", t.prompt_done, end if generated else None, **decode)
+        child("kvserve.decode", t.prompt_done, end if generated else None, decode)
         root.end(end_time=ns(end))
+
+
+    def _stage(self, ns: _Clock, under: Any, name: str, begin: float | None, stop: float | None,
+               attrs: dict[str, Any], error: str | None = None) -> Any:  # fmt: skip
+        """One ended span from `begin` to `stop` under `under`; None for a stage the
+        sequence never reached (aborted, failed)."""
+        if begin is None or stop is None:
+            return None
+        span = self.tracer.start_span(name, context=under, start_time=ns(begin),
+                                      attributes=attrs)  # fmt: skip
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=ns(max(begin, stop)))
+        return span
+
+
+def _store_attributes(call: StoreCall) -> dict[str, Any]:
+    """OpenTelemetry's database attributes, as the responses store's Redis spans have."""
+    attributes: dict[str, Any] = {"db.system.name": "redis", "db.operation.name": call.operation,
+                                  "server.address": call.address}  # fmt: skip
+    if call.port is not None:
+        attributes["server.port"] = call.port
+    return attributes
 
 
 def _decode_attributes(t: Timings, generated: int, end: float) -> dict[str, Any]:

@@ -23,11 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
-from urllib.parse import urlsplit
 
 import redis
 
-from engine.client import redis_client
+from engine.client import redis_client, redis_peer
 from server.apis.responses_store import SharedUnavailable, Stored
 from server.tracing import span
 
@@ -49,13 +48,11 @@ class RedisResponses:
         self._down_until = 0.0
         self._down = False
         self.errors = 0
-        where = urlsplit(url)  # for traces (never the password)
-        self._span_attributes: dict[str, Any] = {
-            "db.system.name": "redis",
-            "server.address": where.hostname or where.path,
-        }
-        if where.port:
-            self._span_attributes["server.port"] = where.port
+        address, port = redis_peer(url)  # for traces (never the password)
+        self._span_attributes: dict[str, Any] = {"db.system.name": "redis",
+                                                 "server.address": address}  # fmt: skip
+        if port:
+            self._span_attributes["server.port"] = port
 
     def _call(self, operation: str, fn: Callable[[], T]) -> T:
         """fn(), or SharedUnavailable on a store error and during the pause after one.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from cache import PrefixCache
+from cache import PrefixCache, recording_calls
 from cache.keys import entry_key, seed
 from tests.cache.util import config, saved, state_for
 from tests.redis_process import Redis, running_redis
@@ -78,6 +78,28 @@ def test_a_shared_hit_carries_the_exact_state(seeded: list[PrefixCache]) -> None
     hit = two.lookup(ASK)
     assert hit is not None and hit.tier == "shared"
     assert (hit.tokens, hit.num_matched, hit.state) == (tuple(PROMPT), len(PROMPT), state_for(PROMPT))
+
+
+def test_a_lookup_records_its_store_calls_for_traces(
+    seeded: list[PrefixCache], store: Redis
+) -> None:
+    """Inside `recording_calls` a lookup notes each call to the store (the request's
+    trace makes them spans); saves, on the writer thread, and calls outside are not."""
+    one, two = seeded
+    assert two.lookup([8, 8, 8, 8, 8]) is None  # not recorded
+    with recording_calls() as calls:
+        hit = two.lookup(ASK)
+        saved(two, [4, 4, 4, 4, 4])  # its store put runs on the writer thread
+    assert hit is not None and hit.tier == "shared"
+    assert [c.operation for c in calls] == ["find", "get", "touch"]
+    assert all((c.address, c.port, c.error) == ("127.0.0.1", store.port, None) for c in calls)
+    assert all(c.start <= c.end for c in calls)
+    assert calls[0].end <= calls[1].start <= calls[1].end <= calls[2].start
+    store.stop()
+    with recording_calls() as calls:
+        assert one.lookup([6, 6, 6, 6, 6]) is None
+    (failed,) = calls
+    assert failed.operation == "find" and failed.error and "Connection" in failed.error
 
 
 def test_a_partial_prefix_is_found_at_its_deepest_block(seeded: list[PrefixCache]) -> None:

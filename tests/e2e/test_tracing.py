@@ -1,9 +1,11 @@
 """Traces of the real server process on the real model, sent to a real OTLP/HTTP receiver
 on loopback: one trace per request, under the caller's traceparent, with the engine's
-stages (cache lookup and restore, queue, prefill, decode) where their time went."""
+stages (cache lookup and restore, queue, prefill, decode) where their time went, and the
+calls a lookup made to the shared tier (a real redis-server)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 
 from tests.kvserve_process import MODEL, running
 from tests.otlp_receiver import Receiver, Span, running_receiver
+from tests.redis_process import running_redis
 
 pytestmark = pytest.mark.model
 
@@ -39,9 +42,10 @@ def ask(url: str, system: str, headers: dict[str, str] | None = None) -> dict[st
     return usage
 
 
-def config(tmp_path: Path, receiver: Receiver, tracing: str) -> list[str]:
+def config(tmp_path: Path, receiver: Receiver, tracing: str, cache: str = "") -> list[str]:
+    """`cache`: more [cache] settings."""
     path = tmp_path / "kvserve.toml"
-    path.write_text(f'{ENGINE}[tracing]\notlp_endpoint = "{receiver.url}"\n{tracing}')
+    path.write_text(f'{ENGINE}{cache}[tracing]\notlp_endpoint = "{receiver.url}"\n{tracing}')
     return ["--config", str(path)]
 
 
@@ -118,3 +122,37 @@ def test_sample_ratio_zero_traces_only_what_the_caller_sampled(tmp_path: Path) -
         log = server.log()
     assert spans and {s.trace_id for s in spans} == {trace_id}
     assert log.count("trace_id=") == 1
+
+
+def test_a_prefix_from_the_shared_tier_shows_the_redis_calls_of_its_lookup(
+    tmp_path: Path,
+) -> None:
+    """Replica one computes RULES and stores it in Redis; replica two (its RAM empty, no
+    disk tier) finds it there: its lookup span holds a span per Redis call it made."""
+    with running_redis(tmp_path) as redis, running_receiver() as receiver:
+        args = config(tmp_path, receiver, "", f'shared_url = "{redis.url}"\n')
+        with running(args, tmp_path) as one:
+            ask(one.url, RULES)
+            ask(one.url, OTHER)  # RULES leaves the only slot: saved, then sent to Redis
+            deadline = time.monotonic() + 60
+            while httpx.get(f"{one.url}/v1/cache").json()["data"][0]["shared"]["bytes_written"] == 0:
+                assert time.monotonic() < deadline, "nothing reached the shared tier"
+                time.sleep(0.1)
+        with running(args, tmp_path) as two:
+            header, trace_id, _ = traceparent(3)
+            warm = ask(two.url, RULES, {"traceparent": header})
+        spans = list(receiver.spans)
+    t = {s.name: s for s in spans if s.trace_id == trace_id}
+    lookup, restore = t["kvserve.cache.lookup"], t["kvserve.cache.restore"]
+    assert lookup.attributes["kvserve.cache.tier"] == "shared"
+    assert restore.attributes["kvserve.cache.tier"] == "shared"
+    assert restore.attributes["kvserve.cache.tokens"] == warm["prompt_tokens_details"]["cached_tokens"] > 64
+    calls = sorted((s for s in spans if s.parent_id == lookup.span_id), key=lambda s: s.start_ns)
+    assert [s.name for s in calls] == ["redis find", "redis get", "redis touch"]
+    for call in calls:
+        assert call.trace_id == trace_id
+        assert lookup.start_ns <= call.start_ns <= call.end_ns <= lookup.end_ns
+        assert call.attributes["db.system.name"] == "redis"
+        assert call.attributes["db.operation.name"] == call.name.split()[1]
+        assert (call.attributes["server.address"], call.attributes["server.port"]) == (
+            "127.0.0.1", redis.port)
