@@ -67,7 +67,12 @@ def aim_at_the_model(case: Case, model: str) -> None:
         if body.get("thinking") and body["thinking"].get("type") == "enabled":
             body["thinking"] = None
         return
-    for message in body.get("messages") or []:
+    messages = body.get("messages")
+    if not isinstance(messages, list):  # another route's body: `messages` is an extra key
+        return
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
         if message.get("role") == "tool":
             message["role"] = "user"
         if message.get("content") is None and message.get("role") != "assistant":
