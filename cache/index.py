@@ -102,6 +102,20 @@ class BlockIndex:
             return None
         return best, best_rank[0]
 
+    def longest_prefix_entry(
+        self,
+        tokens: tuple[int, ...],
+        hashes: Sequence[bytes],
+        prefer: Callable[[str], bool] = lambda key: False,
+    ) -> tuple[IndexedEntry, int] | None:
+        """The longest entry whose tokens are a proper prefix of `tokens`, and its length
+        (for states that are valid only for exactly their tokens: a recurrent memory)."""
+        found = self.extended_by(tokens, hashes)
+        if not found:
+            return None
+        best = max(found, key=lambda e: (len(e.tokens), prefer(e.info.key)))
+        return best, len(best.tokens)
+
     def covering(self, tokens: tuple[int, ...], hashes: Sequence[bytes]) -> IndexedEntry | None:
         """A stored entry whose tokens start with all of `tokens` (equal counts)."""
         if not hashes:

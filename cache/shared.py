@@ -163,11 +163,18 @@ class SharedTier:
     # -- lookup ---------------------------------------------------------------------
 
     def lookup(
-        self, prompt: tuple[int, ...], hashes: Sequence[bytes], salt: str, longer_than: int
+        self,
+        prompt: tuple[int, ...],
+        hashes: Sequence[bytes],
+        salt: str,
+        longer_than: int,
+        *,
+        whole: bool = False,
     ) -> tuple[Entry, int] | None:
         """The stored entry sharing more than `longer_than` tokens with `prompt` (the
-        most the local tiers offer), and how many; None (a counted miss) otherwise."""
-        found = self._find(prompt, hashes, salt, longer_than)
+        most the local tiers offer), and how many; None (a counted miss) otherwise.
+        `whole`: only an entry that is a proper prefix of `prompt` (PrefixCache.whole_states)."""
+        found = self._find(prompt, hashes, salt, longer_than, whole)
         with self._lock:
             if found is None:
                 self._counts.misses += 1
@@ -177,7 +184,12 @@ class SharedTier:
         return found
 
     def _find(
-        self, prompt: tuple[int, ...], hashes: Sequence[bytes], salt: str, longer_than: int
+        self,
+        prompt: tuple[int, ...],
+        hashes: Sequence[bytes],
+        salt: str,
+        longer_than: int,
+        whole: bool,
     ) -> tuple[Entry, int] | None:
         try:
             depth = longer_than // self._block
@@ -188,6 +200,8 @@ class SharedTier:
                 if entry is None or entry.salt != salt or entry.tokens[:shared] != prompt[:shared]:
                     continue  # expired, corrupt, or (never seen) a hash collision
                 matched = _common_prefix(entry.tokens, prompt, shared)
+                if whole and not matched == len(entry.tokens) < len(prompt):
+                    continue  # a whole state of other tokens: of no use to this prompt
                 if matched > longer_than:
                     self._renew(name, hashes[: matched // self._block])
                     return entry, matched

@@ -84,6 +84,12 @@ class PrefixCache:
             if config.enabled and config.shared_url
             else None
         )
+        # Whole states (set at load for recurrent and hybrid models, engine/family.py): an
+        # entry serves only prompts it is a proper prefix of (a state of other tokens
+        # cannot be cut back), and a longer entry never replaces its prefixes (each is a
+        # checkpoint some other prompt may restore). A plain attribute: it is set before
+        # the model's first request and never changes while it is loaded.
+        self.whole_states = False
         self._counts = Counters()
         self._purges = PurgeLog()
         self._writing: str | None = None  # the key whose disk write is in flight
@@ -121,7 +127,9 @@ class PrefixCache:
         hit = self._lookup_local(prompt, hashes)
         if self._shared is None or (hit is not None and hit.num_matched >= full):
             return hit
-        found = self._shared.lookup(prompt, hashes, salt, hit.num_matched if hit else 0)
+        found = self._shared.lookup(
+            prompt, hashes, salt, hit.num_matched if hit else 0, whole=self.whole_states
+        )
         if found is None:
             return hit
         entry, num_matched = found
@@ -164,7 +172,8 @@ class PrefixCache:
     def _lookup_local(self, prompt: tuple[int, ...], hashes: list[bytes]) -> CacheHit | None:
         """RAM, then disk (a disk hit is promoted to RAM)."""
         with self._lock:
-            match = self._index.best_match(prompt, hashes, prefer=self._ram.contains)
+            find = self._index.longest_prefix_entry if self.whole_states else self._index.best_match
+            match = find(prompt, hashes, prefer=self._ram.contains)
             if match is None:
                 self._count_miss(ram=True)
                 return None
@@ -219,7 +228,7 @@ class PrefixCache:
             if not (self._ram.fits(entry) or (self._disk is not None and self._disk.fits(entry))):
                 self._counts.saves_dropped += 1
                 return False
-            if self._index.covering(prompt, hashes) is not None:
+            if self._covered(entry, hashes):
                 self._counts.saves_skipped += 1
                 return True
             job = _Save(entry, hashes, self._purges.generation)
@@ -228,6 +237,13 @@ class PrefixCache:
         with self._lock:
             self._counts.saves_dropped += 1
         return False
+
+    def _covered(self, entry: Entry, hashes: tuple[bytes, ...]) -> bool:
+        """An entry stored already serves every prompt this one would (lock held): one
+        that starts with all its tokens; for whole states, only one of the same tokens."""
+        if self.whole_states:
+            return self._index.get(entry.key) is not None
+        return self._index.covering(entry.tokens, hashes) is not None
 
     def _count_error(self) -> None:
         with self._lock:
@@ -239,11 +255,12 @@ class PrefixCache:
         with self._lock:
             if self._purges.covers(job.generation, entry.salt):
                 return  # purged after it was queued
-            if self._index.covering(entry.tokens, hashes) is not None:
+            if self._covered(entry, hashes):
                 self._counts.saves_skipped += 1
                 return
-            # A growing conversation keeps one entry: the new one replaces its prefixes.
-            for old in self._index.extended_by(entry.tokens, hashes):
+            # A growing conversation keeps one entry: the new one replaces its prefixes
+            # (whole states keep them: see `whole_states`).
+            for old in () if self.whole_states else self._index.extended_by(entry.tokens, hashes):
                 self._remove(old.info.key)
             if self._ram.fits(entry):
                 self._index.add(indexed)

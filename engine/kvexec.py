@@ -33,7 +33,7 @@ class KvExecutor:
         num_slots: int,
     ):
         self.ctx = ctx
-        self.kv = KvLedger(ctx, num_slots)  # every KV op goes through it
+        self.kv = KvLedger(ctx, num_slots, counters)  # every KV op goes through it
         self.slots = slots
         self.cache = cache
         self.counters = counters
@@ -52,8 +52,11 @@ class KvExecutor:
                     log.warning("copying a prefix failed; prefilling %s cold", op.seq.request_id)
                     self.start_cold(op.seq)
                     failed.append(op.seq)
-            elif isinstance(op, Drop):
-                self.kv.remove_seq(op.slot, op.start)
+            elif isinstance(op, Drop) and not self.kv.remove_seq(op.slot, op.start):
+                self.slots.forget(op.slot)  # (a free slot's resident prefix went with it)
+                if op.seq is not None and op.seq not in failed:
+                    self.start_cold(op.seq)
+                    failed.append(op.seq)
         return failed
 
     def save(self, slot: int, tokens: list[int], salt: str, *, wait: bool = False) -> bool:

@@ -14,13 +14,17 @@ Engine thread only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.llama import Context
+from engine.stats import StepCounters
 
 if TYPE_CHECKING:
     from engine.scheduler import Chunk, Scheduler
+
+log = logging.getLogger("kvserve.engine")
 
 
 class KvMismatch(AssertionError):
@@ -28,16 +32,34 @@ class KvMismatch(AssertionError):
 
 
 class KvLedger:
-    def __init__(self, ctx: Context, num_slots: int):
+    def __init__(self, ctx: Context, num_slots: int, counters: StepCounters | None = None):
         self.ctx = ctx
+        self.counters = counters if counters is not None else StepCounters()
         self.slots: list[list[int]] = [[] for _ in range(num_slots)]
         self.num_refused_saves = 0
 
     # -- the KV operations ---------------------------------------------------------------
 
-    def remove_seq(self, slot: int, start: int = 0) -> None:
-        self.ctx.remove_seq(slot, start)
-        del self.slots[slot][start:]
+    def remove_seq(self, slot: int, start: int = 0) -> bool:
+        """Keep the slot's first `start` positions. False when llama.cpp refused to cut
+        there (a recurrent or hybrid memory holds one state per sequence, not a cell per
+        position): then the whole slot is dropped, so it never holds a longer state than
+        the ledger says, and the caller's sequence must start cold. Counted, and logged
+        the first time (the scheduler plans such cuts only by mistake: engine/placement.py)."""
+        if self.ctx.remove_seq(slot, start):
+            del self.slots[slot][start:]
+            return True
+        self.ctx.remove_seq(slot)
+        self.slots[slot].clear()
+        self.counters.num_refused_drops += 1
+        if self.counters.num_refused_drops == 1:
+            log.warning(
+                "llama.cpp refused to cut a sequence back to %d tokens (this model's memory "
+                "cannot drop a tail): it is computed again from the start (counted in "
+                "kvserve_kv_refused_drops_total; logged once)",
+                start,
+            )
+        return False
 
     def copy_seq(self, src: int, dst: int) -> bool:
         ok = self.ctx.copy_seq(src, dst)

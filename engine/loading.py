@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 from cache import CacheConfig, PrefixCache, model_fingerprint, namespace
 from engine.embedder import Embedder
+from engine.exactness import CANDIDATES, exact_rows
+from engine.family import ModelFamily, UnsupportedModelError
 from engine.llama import Context, ContextParams, Model
 from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sessions import SessionLimits
@@ -93,6 +95,10 @@ def load(
             extra_bufts=cfg.use_extra_bufts,
         )
         undo.callback(model.close)  # called last: the contexts go first
+        family = model.family()
+        refusal = family.refusal()
+        if refusal is not None:
+            raise UnsupportedModelError(f"model '{cfg.model_id}' cannot be served: {refusal}")
         total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
         embed_cells = cfg.embed_n_ctx if cfg.embeddings else 0
         report.loaded_bytes = model.size_bytes() + model.kv_bytes_per_cell() * (
@@ -115,6 +121,10 @@ def load(
             )
             undo.callback(embed_ctx.close)
             embedder = Embedder(embed_ctx, cfg.embed_chunk)
+        cache = open_cache(cfg.model_path)
+        if cache is not None:
+            cache.whole_states = family.whole_state
+        min_rows = _exact_min_rows(cfg, ctx, family)
         scheduler = Scheduler(
             SchedulerConfig(
                 cfg.n_seq_max,
@@ -123,13 +133,15 @@ def load(
                 cfg.n_batch,
                 cfg.prefill_chunk,
                 exact=cfg.exact_reuse,
-                exact_min_rows=exact_min_rows(cfg.flash_attn),
-                speculative=cfg.speculative,
+                exact_min_rows=min_rows,
+                # Verifying drafts drops the rejected ones' KV: a whole state cannot.
+                speculative=cfg.speculative and not family.whole_state,
+                whole_state=family.whole_state,
+                checkpoint_tokens=cache.config.block_tokens if cache is not None else 0,
             ),
             counters,
         )
-        info = _model_info(cfg, model, ctx)
-        cache = open_cache(cfg.model_path)
+        info = _model_info(cfg, model, ctx, family, min_rows if cfg.exact_reuse else 0)
         worker = Worker(model, ctx, scheduler, embedder, deliver, cache, cfg.limits)
         undo.pop_all()
     return Loaded(worker, info, cache)
@@ -149,7 +161,24 @@ def _context_params(cfg: EngineConfig, total_cells: int) -> ContextParams:
     )
 
 
-def _model_info(cfg: EngineConfig, model: Model, ctx: Context) -> ModelInfo:
+def _exact_min_rows(cfg: EngineConfig, ctx: Context, family: ModelFamily) -> int:
+    """The rows a warm start computes again in exact mode: measured on this model when
+    exact_reuse is on (engine/exactness.py), else the rule for the attention kind."""
+    if not cfg.exact_reuse:
+        return exact_min_rows(cfg.flash_attn)
+    rows = exact_rows(ctx, flash_attn=cfg.flash_attn, whole_state=family.whole_state)
+    if rows is None:
+        raise UnsupportedModelError(
+            f"exact_reuse: no recompute of up to {CANDIDATES[0]} prompt rows gives the cold "
+            f"logits of model '{cfg.model_id}' ({family.architecture}, {family.quantization}) "
+            "on this machine; set exact_reuse = false for it"
+        )
+    return rows
+
+
+def _model_info(
+    cfg: EngineConfig, model: Model, ctx: Context, family: ModelFamily, exact_rows: int
+) -> ModelInfo:
     return ModelInfo(
         model_id=cfg.model_id,
         path=cfg.model_path,
@@ -169,7 +198,9 @@ def _model_info(cfg: EngineConfig, model: Model, ctx: Context) -> ModelInfo:
         metadata=model.metadata(),
         fim_tokens=model.fim_tokens(),
         embed_n_ctx=cfg.embed_n_ctx if cfg.embeddings else 0,
-        speculative_ok=cfg.flash_attn,
+        speculative_ok=cfg.flash_attn and not family.whole_state,
+        family=family,
+        exact_min_rows=exact_rows,
     )
 
 

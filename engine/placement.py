@@ -10,6 +10,7 @@ KV operations the worker must run (engine/slots.py). Engine thread only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.plan import SchedulerConfig, common_prefix
@@ -21,15 +22,27 @@ from engine.slots import Copy, Drop, KvOp, Restore, SlotTable
 # a token: worth it only for a clearly longer prefix.
 COPY_MIN_TOKENS = 16
 
+Tokens = list[int] | tuple[int, ...]
+
 
 def reusable(seq: Sequence, config: SchedulerConfig) -> list[int]:
     """The tokens of `seq` whose KV another sequence may start from: in exact mode
-    only prompt positions of a prompt computed in full-size chunks."""
+    only prompt positions of a prompt computed in full-size chunks. A whole-state memory
+    cannot be cut back to its prompt: all of it, or (exact mode, once decoded tokens are
+    in it) nothing; its prompt's state was saved when the prompt was in (postprocess.py)."""
     if not config.exact:
         return seq.tokens[: seq.num_computed]
     if seq.num_prompt_tokens < config.exact_min_rows:
         return []
+    if config.whole_state and seq.num_computed > seq.num_prompt_tokens:
+        return []
     return seq.tokens[: min(seq.num_computed, seq.num_prompt_tokens)]
+
+
+def reuse_limit(num_tokens: int, config: SchedulerConfig) -> int:
+    """The most prompt tokens a sequence of `num_tokens` may start from: the last is
+    computed again (its logits are sampled); in exact mode the last exact_min_rows."""
+    return num_tokens - (config.exact_min_rows if config.exact else 1)
 
 
 @dataclass(slots=True)
@@ -40,6 +53,7 @@ class _Prefix:
     length: int = 0
     copy_from: int | None = None
     restore: bool = False
+    seen: int = 0  # whole-state memories: the longest agreement with any source
 
 
 class Placer:
@@ -73,19 +87,21 @@ class Placer:
         # At least the last token is computed again: its logits are needed to sample.
         # In exact mode, the last exact_min_rows prompt tokens (engine/plan.py); n > 1
         # choices copying their leader only need the last one.
-        limit = len(seq.tokens) - 1
+        limit = reuse_limit(len(seq.tokens), self.config)
         sibling = seq.leader is not None and prefix.copy_from == seq.leader.slot
-        if self.config.exact and not sibling:
-            limit = len(seq.tokens) - self.config.exact_min_rows
+        if sibling:
+            limit = len(seq.tokens) - 1
         keep = max(0, min(prefix.length, limit))
         had_resident = slots.take(slot, session)
         if prefix.restore:
             assert seq.cache_hit is not None
             ops.extend((Drop(slot), Restore(seq, slot, seq.cache_hit, keep)))
         elif prefix.copy_from is not None:
-            ops.extend((Copy(prefix.copy_from, slot, seq), Drop(slot, keep)))
+            ops.extend((Copy(prefix.copy_from, slot, seq), Drop(slot, keep, seq)))
         elif had_resident or own:
-            ops.append(Drop(slot, keep))
+            ops.append(Drop(slot, keep, seq))
+        if self.config.whole_state:
+            seq.checkpoint = self._checkpoint(seq, keep, prefix.seen)
         if seq.num_output_tokens == 0:  # first admission (not a preempted sequence's)
             seq.num_cached = seq.num_saved = keep
             seq.hit_kind = _hit_kind(keep, prefix.length, seq.num_prompt_tokens, own)
@@ -102,14 +118,15 @@ class Placer:
         """The candidate slot holding the longest prefix of `seq` (else the lowest: busy
         slots then stay contiguous, see `Scheduler.schedule`), unless a clearly longer prefix can
         be copied from another slot or restored from the cache."""
-        slots, salt, tokens = self.slots, seq.salt, seq.tokens
+        slots, salt = self.slots, seq.salt
+        usable = self._usable_length(seq)
         best = _Prefix(min(candidates))
         for slot in candidates:
             resident = slots.resident.get(slot)
             if resident is not None and resident.salt == salt:
-                length = common_prefix(resident.tokens, tokens)
+                length = usable(resident.tokens, best)
                 if length > best.length:
-                    best = _Prefix(slot, length)
+                    best = _Prefix(slot, length, seen=best.seen)
         if self.config.keeps_prefixes:
             threshold = best.length + COPY_MIN_TOKENS - 1
             config = self.config
@@ -124,13 +141,46 @@ class Placer:
                 if slot not in candidates and r.salt == salt
             ]
             for source, held in sources:
-                length = common_prefix(held, tokens)
+                length = usable(held, best)
                 if length > threshold:
-                    best, threshold = _Prefix(best.slot, length, source), length
+                    best, threshold = _Prefix(best.slot, length, source, seen=best.seen), length
         hit = seq.cache_hit
-        if hit is not None and hit.num_matched >= best.length + COPY_MIN_TOKENS:
-            best = _Prefix(best.slot, hit.num_matched, restore=True)
+        if hit is not None and usable(hit.tokens, best) >= best.length + COPY_MIN_TOKENS:
+            best = _Prefix(best.slot, hit.num_matched, restore=True, seen=best.seen)
         return best
+
+    def _usable_length(self, seq: Sequence) -> Callable[[Tokens, _Prefix], int]:
+        """How many of a source's tokens `seq` may start from (noting in `best.seen` how
+        far the source and the prompt agree). Cells can be cut anywhere: the common
+        prefix. A whole-state memory cannot be cut: all of the source if it is a prefix
+        of the prompt no longer than `reuse_limit`, else nothing."""
+        tokens = seq.tokens
+        if not self.config.whole_state:
+            return lambda held, best: common_prefix(list(held), tokens)
+        limit = reuse_limit(len(tokens), self.config)
+
+        def whole(held: Tokens, best: _Prefix) -> int:
+            shared = common_prefix(list(held), tokens)
+            best.seen = max(best.seen, shared)
+            return shared if shared == len(held) and shared <= limit else 0
+
+        return whole
+
+    def _checkpoint(self, seq: Sequence, keep: int, seen: int) -> int:
+        """Whole-state memories: where to save a state on the way through this prompt
+        (0: nowhere). Another prompt agreed with this one for `seen` tokens but could not
+        lend its state (it is longer): the next prompt with that head (agents on one
+        system prompt, tool catalogue) restores the saved state instead. On a block
+        boundary, so that prompts diverging a few tokens apart share it; far enough from
+        `keep` and from the prompt's end for exact mode's full-size chunks."""
+        align = self.config.checkpoint_tokens
+        if align <= 0:
+            return 0
+        at = seen // align * align
+        least = self.config.exact_min_rows if self.config.exact else 1
+        if at - keep < least or reuse_limit(len(seq.tokens), self.config) < at:
+            return 0
+        return at
 
 
 def _hit_kind(reused: int, found: int, num_prompt: int, own_session: bool) -> str:

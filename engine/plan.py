@@ -83,6 +83,11 @@ class SchedulerConfig:
     exact: bool = True  # reuse only what reproduces the cold output exactly (see above)
     exact_min_rows: int = 64  # exact_min_rows(flash_attn) of the context
     speculative: bool = False  # draft tokens by prompt lookup, unless a request says otherwise
+    # A recurrent or hybrid memory (engine/family.py): a sequence's state is kept whole or
+    # not at all, so reuse starts only from a state made from exactly a prefix of the
+    # prompt, and states are saved where prompts were seen to diverge (placement.py).
+    whole_state: bool = False
+    checkpoint_tokens: int = 0  # those saves land on multiples of this (the cache's block)
 
     @property
     def solo_rows(self) -> int:

@@ -59,6 +59,7 @@ class StepRules:
     eog_ids: Collection[int]  # end-of-generation tokens of the model
     n_ctx_seq: int  # KV cells one sequence may use
     saves: bool = True  # a prefix cache takes long prefills along the way
+    whole_state: bool = False  # a recurrent or hybrid memory (engine/family.py)
 
 
 @dataclass(slots=True)
@@ -91,7 +92,7 @@ def postprocess(
     for seq, drafted, accepted in result.drafts:
         assert seq.drafter is not None and seq.slot is not None
         if accepted < drafted:  # the rejected guesses' KV (num_computed: the pending token's)
-            out.actions.append(Drop(seq.slot, seq.num_computed + accepted))
+            out.actions.append(Drop(seq.slot, seq.num_computed + accepted, seq))
         seq.drafter.feedback(drafted, accepted)
         counters.num_drafted_tokens += drafted
         counters.num_accepted_tokens += accepted
@@ -112,7 +113,7 @@ def postprocess(
             ended.add(id(seq))
             out.actions.append(End(seq, FinishReason.LENGTH, ""))  # max_tokens 0: scored
         elif not chunk.sample or seq.num_output_tokens == 1:
-            save = save_long_prefill(seq, rules)
+            save = save_long_prefill(seq, rules, counters)
             if save is not None:
                 out.actions.append(save)
     return out
@@ -145,15 +146,22 @@ def out_of_room(seq: Sequence, n_ctx_seq: int) -> bool:
     return (limit is not None and seq.num_output_tokens >= limit) or len(seq.tokens) >= n_ctx_seq
 
 
-def save_long_prefill(seq: Sequence, rules: StepRules) -> Save | None:
+def save_long_prefill(seq: Sequence, rules: StepRules, counters: StepCounters) -> Save | None:
     """Save a long prompt's computed head every SAVE_EVERY_TOKENS (and once it is all
-    in), so an abort, a restart or another prompt sharing it starts warm."""
+    in), so an abort, a restart or another prompt sharing it starts warm. Whole-state
+    memories also save at their checkpoint, and every prompt once it is in (exact mode
+    can reuse no later state: decoded tokens are never reused)."""
     if not rules.saves or seq.slot is None:
         return None
     done = min(seq.num_computed, seq.num_prompt_tokens)
     fresh = done - seq.num_saved
     prompt_done = done == seq.num_prompt_tokens
-    if fresh >= SAVE_EVERY_TOKENS or (prompt_done and fresh >= SAVE_PROMPT_MIN_TOKENS):
+    at_checkpoint = seq.checkpoint > 0 and done == seq.checkpoint
+    if at_checkpoint:
+        seq.checkpoint = 0
+        counters.num_checkpoints += 1
+    least = 1 if rules.whole_state else SAVE_PROMPT_MIN_TOKENS
+    if fresh >= SAVE_EVERY_TOKENS or at_checkpoint or (prompt_done and fresh >= least):
         seq.num_saved = done
         return Save(seq.slot, tuple(seq.tokens[:done]), seq.salt)
     return None

@@ -224,8 +224,11 @@ class Scheduler:
         return seq.drafter.propose(seq.tokens, limit)
 
     def _chunk_length(self, seq: Sequence, room: int) -> int:
-        """How many pending tokens of `seq` to prefill now, at most `room`; 0: wait."""
+        """How many pending tokens of `seq` to prefill now, at most `room`; 0: wait.
+        A chunk stops at the sequence's checkpoint, if one is ahead (placement.py)."""
         pending, least = seq.num_pending, self.config.exact_min_rows
+        if seq.checkpoint > seq.num_computed:
+            pending = seq.checkpoint - seq.num_computed
         length = min(pending, room)
         if not self.config.exact or length == pending or pending < least:
             return length
@@ -283,6 +286,7 @@ class Scheduler:
         return (
             leader is not None
             and self.config.keeps_prefixes
+            and not self.config.whole_state  # its state holds the whole prompt: no use
             and leader.status is not SeqStatus.FINISHED
             and not leader.prompt_done
         )

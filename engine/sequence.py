@@ -44,6 +44,7 @@ class Sequence:
         "status",
         "prompt_logprobs",
         "num_scored",
+        "checkpoint",
         "leader",
         "cache_hit",
         "hit_kind",
@@ -91,6 +92,9 @@ class Sequence:
         self.hit_kind = "cold"  # how the prompt was found: cold, partial, exact, session
         self.hit_source = "none"  # where reused tokens came from: none, slot, ram, disk
         self.num_saved = 0  # prompt tokens already handed to the prefix cache
+        # Whole-state memories: a prompt position to stop a chunk at and save the state
+        # there (engine/placement.py `_checkpoint`); 0: none.
+        self.checkpoint = 0
         # Stage stamps (time.monotonic()) for queue-wait and prefill metrics; set once.
         self.arrival = time.monotonic()
         self.t_scheduled: float | None = None

@@ -62,10 +62,13 @@ class Copy:
 
 @dataclass(frozen=True, slots=True)
 class Drop:
-    """Drop the slot's cells at positions >= start."""
+    """Drop the slot's cells at positions >= start. Where llama.cpp refuses to cut there
+    (a recurrent memory), the whole slot is dropped and `seq`, if any (the sequence
+    that was to continue from the kept cells), prefills cold."""
 
     slot: int
     start: int = 0
+    seq: Sequence | None = None
 
 
 KvOp = Save | Restore | Copy | Drop

@@ -34,6 +34,8 @@ class StepCounters:
     num_decode_aborts: int = 0  # decodes interrupted past limits.decode_s
     num_timeouts: int = 0  # sequences ended by a time limit
     num_rebuilds: int = 0  # times the engine thread died and was rebuilt
+    num_refused_drops: int = 0  # cuts of a sequence llama.cpp refused (recurrent memory)
+    num_checkpoints: int = 0  # whole-state memories: states saved where prompts diverged
     hits: dict[str, int] = field(default_factory=dict)  # (kind) cold / partial / exact / session
     hit_sources: dict[str, int] = field(default_factory=dict)  # none / slot / ram / disk
     batch_size_counts: list[int] = field(default_factory=lambda: [0] * (len(BATCH_SIZE_BOUNDS) + 1))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from cache import CacheStats  # re-exported: server/ reports them and may not import cache/
 from cache import StoreCall as StoreCall
 from cache import TierStats as TierStats
+from engine.family import ModelFamily as ModelFamily  # re-exported for the server
 
 
 class EngineState(enum.StrEnum):
@@ -247,6 +248,8 @@ class ModelInfo:
     # Speculative decoding gives plain decoding's tokens only with flash attention (a
     # verified chunk of 2+ rows runs other kernels than a one-row decode without it).
     speculative_ok: bool = True
+    family: ModelFamily | None = None  # the load's probe (engine/family.py)
+    exact_min_rows: int = 0  # exact_reuse: prompt rows computed again, measured; 0: off
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +304,8 @@ class EngineStats:
     num_decode_aborts: int = 0  # decodes interrupted past their time budget
     num_timeouts: int = 0  # sequences ended by a per-request time limit
     num_rebuilds: int = 0  # times the engine thread died and was rebuilt in place
+    num_refused_drops: int = 0  # cuts llama.cpp refused (recurrent memory): computed cold
+    num_checkpoints: int = 0  # whole-state memories: states saved where prompts diverged
     slots: tuple[SlotView, ...] = ()  # per slot: busy, session, tokens held
 
 

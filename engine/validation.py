@@ -30,11 +30,15 @@ def validate(request: GenerateRequest, info: ModelInfo) -> None:
         )
     _check_int32(request)
     if request.speculative and not info.speculative_ok:
-        raise InvalidRequestError(
-            "speculative decoding needs flash_attn = true on this model (without it, "
-            "verified drafts would not give plain decoding's tokens)",
-            param="speculative",
+        why = (
+            f"drops rejected draft tokens, which the {info.family.memory} memory of "
+            f"'{info.model_id}' ({info.family.architecture}) cannot (it keeps one state per "
+            "sequence, not one per token)"
+            if info.family is not None and info.family.whole_state
+            else "needs flash_attn = true on this model (without it, verified drafts "
+            "would not give plain decoding's tokens)"
         )
+        raise InvalidRequestError(f"speculative decoding {why}", param="speculative")
     known = {a.id for a in info.loras}
     for adapter_id, scale in request.lora:
         if adapter_id not in known:

@@ -63,7 +63,9 @@ class Worker:
         self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._outbox: list[tuple[object, SeqOutput]] = []
         self._stopping = False
-        self._rules = StepRules(model.eog_ids, config.n_ctx_seq, saves=cache is not None)
+        self._rules = StepRules(
+            model.eog_ids, config.n_ctx_seq, saves=cache is not None, whole_state=config.whole_state
+        )
         # For stats(): the scheduler's, so one object counts everything and outlives
         # this worker (engine/stats.py). Written by this thread only.
         self.counters = scheduler.counters
@@ -227,8 +229,10 @@ class Worker:
         if keep and seq.slot is not None and seq.status is SeqStatus.RUNNING:
             kept = self.scheduler.reusable(seq)
             num_kv = len(kept)
-            self.kv.remove_seq(seq.slot, num_kv)  # what may not be reused goes first
-            saved = self.ops.save(seq.slot, kept, seq.salt)
+            # What may not be reused goes first (if llama.cpp cannot cut it, all goes).
+            keep = self.kv.remove_seq(seq.slot, num_kv)
+            saved = keep and self.ops.save(seq.slot, kept, seq.salt)
+            num_kv = num_kv if keep else 0
         counts = self.counters
         counts.hits[seq.hit_kind] = counts.hits.get(seq.hit_kind, 0) + 1
         counts.hit_sources[seq.hit_source] = counts.hit_sources.get(seq.hit_source, 0) + 1
@@ -260,8 +264,9 @@ class Worker:
     def _decode_failed(self, chunks: list[Chunk], exc: DecodeError) -> None:
         # The failed batch may have left cells behind: drop what it added.
         for chunk in chunks:
-            if chunk.seq.slot is not None:
-                self.kv.remove_seq(chunk.seq.slot, chunk.start)
+            slot = chunk.seq.slot
+            if slot is not None and not self.kv.remove_seq(slot, chunk.start):
+                KvExecutor.start_cold(chunk.seq)  # its slot was emptied instead
         if exc.code == 1 and len(self.scheduler.running) > 1:
             # Out of KV cells (fragmentation): make room and retry next step.
             self.kv.remove_seq(self.scheduler.preempt_newest())

@@ -106,6 +106,11 @@ class Context:
         on, off = C.LLAMA_FLASH_ATTN_TYPE_ENABLED, C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.flash_attn_type = on if params.flash_attn else off
         cp.no_perf = True
+        # Sliding-window layers keep every position's cells (llama.cpp's default, set here
+        # so that it stays): a slot, a restored state or a fork can then be cut back to
+        # any prefix, and a warm start never attends over cells that fell out of a
+        # window-sized ring. Measured in the README ("Model families"): the memory it costs.
+        cp.swa_full = True
         if params.embeddings:
             cp.embeddings = True
             # Mean pooling is done by the caller over per-token outputs, so that a long
@@ -164,9 +169,11 @@ class Context:
             raise RuntimeError("the context produced no embeddings")
         return np.ctypeslib.as_array(ptr, shape=(n_outputs, self.model.n_embd))
 
-    def remove_seq(self, seq_id: int, start: int = 0) -> None:
-        """Drop the KV cells of `seq_id` at positions >= start."""
-        C.llama_memory_seq_rm(self.memory, seq_id, start, -1)
+    def remove_seq(self, seq_id: int, start: int = 0) -> bool:
+        """Drop the KV cells of `seq_id` at positions >= start. False: llama.cpp refused,
+        and the sequence is unchanged (a recurrent memory cannot drop a tail of the one
+        state it holds per sequence); dropping everything (start 0) always succeeds."""
+        return bool(C.llama_memory_seq_rm(self.memory, seq_id, start, -1))
 
     def copy_seq(self, src: int, dst: int) -> bool:
         """Make `dst`'s KV a copy of all of `src`'s, now; False if llama.cpp refused.
@@ -183,6 +190,10 @@ class Context:
 
     def clear(self) -> None:
         C.llama_memory_clear(self.memory, True)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """The smallest position `seq_id` holds a cell for; -1 when it holds none."""
+        return int(C.llama_memory_seq_pos_min(self.memory, seq_id))
 
     def seq_pos_max(self, seq_id: int) -> int:
         """The largest position `seq_id` holds a cell for; -1 when it holds none."""

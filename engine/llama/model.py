@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 import llama_cpp as C
 
+from engine.family import ModelFamily, quantization_name
 from engine.llama.backend import CaptureErrors, cpu_has_amx, init_backend
 
 
@@ -149,6 +150,24 @@ class Model:
 
     def n_params(self) -> int:
         return int(C.llama_model_n_params(self.handle))
+
+    def family(self) -> ModelFamily:
+        """What kind of model this is, in llama.cpp's own words (engine/family.py)."""
+        h = self.handle
+        return ModelFamily(
+            architecture=self.meta("general.architecture") or "unknown",
+            n_swa=max(0, int(C.llama_model_n_swa(h))),
+            recurrent=bool(C.llama_model_is_recurrent(h)),
+            hybrid=bool(C.llama_model_is_hybrid(h)),
+            has_encoder=bool(C.llama_model_has_encoder(h)),
+            diffusion=bool(C.llama_model_is_diffusion(h)),
+            n_ctx_train=self.n_ctx_train,
+            n_params=self.n_params(),
+            n_layer=int(C.llama_model_n_layer(h)),
+            n_embd=self.n_embd,
+            size_bytes=self.size_bytes(),
+            quantization=quantization_name(int(C.llama_model_ftype(h))),
+        )
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")

@@ -18,12 +18,16 @@ from engine.types import GenerateRequest
 class Memory:
     """Positions held per slot, as llama_memory_seq_pos_max sees them."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, *, whole: bool = False) -> None:
         self.cells = [0] * slots
         self.copy_ok = True
+        self.whole = whole  # a recurrent memory: refuses to cut inside what it holds
 
-    def remove_seq(self, slot: int, start: int = 0) -> None:
+    def remove_seq(self, slot: int, start: int = 0) -> bool:
+        if self.whole and 0 < start < self.cells[slot]:
+            return False
         self.cells[slot] = min(self.cells[slot], start)
+        return True
 
     def copy_seq(self, src: int, dst: int) -> bool:
         self.cells[dst] = self.cells[src] if self.copy_ok else 0

@@ -135,7 +135,7 @@ def test_a_rejected_draft_drops_its_kv_and_tokens_after_the_end_are_ignored() ->
     out = postprocess([chunk], result, rules(), counters)
     # The one accepted guess stays; the second is dropped. max_tokens 1 was reached by
     # the first sampled token (5 was already output), so the second is never appended.
-    assert out.actions[0] == Drop(0, 5 + 1)
+    assert out.actions[0] == Drop(0, 5 + 1, seq)
     assert isinstance(out.actions[1], End) and out.actions[1].reason is FinishReason.LENGTH
     assert len(out.actions) == 2 and seq.tokens[-1] == 6
     assert (counters.num_drafted_tokens, counters.num_accepted_tokens) == (2, 1)

@@ -162,7 +162,7 @@ def test_finished_prefix_is_reused_by_the_next_matching_prompt() -> None:
     s.add(second)
     chunks, kv = s.schedule()
     assert second.slot == first_slot
-    assert kv.ops == [Drop(first_slot, 30)]  # the unshared tail goes
+    assert kv.ops == [Drop(first_slot, 30, second)]  # the unshared tail goes
     assert second.num_computed == second.num_cached == 30
     assert [(c.start, c.length) for c in chunks] == [(30, 5)]
     s.check_integrity()
@@ -192,7 +192,7 @@ def test_no_match_takes_the_lowest_free_slot_and_clears_it() -> None:
     c = seq_of("c", [7, 8, 9])
     s.add(c)
     _, kv = s.schedule()
-    assert c.slot == slot_a and kv.ops == [Drop(slot_a, 0)] and c.num_cached == 0
+    assert c.slot == slot_a and kv.ops == [Drop(slot_a, 0, c)] and c.num_cached == 0
     assert slot_b in s.slots.resident
 
 
@@ -230,7 +230,7 @@ def test_longer_prefix_in_a_busy_slot_is_copied_into_the_new_slot() -> None:
     s.add(b)
     chunks, kv = s.schedule()
     assert (a.slot, b.slot) == (0, 1)
-    assert kv.ops == [Copy(0, 1, b), Drop(1, 40)]
+    assert kv.ops == [Copy(0, 1, b), Drop(1, 40, b)]
     assert b.num_cached == 40
     assert [(c.seq.request_id, c.start, c.length) for c in chunks] == [("a", 42, 1), ("b", 40, 3)]
 
