@@ -46,6 +46,7 @@ from server.metrics import make_registry
 from server.metrics import router as metrics_router
 from server.middleware import AccessMiddleware, BodyLimit
 from server.model_gate import ModelGate
+from server.origins import OriginGuard
 from server.registry import ModelRegistry, ServedModel
 from server.routes import (
     cache,
@@ -273,6 +274,11 @@ def create_app(
         BodyLimit,
         limit=settings.server.max_body_bytes,
         timeout_s=settings.server.body_timeout_s,
+    )
+    app.add_middleware(  # before the body is read: pages of other sites, DNS rebinding
+        OriginGuard,
+        cors_origins=settings.server.cors_origins,
+        allowed_hosts=settings.server.allowed_hosts,
     )
     if settings.tracing.enabled:  # the server span; its trace id in the access line
         # Here, not at the top: it imports OpenTelemetry, the optional [tracing] extra.
