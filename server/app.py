@@ -52,6 +52,7 @@ from server.routes import (
     cache,
     chat,
     completions,
+    docs,
     embeddings,
     health,
     messages,
@@ -221,6 +222,11 @@ def create_app(
         summary="OpenAI-compatible inference server on llama.cpp",
         version="0.1.0",
         lifespan=lifespan,
+        # FastAPI's /docs, /redoc and /openapi.json are public: server/routes/docs.py's
+        # take the API key when keys are configured.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
         # FastAPI's own OpenTelemetry (on whenever some code in the process sets a global
         # provider, or FASTAPI_OTEL_AUTO_CONFIGURE is set) stays off: kvserve's traces are
         # its own, from [tracing] (server/tracing.py), and off means no spans at all.
@@ -261,6 +267,7 @@ def create_app(
     ):
         app.include_router(router, dependencies=authed)
     page.install(app)  # the page at / (its API calls carry the key)
+    docs.install(app)
 
     if settings.server.cors_origins:
         app.add_middleware(

@@ -28,6 +28,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from engine.client import CacheConfig, EngineSettings, SessionLimits
+from server.config_mask import masked
 from server.config_models import (
     HubSection,
     LoraSection,
@@ -156,19 +157,16 @@ class Settings:
     mcp_servers: tuple[McpServerSection, ...] = ()  # [[mcp_servers]] entries
 
     def masked(self) -> dict[str, Any]:
-        """The effective settings for --print-config: secrets masked, paths resolved."""
+        """The effective settings for --print-config: secrets masked (every credential
+        the tree holds, server/config_mask.py), paths resolved."""
         data = dataclasses.asdict(self)
-        data["auth"]["api_keys"] = ["***"] * len(self.auth.api_keys)
-        data["auth"]["admin_api_keys"] = ["***"] * len(self.auth.admin_api_keys)
         for entry, model in zip(data["models"], self.models, strict=True):
             entry["path"] = model.model_path or None
         data["cache"]["disk_dir"] = self.cache.disk_path
-        data["tracing"]["headers"] = [h.partition("=")[0] + "=***" for h in self.tracing.headers]
         for entry in data["mcp_servers"]:
-            entry.pop("tenants", None)
-            entry["api_keys"] = ["***"] * len(entry["api_keys"])
-            entry["headers"] = {name: "***" for name, _ in entry["headers"]}
-        return data
+            entry.pop("tenants", None)  # digests of API keys
+            entry["headers"] = dict(entry["headers"])  # shown as the table it was written as
+        return masked(data)
 
 
 # The plain-table sections: name -> dataclass (the field of the same name on Settings).
