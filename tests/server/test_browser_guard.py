@@ -7,6 +7,7 @@ body as JSON whatever the Content-Type (curl's form default included)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from engine.client import EngineState
 from server.app import create_app
 from server.config import AuthSection, HubSection, ModelSection, ServerSection, Settings
+from tests.e2e.test_nginx_affinity import NGINX, start_nginx
 from tests.fakes import FakeEngine
 from tests.threaded_server import serving
 
@@ -233,6 +235,22 @@ async def test_real_uvicorn_on_loopback_refuses_a_rebound_host() -> None:
         assert head.startswith(b"HTTP/1.1 403")
         head = await _raw(port, f"GET /v1/models HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
+def test_behind_the_deploy_nginx_the_page_is_its_own_origin(tmp_path: Path) -> None:
+    """deploy/'s nginx forwards the Host as the browser sent it, port included (`$host`
+    dropped the port: the page's own POSTs were 403), so the replica counts the page's
+    Origin as its own; another site's still gets 403, a rebound name too."""
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "Hi."}]}
+    with serving(FakeEngine()) as replica, contextlib.ExitStack() as stack:
+        url = start_nginx(tmp_path, [replica, replica], stack)
+        with httpx.Client(base_url=url, timeout=30) as http:
+            own = http.post("/v1/chat/completions", json=body, headers={"Origin": url})
+            assert own.status_code == 200, own.text
+            other = http.post("/v1/chat/completions", json=body, headers={"Origin": FOREIGN})
+            assert other.status_code == 403
+            assert http.get("/v1/models", headers={"Host": "evil.example"}).status_code == 403
 
 
 # -- the page at / ---------------------------------------------------------------------
