@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.client import FinishReason, SeqOutput
+from server.logs import escape_controls
 
 if TYPE_CHECKING:
     from engine.client import Generation
@@ -162,8 +164,23 @@ class AccessRecord:
                 if self.aborted or self.unfinished or self.status == 499:
                     metrics.cancelled.labels(model).inc()
         if log_line:
-            text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+            text = " ".join(f"{k}={_logfmt(v)}" for k, v in fields.items() if v is not None)
             access_log.info("%s", text, extra={"access": fields})
+
+
+# A value that could be read as more than one field, or that holds control characters.
+_QUOTED = re.compile(r'[\s"=\\]|^$')
+
+
+def _logfmt(value: Any) -> str:
+    """A field's value in the text line: as it is, or quoted (logfmt's way) with its
+    quotes, backslashes and control characters escaped when it holds a space, a quote,
+    '=' or a control character: the path, model and session come from the client, and
+    `/x status=200` or a newline must not write a field or a line of its making."""
+    text = str(value)
+    if not _QUOTED.search(text) and escape_controls(text) == text:
+        return text
+    return '"' + escape_controls(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
 
 
 def request_id_from(header: str | None) -> str:

@@ -46,11 +46,13 @@ from server.metrics import make_registry
 from server.metrics import router as metrics_router
 from server.middleware import AccessMiddleware, BodyLimit
 from server.model_gate import ModelGate
+from server.origins import OriginGuard
 from server.registry import ModelRegistry, ServedModel
 from server.routes import (
     cache,
     chat,
     completions,
+    docs,
     embeddings,
     health,
     messages,
@@ -220,6 +222,11 @@ def create_app(
         summary="OpenAI-compatible inference server on llama.cpp",
         version="0.1.0",
         lifespan=lifespan,
+        # FastAPI's /docs, /redoc and /openapi.json are public: server/routes/docs.py's
+        # take the API key when keys are configured.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
         # FastAPI's own OpenTelemetry (on whenever some code in the process sets a global
         # provider, or FASTAPI_OTEL_AUTO_CONFIGURE is set) stays off: kvserve's traces are
         # its own, from [tracing] (server/tracing.py), and off means no spans at all.
@@ -260,6 +267,7 @@ def create_app(
     ):
         app.include_router(router, dependencies=authed)
     page.install(app)  # the page at / (its API calls carry the key)
+    docs.install(app)
 
     if settings.server.cors_origins:
         app.add_middleware(
@@ -273,6 +281,11 @@ def create_app(
         BodyLimit,
         limit=settings.server.max_body_bytes,
         timeout_s=settings.server.body_timeout_s,
+    )
+    app.add_middleware(  # before the body is read: pages of other sites, DNS rebinding
+        OriginGuard,
+        cors_origins=settings.server.cors_origins,
+        allowed_hosts=settings.server.allowed_hosts,
     )
     if settings.tracing.enabled:  # the server span; its trace id in the access line
         # Here, not at the top: it imports OpenTelemetry, the optional [tracing] extra.

@@ -23,10 +23,12 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
 
 from engine.client import CacheConfig, EngineSettings, SessionLimits
+from server.config_mask import masked
 from server.config_models import (
     HubSection,
     LoraSection,
@@ -49,11 +51,42 @@ NotNegative = Annotated[float, Field(ge=0)]
 Count = Annotated[int, Field(ge=0)]
 
 
+def _origins(values: tuple[str, ...]) -> tuple[str, ...]:
+    """CORS origins as browsers send them ("scheme://host[:port]", no path), or "*": an
+    origin with a path or a trailing slash would match nothing, silently."""
+    for origin in values:
+        scheme, sep, rest = origin.partition("://")
+        if origin != "*" and (not sep or scheme not in ("http", "https") or not rest
+                              or "/" in rest):  # fmt: skip
+            raise PydanticCustomError(
+                "origin",
+                "{origin} is not an origin such as 'https://app.example:3000' (or '*')",
+                {"origin": repr(origin)},
+            )
+    return values
+
+
+def _hosts(values: tuple[str, ...]) -> tuple[str, ...]:
+    for host in values:
+        if not host.strip() or any(c in host for c in "/@ "):
+            raise PydanticCustomError(
+                "host",
+                "{host} is not a host name such as 'kvserve.internal' (or '*')",
+                {"host": repr(host)},
+            )
+    return values
+
+
 @dataclass(frozen=True)
 class ServerSection:
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080  # 0 (tests): a free port
-    cors_origins: tuple[str, ...] = ()  # empty: CORS off
+    # Browser pages of these origins may call the server (CORS) and send it requests
+    # that change something; empty: CORS off, only the server's own page (server/origins.py).
+    cors_origins: Annotated[tuple[str, ...], AfterValidator(_origins)] = ()
+    # Host names a request arriving on a loopback address may name besides the loopback
+    # ones (DNS rebinding, server/origins.py); "*": any.
+    allowed_hosts: Annotated[tuple[str, ...], AfterValidator(_hosts)] = ()
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     shutdown_grace_s: NotNegative = 30.0  # SIGTERM: in-flight requests get this long to finish
     max_connections: Count = 0  # open connections; 0: the open-file limit less 64
@@ -124,19 +157,16 @@ class Settings:
     mcp_servers: tuple[McpServerSection, ...] = ()  # [[mcp_servers]] entries
 
     def masked(self) -> dict[str, Any]:
-        """The effective settings for --print-config: secrets masked, paths resolved."""
+        """The effective settings for --print-config: secrets masked (every credential
+        the tree holds, server/config_mask.py), paths resolved."""
         data = dataclasses.asdict(self)
-        data["auth"]["api_keys"] = ["***"] * len(self.auth.api_keys)
-        data["auth"]["admin_api_keys"] = ["***"] * len(self.auth.admin_api_keys)
         for entry, model in zip(data["models"], self.models, strict=True):
             entry["path"] = model.model_path or None
         data["cache"]["disk_dir"] = self.cache.disk_path
-        data["tracing"]["headers"] = [h.partition("=")[0] + "=***" for h in self.tracing.headers]
         for entry in data["mcp_servers"]:
-            entry.pop("tenants", None)
-            entry["api_keys"] = ["***"] * len(entry["api_keys"])
-            entry["headers"] = {name: "***" for name, _ in entry["headers"]}
-        return data
+            entry.pop("tenants", None)  # digests of API keys
+            entry["headers"] = dict(entry["headers"])  # shown as the table it was written as
+        return masked(data)
 
 
 # The plain-table sections: name -> dataclass (the field of the same name on Settings).

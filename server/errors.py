@@ -113,6 +113,14 @@ class Unauthorized(APIError):
         )
 
 
+class Forbidden(APIError):
+    """Refused whoever asks this way (a browser page of another origin, say); 401 is
+    for a missing or wrong key."""
+
+    status = 403
+    type = "permission_error"
+
+
 class NotFound(APIError):
     status = 404
 
@@ -219,9 +227,9 @@ def _most_specific(errors: Sequence[Any]) -> Any:
     return errors[0]
 
 
-def speaks_anthropic(request: Request) -> bool:
-    """Whether this request came in on an Anthropic-shaped route."""
-    return request.url.path.startswith("/v1/messages")
+def speaks_anthropic(path: str) -> bool:
+    """Whether a request path is one of Anthropic's routes (`/v1/messages...`)."""
+    return path.startswith("/v1/messages")
 
 
 def speaks_ollama(path: str) -> bool:
@@ -229,8 +237,14 @@ def speaks_ollama(path: str) -> bool:
     return path.startswith("/api/")
 
 
+def shaped(err: APIError, path: str) -> JSONResponse:
+    """`err` in the error shape of the API `path` belongs to (for middleware, which
+    answers before any route is found)."""
+    return err.response(anthropic=speaks_anthropic(path), ollama=speaks_ollama(path))
+
+
 def render(request: Request, err: APIError) -> JSONResponse:
-    return err.response(anthropic=speaks_anthropic(request), ollama=speaks_ollama(request.url.path))
+    return shaped(err, request.url.path)
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:

@@ -1,4 +1,5 @@
-"""ASGI middleware: the access record (log line, metrics, shutdown gate); body size limit."""
+"""ASGI middleware: the access record (log line, metrics, shutdown gate); body size limit
+and the body's type (JSON, whatever the client declared)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ class BodyLimit:
     (and before authentication: a stalled body held its connection for ever, issue 17).
 
     The body is read here (our bodies are JSON documents, read whole anyway) and
-    replayed to the app; later `receive()` calls pass through, so the app still sees
-    the client's disconnect."""
+    replayed to the app as `application/json` whatever its declared Content-Type: curl
+    sends `-d '{...}'` as a form, and Ollama's and llama-server's clients count on the
+    body being read as JSON anyway (no route takes a form or a file). Later `receive()`
+    calls pass through, so the app still sees the client's disconnect. (Pages of other
+    sites, which may send such bodies without a preflight, are kept out by
+    server/origins.py.)"""
 
     def __init__(self, app: ASGIApp, limit: int, timeout_s: float):
         self.app = app
@@ -61,6 +66,7 @@ class BodyLimit:
                 return message
             return await receive()
 
+        _as_json(scope)
         await self.app(scope, replayed, send)
 
     def _too_large(self) -> PayloadTooLarge:
@@ -80,6 +86,17 @@ class BodyLimit:
             chunks.append(body)
             if size > self.limit or not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+_JSON = (b"content-type", b"application/json")
+
+
+def _as_json(scope: Scope) -> None:
+    """Replace the request's Content-Type (if any) by application/json: in `scope`
+    itself, not a copy, for the router writes the route it found into it (the access
+    record reads it from there)."""
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+    scope["headers"] = [*headers, _JSON]
 
 
 def _has_body(scope: Scope) -> bool:

@@ -7,6 +7,10 @@ notation ("134.52M", "7.6B"), `quantization_level` the file type's name;
 template without native tool calls gets the generic envelope), thinking when the
 template has thinking tags, embedding when the embedding context is on, insert when
 the vocabulary has fill-in-the-middle tokens.
+
+`modelfile`'s FROM line names the model's file (as Ollama's names its blob) for an admin
+caller only (an admin key, or anyone on a server without keys): another key gets the
+model's name there, which is a valid FROM as well, not the server's file system layout.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from fastapi import Request
 
 from chat.reasoning import has_thinking
 from server.apis.ollama_common import ollama_model
+from server.deps import get_caller
 from server.errors import Unsupported
 from server.protocol_ollama import OllamaShowRequest
 
@@ -76,6 +81,7 @@ async def serve_ollama_show(body: OllamaShowRequest, request: Request) -> dict[s
         capabilities.append("embedding")
     if info.fim_tokens is not None:
         capabilities.append("insert")
+    source = info.path if get_caller(request).admin else served.id
     model_info = {k: _value(v) for k, v in meta.items()}
     model_info["general.parameter_count"] = info.n_params
     if family:
@@ -83,7 +89,7 @@ async def serve_ollama_show(body: OllamaShowRequest, request: Request) -> dict[s
         model_info.setdefault(f"{family}.embedding_length", info.n_embd)
     return {
         "license": meta.get("general.license", ""),
-        "modelfile": f"# Served by kvserve\nFROM {info.path}\n",
+        "modelfile": f"# Served by kvserve\nFROM {source}\n",
         "parameters": f"num_ctx                        {info.n_ctx}",
         "template": template,
         "details": {

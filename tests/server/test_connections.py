@@ -77,7 +77,7 @@ async def test_a_stalled_body_gets_408_and_the_connection_closed(port: int) -> N
     try:
         # A complete head (no API key: this happens before authentication), half a body.
         writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
             b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\": "
         )
         await writer.drain()
@@ -94,7 +94,7 @@ async def test_a_body_within_the_timeout_reaches_the_app(port: int) -> None:
     reader, writer = await _connect(port)
     try:
         body = b'{"model": "fake-model", "messages": []}'
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
                      + body[:10])  # fmt: skip
         await writer.drain()
@@ -119,10 +119,10 @@ async def test_a_slow_head_of_a_later_request_closes_the_connection(
             await asyncio.sleep(0.1)
 
     try:
-        writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
         await writer.drain()
         assert (await _response(reader))[0] == 200
-        writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n")  # the next head, incomplete
+        writer.write(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n")  # the next head, incomplete
         sending = asyncio.create_task(send_a_byte_at_a_time())
         try:
             waited = await _closed_within(reader, HEAD_S + SLACK_S)
@@ -137,7 +137,7 @@ async def test_an_idle_keep_alive_connection_outlives_the_head_timeout(port: int
     reader, writer = await _connect(port)
     try:
         for _ in range(2):
-            writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write(b"GET /livez HTTP/1.1\r\nHost: localhost\r\n\r\n")
             await writer.drain()
             assert (await _response(reader))[0] == 200
             await asyncio.sleep(HEAD_S + 0.5)  # idle: keep_alive_s applies, not the head timeout
