@@ -33,6 +33,7 @@ from engine.types import (
     GenerateRequest,
     InvalidRequestError,
     LoraAdapter,
+    ModelFamily,
     ModelInfo,
     NoSlotError,
     QueueFullError,
@@ -70,6 +71,7 @@ __all__ = [
     "Generation",
     "InvalidRequestError",
     "LoraAdapter",
+    "ModelFamily",
     "ModelInfo",
     "NoSlotError",
     "QueueFullError",
@@ -105,6 +107,7 @@ class EngineLike(Protocol):
     load_progress: float
     load_phase: str  # "loading", or "downloading" while a hub fetch runs
     load_error: str | None
+    load_refused: bool  # the load failed because the file is a model kvserve cannot serve
 
     @property
     def ready(self) -> bool: ...

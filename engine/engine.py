@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from cache import CacheConfig, PrefixCache
 from engine.cache_ops import CacheOps
 from engine.commands import Stop
+from engine.family import UnsupportedModelError
 from engine.generation import Generation
 from engine.llama import Context, Model
 from engine.loading import EngineConfig, load
@@ -54,6 +55,7 @@ class Engine(Submitting, SessionOps, CacheOps):
         self.load_progress = 0.0
         self.load_phase = "loading"  # "downloading" while `config.fetch` runs
         self.load_error: str | None = None
+        self.load_refused = False  # an UnsupportedModelError: loading again cannot help
         self._model: Model | None = None
         self._worker: Worker | None = None
         self._info: ModelInfo | None = None
@@ -96,6 +98,11 @@ class Engine(Submitting, SessionOps, CacheOps):
         started = time.monotonic()
         try:
             loaded = load(self.config, self, self._deliver, self._counters, self._open_cache_at)
+        except UnsupportedModelError as exc:  # one clear line, no traceback: not a bug
+            log.error("%s", exc)
+            self.load_error, self.load_refused = str(exc), True
+            self.state = EngineState.FAILED
+            return
         except Exception as exc:  # reported on /health; the process stays up to say so
             log.exception("model load failed")
             self.load_error = str(exc)

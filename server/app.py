@@ -168,16 +168,18 @@ def _response_store(settings: Settings, served: ModelRegistry) -> ResponseStore:
     return ResponseStore(r.max_stored, r.ttl_s, shared=shared, release=release)
 
 
-async def _exit_if_fetch_fails(app: FastAPI, served: ModelRegistry) -> None:
-    """A model that cannot be fetched from the hub at start stops the process with status
-    2, as a configuration error would (a failed load of a local file keeps serving and
-    says so on /health, as before)."""
+async def _exit_if_start_fails(app: FastAPI, served: ModelRegistry) -> None:
+    """A model that cannot be fetched from the hub at start, or is of a kind kvserve
+    cannot serve (an encoder-decoder, a diffusion model), stops the process with status
+    2, as a configuration error would (another failed load of a local file keeps serving
+    and says so on /health, as before)."""
     at_start = [m for m in served if not m.on_demand]
     while any(m.engine.state is EngineState.LOADING for m in at_start):
         await asyncio.sleep(0.1)
     for model in at_start:
         engine = model.engine
-        if engine.state is EngineState.FAILED and engine.load_phase == "downloading":
+        failed = engine.state is EngineState.FAILED
+        if failed and (engine.load_phase == "downloading" or engine.load_refused):
             print(f"kvserve: {engine.load_error}", file=sys.stderr, flush=True)
             app.state.exit_code = 2
             os.kill(os.getpid(), signal.SIGTERM)  # the usual drain and shutdown
@@ -201,7 +203,7 @@ def create_app(
         for model in served:
             if not model.on_demand:
                 model.engine.start()
-        watcher = asyncio.create_task(_exit_if_fetch_fails(app, served))
+        watcher = asyncio.create_task(_exit_if_start_fails(app, served))
         unloader = asyncio.create_task(app.state.loader.run())
         try:
             yield

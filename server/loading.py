@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.client import EngineState
-from server.errors import ServiceUnavailable
+from server.errors import BadRequest, ServiceUnavailable
 
 if TYPE_CHECKING:
     from server.config import LoadingSection
@@ -83,6 +83,12 @@ class ModelLoader:
         self._observe()
         if engine.ready:
             return
+        if engine.state is EngineState.FAILED and engine.load_refused:
+            raise BadRequest(
+                engine.load_error or f"the model '{served.id}' cannot be served",
+                param="model",
+                code="model_not_supported",
+            )
         if engine.state is EngineState.FAILED:
             raise ServiceUnavailable(
                 f"the model '{served.id}' failed to load: {engine.load_error}",

@@ -59,6 +59,7 @@ class FakeEngine:
         self.state = EngineState.READY if ready else EngineState.LOADING
         self.load_progress = 1.0 if ready else 0.25
         self.load_error: str | None = None
+        self.load_refused = False
         self.load_phase = "loading"
         self.load_seconds = 0.0
         self.memory_bytes = 0

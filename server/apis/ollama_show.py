@@ -26,6 +26,7 @@ from server.apis.ollama_common import ollama_model
 from server.deps import get_caller
 from server.errors import Unsupported
 from server.protocol_ollama import OllamaShowRequest
+from server.routes.models import family_of
 
 # llama.cpp's llama_ftype values (general.file_type) as Ollama names them.
 FILE_TYPES = {
@@ -87,6 +88,8 @@ async def serve_ollama_show(body: OllamaShowRequest, request: Request) -> dict[s
     if family:
         model_info.setdefault(f"{family}.context_length", info.n_ctx_train)
         model_info.setdefault(f"{family}.embedding_length", info.n_embd)
+    # What the load's probe found, under kvserve's own prefix (the rest are GGUF keys).
+    model_info |= {f"kvserve.{k}": v for k, v in family_of(info).items() if v is not None}
     return {
         "license": meta.get("general.license", ""),
         "modelfile": f"# Served by kvserve\nFROM {source}\n",

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from engine.client import EngineRecoveringError, EngineState
+from engine.client import EngineRecoveringError, EngineState, ModelInfo
 from server.deps import registry, resolve_model
 from server.errors import APIError, from_engine_error
 from server.loading import ModelLoader
@@ -32,6 +32,14 @@ _STATES = {
 
 class ModelBusy(APIError):
     status = 409
+
+
+def family_of(info: ModelInfo) -> dict[str, Any]:
+    """What the load's probe found (engine/family.py), and what exact reuse recomputes:
+    the one view /v1/models, /v1/status, /api/show and the page show."""
+    out = info.family.as_dict() if info.family is not None else {}
+    out["exact_reuse_rows"] = info.exact_min_rows or None  # None: exact_reuse is off
+    return out
 
 
 def _card(served: ServedModel, created: int) -> dict[str, Any]:
@@ -62,6 +70,7 @@ def _card(served: ServedModel, created: int) -> dict[str, Any]:
             "n_params": info.n_params,
             "size": info.size_bytes,
             "slots": info.n_seq_max,
+            "family": family_of(info),
         }
     card["meta"] = meta
     return card

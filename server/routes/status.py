@@ -24,7 +24,7 @@ from server.errors import BadRequest
 from server.recent import BUCKET_S
 from server.registry import ServedModel
 from server.routes.cache import _tenant_object
-from server.routes.models import _STATES
+from server.routes.models import _STATES, family_of
 from server.routes.sessions import session_object
 
 router = APIRouter()
@@ -47,6 +47,7 @@ def _model_state(served: ServedModel) -> dict[str, Any]:
         out["error"] = engine.load_error
     if engine.ready:
         out["n_ctx"] = engine.info.n_ctx
+        out["family"] = family_of(engine.info)
     return out
 
 

@@ -79,6 +79,18 @@ function cacheSection(cache) {
   return wrap;
 }
 
+// What the load's probe found: architecture, memory kind, window, size, quantization.
+function familyLine(f) {
+  const parts = [f.architecture, f.memory.replace("_", " ") + " memory"];
+  if (f.sliding_window) parts.push("window " + f.sliding_window);
+  parts.push((f.parameters / 1e6).toFixed(0) + "M parameters", f.quantization,
+             "trained on " + f.context_length_trained + " tokens");
+  if (f.exact_reuse_rows) parts.push("exact reuse recomputes " + f.exact_reuse_rows + " rows");
+  const line = el("p", "family", parts.join(" · "));
+  line.dataset.memory = f.memory;
+  return line;
+}
+
 function modelCard(m) {
   const card = el("article", "model-card");
   card.dataset.model = m.id;
@@ -92,6 +104,7 @@ function modelCard(m) {
   title.appendChild(badge);
   card.appendChild(title);
   if (m.error) card.appendChild(el("p", "error", m.error));
+  if (m.family) card.appendChild(familyLine(m.family));
 
   const samples = m.recent.samples;
   const requests = samples.reduce((n, s) => n + s.requests, 0);
