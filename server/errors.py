@@ -113,6 +113,13 @@ class Unauthorized(APIError):
         )
 
 
+class Forbidden(APIError):
+    """A caller the server knows (or one it trusts without keys) asking for something it
+    may not do, such as model management without an admin key."""
+
+    status = 403
+
+
 class NotFound(APIError):
     status = 404
 
