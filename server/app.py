@@ -39,7 +39,7 @@ from server.config import (
 )
 from server.deps import EngineLike, require_api_key
 from server.drain import Lifecycle
-from server.hub_models import HubModels
+from server.hub_models import Configured, HubModels
 from server.loading import ModelLoader
 from server.mcp.manager import McpManager
 from server.metrics import make_registry
@@ -145,7 +145,7 @@ def _hub_models(settings: Settings, served: ModelRegistry, loader: ModelLoader) 
         section = ModelSection(id=model_id, path=path, engine=settings.engine)
         return Engine(engine_config(section, settings, model_id))
 
-    configured = frozenset(m.hf_repo.partition(":")[0] for m in settings.models if m.hf_repo)
+    configured = Configured.of(settings.models)  # never listed as pulled, never deleted
     return HubModels(served, loader, make_engine, settings.hub.cache_dir, configured)
 
 

@@ -21,7 +21,7 @@ import tempfile
 import typing
 from collections.abc import Mapping
 from dataclasses import field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError
 from pydantic.dataclasses import dataclass
@@ -93,6 +93,10 @@ class ServerSection:
     header_timeout_s: Seconds = 10.0  # a request head must arrive whole this soon
     body_timeout_s: Seconds = 30.0  # a request body must arrive whole this soon after its head
     keep_alive_s: Seconds = 5.0  # an idle connection between requests is closed after this
+    # Who may pull, delete, copy, load and unload models (server/management.py): "auto"
+    # (with keys: an admin key; without: only on a loopback-bound server), "on" (without
+    # keys: anyone), "off" (no one).
+    model_management: Literal["auto", "on", "off"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -114,8 +114,9 @@ class Unauthorized(APIError):
 
 
 class Forbidden(APIError):
-    """Refused whoever asks this way (a browser page of another origin, say); 401 is
-    for a missing or wrong key."""
+    """Refused: a caller the server knows (or one it trusts without keys) asking for
+    something it may not do (model management without an admin key), or a browser page
+    of another origin; 401 is for a missing or wrong key."""
 
     status = 403
     type = "permission_error"

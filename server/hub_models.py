@@ -4,19 +4,21 @@ A GGUF fetched by `POST /api/pull` (or by `kvserve pull` without a server), or f
 huggingface_hub's cache when the server starts, is served under the name Ollama gives a
 Hugging Face model, `hf.co/org/repo:QUANT` (`:latest` for a repository's only GGUF).
 Such a model loads on its first request with the `[engine]` defaults, and is the only
-kind `DELETE /api/delete` removes from disk: configured models (a `path`, the bundled
-default, an `hf_repo`) belong to the configuration.
+kind `DELETE /api/delete` removes from disk: what the configuration names (a model's or
+an adapter's `path` or `hf_repo`, the bundled default) is neither listed as pulled nor
+deleted (`Configured`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +26,7 @@ from engine.client import EngineState
 from server.registry import ModelRegistry, ServedModel
 
 if TYPE_CHECKING:
+    from server.config_models import ModelSection
     from server.deps import EngineLike
     from server.loading import ModelLoader
 
@@ -79,6 +82,35 @@ def is_model_file(filename: str) -> bool:
     return low.endswith(".gguf") and "mmproj" not in low and not _SHARD.search(low)
 
 
+@dataclass(frozen=True)
+class Configured:
+    """What the configuration owns in the hub cache: the repositories of `hf_repo` models
+    and adapters, and every configured `path` (a model's or an adapter's, wherever it
+    lies). Never served as a pulled model, never deleted: each maps to what owns it."""
+
+    repos: Mapping[str, str] = field(default_factory=dict)  # repo id, lower case -> owner
+    files: Mapping[str, str] = field(default_factory=dict)  # real path -> owner
+
+    @classmethod
+    def of(cls, models: Sequence[ModelSection]) -> Configured:
+        repos: dict[str, str] = {}
+        files: dict[str, str] = {}
+        for m in models:
+            owners = [(f"the configured model '{m.id}'", m.hf_repo, m.model_path)]
+            owners += [(f"the adapter '{a.id}' of the configured model '{m.id}'", a.hf_repo,
+                        a.path) for a in m.loras]  # fmt: skip
+            for owner, repo, path in owners:
+                if repo:
+                    repos.setdefault(repo.partition(":")[0].lower(), owner)
+                if path:
+                    files.setdefault(os.path.realpath(path), owner)
+        return cls(repos, files)
+
+    def owner(self, repo: str, path: str) -> str | None:
+        """What configured model or adapter holds `path` of `repo`; None: nothing does."""
+        return self.repos.get(repo.lower()) or self.files.get(os.path.realpath(path))
+
+
 class HubModels:
     """The hub-cache models this server serves: registered, found, deleted."""
 
@@ -88,18 +120,22 @@ class HubModels:
         loader: ModelLoader,
         make_engine: Callable[[str, str], EngineLike],  # (model id, GGUF path) -> engine
         cache_dir: str,
-        configured_repos: frozenset[str],
+        configured: Configured,
     ):
         self.models = models
         self.loader = loader
         self.make_engine = make_engine
         self.cache_dir = cache_dir or None  # None: huggingface_hub's (HF_HUB_CACHE)
-        self.configured_repos = configured_repos  # their files are never deleted here
+        self.configured = configured  # its files are never served as pulled, nor deleted
         self.copies: set[str] = set()  # names /api/copy gave (aliases, this process only)
 
     def register(self, repo: str, path: str, *, also: str = "") -> ServedModel:
         """Serve the GGUF at `path` of `repo` (loaded on demand); the model already
-        served from that file when there is one. `also`: a name it is known by too."""
+        served from that file when there is one. `also`: a name it is known by too.
+        A file the configuration owns is refused: it is served (or used) as configured."""
+        owner = self.configured.owner(repo, path)
+        if owner is not None:
+            raise HubModelError(f"hf.co/{repo} is {owner}'s: it is not served as a pulled model")
         for served in self.models:
             if served.pulled and served.path == path:
                 return served
@@ -118,7 +154,8 @@ class HubModels:
 
     def discover(self) -> None:
         """Serve every model GGUF the hub cache holds (the newest revision of each
-        repository), except the repositories configured models use."""
+        repository), except what the configuration owns (its models' and adapters'
+        repositories and files)."""
         from huggingface_hub import CacheNotFound, scan_cache_dir
 
         try:
@@ -126,14 +163,17 @@ class HubModels:
         except CacheNotFound:
             return
         for repo in sorted(info.repos, key=lambda r: r.repo_id):
-            if repo.repo_type != "model" or repo.repo_id in self.configured_repos:
+            if repo.repo_type != "model" or repo.repo_id.lower() in self.configured.repos:
                 continue
             if not repo.revisions:
                 continue
             newest = max(repo.revisions, key=lambda r: r.last_modified)
+            owned = self.configured.owner
             files = sorted(
-                (f for f in newest.files if is_model_file(f.file_name)), key=lambda f: f.file_name
-            )
+                (f for f in newest.files if is_model_file(f.file_name)
+                 and owned(repo.repo_id, str(f.file_path)) is None),
+                key=lambda f: f.file_name,
+            )  # fmt: skip
             for f in files:
                 only = len(files) == 1 and quant_of(f.file_name)
                 try:
@@ -147,8 +187,9 @@ class HubModels:
         if not served.pulled:
             raise HubModelError(f"the model {served.id!r} is configured, not pulled")
         repo = HubName.parse(served.id)
-        if repo is not None and repo.repo in self.configured_repos:
-            raise HubModelError(f"its file belongs to a configured model ({repo.repo})")
+        owner = self.configured.owner(repo.repo if repo else "", served.path)
+        if owner is not None:
+            raise HubModelError(f"its file is {owner}'s")
         if served.in_flight or served.engine.busy:
             raise HubModelError(f"the model {served.id!r} has requests in flight")
         if served.engine.ready and not await self.loader.unload(served):

@@ -129,6 +129,8 @@ class ModelLoader:
             self._observe()  # counted as loaded before the state changes
             if not engine.unload():
                 return False
+            if served.keep_alive_s == 0:  # the unload a keep_alive of 0 asked for: done,
+                served.keep_alive_s = None  # the next load stays as configured
             self._seen[served.id] = EngineState.READY
             done = await asyncio.to_thread(engine.wait_stopped)
             self._observe()

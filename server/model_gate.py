@@ -5,7 +5,10 @@ warming, tokenize) passes here. The gate finds the model (the JSON body's `model
 the default model for the endpoints that name none), counts the request as in flight on
 it (so it is not unloaded under it: an unload frees the vocabulary a tokenize reads),
 marks it used (idle unloads count from the last request), and when the model is not
-ready has the loader load it. A plain request simply waits; a stream (`"stream":
+ready has the loader load it, unless the route would refuse the request anyway: a bad
+key, a body its request model refuses, a `keep_alive` the caller may not set (nothing is
+loaded for a request that is answered 4xx). `/api/show` is not gated: it reads what the
+model's file says and loads nothing. A plain request simply waits; a stream (`"stream":
 true`) gets its 200 and SSE comment lines (`: loading ...`) at once, every second, so
 that clients and proxies see the connection alive, and then the route's own events. A
 load that fails or outlasts `loading.wait_s` answers 503 with Retry-After (a stream
@@ -19,12 +22,31 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.apis.ollama_common import resolve_ollama_model
 from server.deps import require_api_key
 from server.errors import APIError, Unauthorized
+from server.keep_alive import keep_alive_refusal
+from server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+    _Open,
+)
+from server.protocol_messages import CountTokensRequest, MessagesRequest
+from server.protocol_ollama import (
+    OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+)
+from server.protocol_responses import ResponsesRequest
+from server.routes.cache import CacheWarmRequest
 
 if TYPE_CHECKING:
     from server.loading import ModelLoader
@@ -45,7 +67,24 @@ DEFAULT_MODEL_PATHS = ("/tokenize", "/detokenize")
 # Ollama's routes name the model Ollama's way (`name:tag`; /api/show also as `name`).
 # Their streams are NDJSON, not SSE: they wait for a load like a plain request, and
 # the gate's own load wait is what their `load_duration` reports.
-OLLAMA_MODEL_PATHS = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show")
+OLLAMA_MODEL_PATHS = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings")
+# The body each gated route parses (checked before a load; on a ready model the route
+# alone parses it).
+BODY_MODELS: dict[str, type[_Open]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/embeddings": EmbeddingRequest,
+    "/v1/responses": ResponsesRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
+    "/v1/cache/warm": CacheWarmRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
+    "/api/chat": OllamaChatRequest,
+    "/api/generate": OllamaGenerateRequest,
+    "/api/embed": OllamaEmbedRequest,
+    "/api/embeddings": OllamaEmbeddingsRequest,
+}
 _COMMENT_EVERY_S = 1.0
 
 
@@ -80,6 +119,9 @@ class ModelGate:
             # The route answers: 400 for bad JSON, 404 for a bad model, 401 for a bad key
             # (an anonymous request must not get a model loaded).
             await self.app(scope, replay, send)
+            return
+        if not served.engine.ready and _refused(scope, scope["path"], fields, served):
+            await self.app(scope, replay, send)  # the route answers its 4xx; no load
             return
         served.in_flight += 1
         served.last_used = time.monotonic()
@@ -127,6 +169,18 @@ class ModelGate:
         if error is not None:
             raise error
         await self.app(scope, receive, _body_only(send))
+
+
+def _refused(scope: Scope, path: str, fields: Any, served: ServedModel) -> bool:
+    """Whether the route will refuse this body before it uses the model: its request
+    model does not take it (a bad field, an unsupported one), or it carries a keep_alive
+    this caller may not set."""
+    try:
+        body = BODY_MODELS[path].model_validate(fields)
+    except (ValidationError, APIError):
+        return True
+    seconds = getattr(body, "keep_alive", None)
+    return keep_alive_refusal(Request(scope), served, seconds) is not None
 
 
 def _authorized(scope: Scope) -> bool:

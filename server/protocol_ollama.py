@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from server.errors import BadRequest, Unsupported
+from server.keep_alive import KeepAlive
 from server.protocol import FunctionDef, _Open
 
 Name = Annotated[str, Field(min_length=1)]
@@ -43,7 +44,7 @@ class OllamaTool(_Open):
 
 class _Base(_Open):
     model: Name
-    keep_alive: Any = None  # a duration or seconds: parsed by ollama_common
+    keep_alive: KeepAlive = None  # seconds (inf: for ever), parsed from Ollama's forms
     options: dict[str, Any] | None = None
 
 

@@ -29,8 +29,8 @@ class ServedModel:
     pulled: bool = False  # a hub-cache model (pulled, or found in the cache): deletable
     in_flight: int = 0  # generation requests on it now (see server/model_gate.py)
     last_used: float = 0.0  # time.monotonic() of its last request's start or end
-    # Set by a request's keep_alive (Ollama's API): idle seconds before an unload, inf
-    # for never; None: `idle_unload_s` as configured.
+    # Set by the keep_alive of a caller who may manage models (server/keep_alive.py):
+    # idle seconds before an unload, inf for never; None: `idle_unload_s` as configured.
     keep_alive_s: float | None = None
     _template: ChatTemplate | None = None
 

@@ -18,7 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    import pytest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -143,3 +147,14 @@ def fake_gguf(directory: Path) -> Path:
     path = directory / "served.gguf"
     path.write_bytes(b"GGUF" + os.urandom(300_000))
     return path
+
+
+def point_hub_at(stand_in: StandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub in this process talks to `stand_in` (what HF_ENDPOINT sets when it
+    is imported: a server process reads it so)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", stand_in.url)
+    template = stand_in.url + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)

@@ -22,6 +22,7 @@ from server.apis.ollama_answer import Piece, answer
 from server.apis.ollama_common import kept_model, load_answer, options, within_window
 from server.deps import Caller
 from server.errors import BadRequest
+from server.keep_alive import apply_keep_alive
 from server.protocol_ollama import OllamaChatRequest
 from server.serving.prepare import prepare_chat
 
@@ -88,9 +89,9 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
     started = time.monotonic()
     body.log_unknown("ollama.chat")
     body.refuse_unsupported()
-    served, keep_alive = kept_model(request, body.model, body.keep_alive)
+    served = kept_model(request, body.model, body.keep_alive)
     if not body.messages:
-        return await load_answer(request, served, body.model, keep_alive == 0,
+        return await load_answer(request, served, body.model, body.keep_alive,
                            {"message": {"role": "assistant", "content": ""}})  # fmt: skip
     engine = served.engine
     opts = options(body.options, engine.info.n_ctx)
@@ -108,6 +109,7 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
         raise
     limit = within_window(opts, len(prepared.prompt))
     requests = [replace(r, max_tokens=limit) for r in prepared.requests]
+    apply_keep_alive(served, body.keep_alive)  # the request passed every check
     generation = await engine.generate(requests)
     return await answer(request, generation, prepared.plan.parser(), model=body.model,
                         started=started, stream=body.stream,

@@ -2,8 +2,8 @@
 
 - Names: Ollama's `name:tag` forms resolve to a configured id or alias
   (`resolve_ollama_model`); an unknown one is a 404 in Ollama's words.
-- keep_alive: a Go duration ("5m", "1h30m"), or seconds; negative keeps the model
-  loaded, 0 unloads it once idle. It sets the model's idle unload (server/loading.py).
+- keep_alive: parsed with the body, checked here, applied by the route once the request
+  has passed every other check (server/keep_alive.py: who may set it).
 - options: every option Ollama defines is either mapped onto the sampler or refused
   by name (400); so is any name Ollama does not define.
 - Timings: the final object's durations, in nanoseconds, from the engine's own stage
@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import math
-import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,30 +21,33 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from engine.client import FinishReason
-from server.deps import claim, registry
+from server.deps import claim, ready_engine, registry
 from server.errors import BadRequest, NotFound, Unsupported, generation_failure
+from server.keep_alive import apply_keep_alive, check_keep_alive
 from server.protocol import SamplingExtras
 from server.registry import ModelRegistry, ServedModel
 from server.serving.state import Choice
 
 
-def resolve_ollama_model(models: ModelRegistry, name: str) -> ServedModel | None:
-    """The served model an Ollama name means, or None. Tried in order: the name as it
-    is (an id or alias, `smollm2:135m` included); without a `:latest` tag
-    (`SmolLM2-135M-Instruct:latest`); with `:latest` added (`smollm2` for an alias
-    `smollm2:latest`); then the same ignoring case (Ollama's names are lower case, Hugging
-    Face's are not)."""
+def matching_names(models: ModelRegistry, name: str) -> list[str]:
+    """The served names an Ollama name means. Tried in order: the name as it is (an id or
+    alias, `smollm2:135m` included); without a `:latest` tag (`SmolLM2-135M-Instruct:latest`);
+    with `:latest` added (`smollm2` for an alias `smollm2:latest`): the first that is a
+    name. Else every name equal to one of those ignoring case (Ollama's names are lower
+    case, Hugging Face's are not): more than one when only case tells them apart."""
     base = name.removesuffix(":latest")
     candidates = [name, base, f"{base}:latest"]
     for candidate in candidates:
-        served = models.get(candidate)
-        if served is not None:
-            return served
+        if models.get(candidate) is not None:
+            return [candidate]
     folded = {c.lower() for c in candidates}
-    for served in models:
-        if any(n.lower() in folded for n in (served.id, *served.aliases)):
-            return served
-    return None
+    return [n for n in models.names() if n.lower() in folded]
+
+
+def resolve_ollama_model(models: ModelRegistry, name: str) -> ServedModel | None:
+    """The served model an Ollama name means (`matching_names`' first), or None."""
+    names = matching_names(models, name)
+    return models.get(names[0]) if names else None
 
 
 def ollama_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
@@ -57,63 +58,14 @@ def ollama_model(request: Request, name: str, *, require_ready: bool = True) -> 
     return claim(served, require_ready=require_ready)
 
 
-def kept_model(request: Request, name: str, keep_alive: Any) -> tuple[ServedModel, float | None]:
-    """The model a generating or embedding request names, kept loaded as its
-    `keep_alive` asks; and that keep_alive in seconds (None: not given)."""
-    served = ollama_model(request, name)
-    seconds = parse_keep_alive(keep_alive)
-    apply_keep_alive(served, seconds)
-    return served, seconds
-
-
-# -- keep_alive --------------------------------------------------------------------------
-
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
-          "h": 3600.0}  # fmt: skip
-_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-
-
-def parse_keep_alive(value: Any) -> float | None:
-    """Seconds to keep the model loaded once idle (inf: for ever); None if not given.
-    As Ollama reads it: a number is seconds; a string is a Go duration (or whole
-    seconds); negative: for ever."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise BadRequest("'keep_alive' must be a duration such as \"5m\" or a number of "
-                         "seconds", param="keep_alive")  # fmt: skip
-    if isinstance(value, str):
-        seconds = _go_duration(value.strip())
-    elif math.isnan(value):
-        raise BadRequest("'keep_alive' must be a number", param="keep_alive")
-    else:
-        seconds = float(value) if math.isinf(value) else float(int(value))  # whole seconds
-    return math.inf if seconds < 0 else seconds
-
-
-def _go_duration(text: str) -> float:
-    sign = -1.0 if text.startswith("-") else 1.0
-    body = text.lstrip("+-")
-    try:  # bare seconds, as Ollama's OLLAMA_KEEP_ALIVE takes them ("-1", "300")
-        return sign * float(int(body))
-    except ValueError:
-        pass
-    total, at = 0.0, 0
-    for match in _PART.finditer(body):
-        if match.start() != at:
-            break
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        at = match.end()
-    if not body or at != len(body):
-        raise BadRequest(f"'keep_alive' {text!r} is not a duration (such as \"5m\", \"1h30m\" "
-                         "or \"-1\")", param="keep_alive")  # fmt: skip
-    return sign * total
-
-
-def apply_keep_alive(served: ServedModel, seconds: float | None) -> None:
-    """A request's keep_alive sets how long its model stays loaded once idle (the idle
-    unloader acts on it); a request without one restores the configured behaviour."""
-    served.keep_alive_s = seconds
+def kept_model(request: Request, name: str, keep_alive: float | None) -> ServedModel:
+    """The model a generating or embedding request names, once its `keep_alive` (seconds,
+    parsed with the body) is one this caller may set (403: server/keep_alive.py). The
+    route applies it (`apply_keep_alive`) once the rest of the request has passed."""
+    served = ollama_model(request, name, require_ready=False)
+    check_keep_alive(request, served, keep_alive)  # its 403 before any 503 (not loaded)
+    ready_engine(served.engine)
+    return served
 
 
 # -- options -----------------------------------------------------------------------------
@@ -241,11 +193,14 @@ def done_fields(total: Choice, started: float, load_s: float) -> dict[str, Any]:
 
 
 async def load_answer(
-    request: Request, served: ServedModel, model: str, unload: bool, extra: dict[str, Any]
-) -> dict[str, Any]:
+    request: Request, served: ServedModel, model: str, keep_alive: float | None,
+    extra: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
     """An empty prompt only loads the model (the model gate did that before the route
     ran) or, with keep_alive 0, unloads it before answering, as Ollama does. A model
     still busy with other requests goes once idle (its keep-alive is 0 now)."""
+    apply_keep_alive(served, keep_alive)
+    unload = keep_alive == 0
     if unload:
         await request.app.state.loader.unload(served, own=1)
     return {"model": model, "created_at": created_at(), **extra, "done": True,

@@ -20,6 +20,7 @@ from server.apis.ollama_common import (
     options,
 )
 from server.errors import BadRequest, Unsupported
+from server.keep_alive import apply_keep_alive
 from server.protocol_ollama import OllamaEmbeddingsRequest, OllamaEmbedRequest
 from server.registry import ServedModel
 from server.serving.drive import ClientDisconnected, client_gone, tokenize, until_disconnect
@@ -38,9 +39,11 @@ def _limit(served: ServedModel, model: str, raw: dict[str, Any] | None) -> int:
 
 
 async def _vectors(
-    request: Request, served: ServedModel, texts: list[str], limit: int, truncate: bool
-) -> tuple[list[np.ndarray], int] | None:
-    """The embeddings and how many tokens they took (None: the client left)."""
+    request: Request, served: ServedModel, texts: list[str], limit: int, truncate: bool,
+    keep_alive: float | None,
+) -> tuple[list[np.ndarray], int] | None:  # fmt: skip
+    """The embeddings and how many tokens they took (None: the client left); the
+    request's keep_alive applies once its inputs have passed."""
     engine = served.engine
     inputs = []
     for i, text in enumerate(texts):
@@ -50,6 +53,7 @@ async def _vectors(
             raise BadRequest(f"input[{i}] has {len(tokens)} tokens, more than the {limit} "
                              "this model embeds (truncate is false)", param="input")  # fmt: skip
         inputs.append(tokens[:limit])
+    apply_keep_alive(served, keep_alive)
     try:
         vectors = await until_disconnect(request, engine.embed(inputs))
     except ClientDisconnected:
@@ -60,7 +64,7 @@ async def _vectors(
 async def serve_ollama_embed(body: OllamaEmbedRequest, request: Request) -> Any:
     started = time.monotonic()
     body.log_unknown("ollama.embed")
-    served, _ = kept_model(request, body.model, body.keep_alive)
+    served = kept_model(request, body.model, body.keep_alive)
     limit = _limit(served, body.model, body.options)
     n_embd = served.engine.info.n_embd
     if body.dimensions is not None and body.dimensions > n_embd:
@@ -76,10 +80,12 @@ async def serve_ollama_embed(body: OllamaEmbedRequest, request: Request) -> Any:
     vectors: list[np.ndarray] = []
     num_tokens = 0
     if texts:
-        result = await _vectors(request, served, texts, limit, body.truncate)
+        result = await _vectors(request, served, texts, limit, body.truncate, body.keep_alive)
         if result is None:
             return client_gone()
         vectors, num_tokens = result
+    else:
+        apply_keep_alive(served, body.keep_alive)
     out = []
     for vector in vectors:
         if body.dimensions is not None:  # keep the leading dimensions, then renormalise
@@ -99,11 +105,12 @@ async def serve_ollama_embed(body: OllamaEmbedRequest, request: Request) -> Any:
 async def serve_ollama_embeddings(body: OllamaEmbeddingsRequest, request: Request) -> Any:
     """The older endpoint: one `prompt`, one `embedding`; too long is refused."""
     body.log_unknown("ollama.embeddings")
-    served, _ = kept_model(request, body.model, body.keep_alive)
+    served = kept_model(request, body.model, body.keep_alive)
     limit = _limit(served, body.model, body.options)
     if not body.prompt:
+        apply_keep_alive(served, body.keep_alive)
         return {"embedding": []}
-    result = await _vectors(request, served, [body.prompt], limit, truncate=False)
+    result = await _vectors(request, served, [body.prompt], limit, False, body.keep_alive)
     if result is None:
         return client_gone()
     (vector,), _ = result

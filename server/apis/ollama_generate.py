@@ -25,6 +25,7 @@ from server.apis.ollama_answer import Piece, answer
 from server.apis.ollama_common import kept_model, load_answer, options, within_window
 from server.deps import Caller, EngineLike
 from server.errors import BadRequest
+from server.keep_alive import apply_keep_alive
 from server.protocol_ollama import OllamaGenerateRequest
 from server.registry import ServedModel
 from server.sampling import generate_requests
@@ -95,9 +96,9 @@ async def serve_ollama_generate(
     started = time.monotonic()
     body.log_unknown("ollama.generate")
     body.refuse_unsupported()
-    served, keep_alive = kept_model(request, body.model, body.keep_alive)
+    served = kept_model(request, body.model, body.keep_alive)
     if not body.prompt and not body.suffix:
-        return await load_answer(request, served, body.model, keep_alive == 0, {"response": ""})
+        return await load_answer(request, served, body.model, body.keep_alive, {"response": ""})
     engine = served.engine
     opts = options(body.options, engine.info.n_ctx)
     if body.raw or body.suffix:
@@ -118,6 +119,7 @@ async def serve_ollama_generate(
     requests = generate_requests(prompt, opts.sampling, engine.info, max_tokens=limit,
                                  logprobs=None, caller=caller,
                                  overrides=grammar_fields(grammar))  # fmt: skip
+    apply_keep_alive(served, body.keep_alive)  # the request passed every check
     generation = await engine.generate(requests)
 
     def shape(part: Piece) -> dict[str, Any]:

@@ -3,15 +3,18 @@ DELETE /api/delete, POST /api/copy (POST /api/pull: server/apis/ollama_pull.py).
 
 Names are Ollama's `name:tag`: a configured id answers to `id:latest` too, a pulled model
 is `hf.co/org/repo:QUANT` (server/hub_models.py). What a list names is what a request
-may send back. Copies are aliases of the same model, for the life of the process; a
-delete of a copy removes that name, a delete of a pulled model its file too. Configured
-models (a path, the bundled default, an hf_repo) are not deletable: 400.
+may send back. Copies are aliases of the same model, for the life of the process, never
+under a hub name (that is what a pull serves). A delete acts on the name the request
+means (resolved as any request's name is): a copy loses that name, a pulled model its
+file too. What the configuration owns is not deletable: 400. Pull, copy and delete are
+model management (server/management.py: an admin key where keys are configured).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -20,11 +23,12 @@ import time
 from importlib import metadata
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
-from server.apis.ollama_common import resolve_ollama_model
+from server.apis.ollama_common import matching_names, resolve_ollama_model
 from server.errors import BadRequest, NotFound
-from server.hub_models import HubModelError, HubModels, quant_of
+from server.hub_models import PREFIXES, HubModelError, HubModels, quant_of
+from server.management import require_manager
 from server.registry import ModelRegistry, ServedModel
 
 router = APIRouter()
@@ -106,17 +110,19 @@ async def version() -> dict[str, str]:
 @router.get("/api/tags")
 async def tags(request: Request) -> dict[str, Any]:
     """Every model this server can serve, loaded or not."""
-    return {"models": [await _entry(m) for m in request.app.state.models]}
+    digests = _digests(request)
+    return {"models": [await _entry(m, digests) for m in request.app.state.models]}
 
 
 @router.get("/api/ps")
 async def ps(request: Request) -> dict[str, Any]:
     """The loaded models, with when they will be unloaded if left idle."""
     out = []
+    digests = _digests(request)
     for served in request.app.state.models:
         if not served.engine.ready:
             continue
-        entry = await _entry(served)
+        entry = await _entry(served, digests)
         info = served.engine.info
         memory = served.engine.memory_bytes or info.size_bytes
         out.append(
@@ -134,20 +140,21 @@ async def ps(request: Request) -> dict[str, Any]:
     return {"models": out}
 
 
-@router.delete("/api/delete")
+@router.delete("/api/delete", dependencies=[Depends(require_manager)])
 async def delete(request: Request) -> dict[str, Any]:
     """Delete a pulled model (its file too) or a copy (that name only)."""
     body = await read_object(request)
     name = name_field(body, "model", legacy="name")
-    served = resolve(request, name)
     models: ModelRegistry = request.app.state.models
-    named = next(n for n in (name, name.removesuffix(":latest"), f"{name}:latest",
-                             *models.names()) if models.get(n) is served)  # fmt: skip
-    if named in request.app.state.hub_models.copies:
-        models.drop_alias(named)
-        request.app.state.hub_models.copies.discard(named)
-        return {}
     hub: HubModels = request.app.state.hub_models
+    # The name the request means, not any name of its model: deleting a copy by another
+    # spelling ("MINE" for "mine") removes that copy, never the model it names.
+    named = _one_name(models, name)
+    served = resolve(request, named)
+    if named in hub.copies:
+        models.drop_alias(named)
+        hub.copies.discard(named)
+        return {}
     if not served.pulled:
         what = "a configured alias" if named != served.id else "a configured model"
         raise BadRequest(
@@ -158,11 +165,24 @@ async def delete(request: Request) -> dict[str, Any]:
         await hub.delete(served)
     except HubModelError as exc:
         raise BadRequest(f"model '{name}' cannot be deleted: {exc}", param="model") from None
-    request.app.state.hub_models.copies.difference_update(served.aliases)
+    hub.copies.difference_update(served.aliases)
     return {}
 
 
-@router.post("/api/copy")
+def _one_name(models: ModelRegistry, name: str) -> str:
+    names = matching_names(models, name)
+    if not names:
+        raise NotFound(f"model '{name}' not found", param="model")
+    if len(names) > 1:
+        listed = ", ".join(repr(n) for n in names)
+        raise BadRequest(
+            f"model '{name}' matches {listed}, which differ only in case: give the exact name",
+            param="model",
+        )
+    return names[0]
+
+
+@router.post("/api/copy", dependencies=[Depends(require_manager)])
 async def copy(request: Request) -> dict[str, Any]:
     """Give a model one more name (an alias, not a second file)."""
     body = await read_object(request)
@@ -171,6 +191,14 @@ async def copy(request: Request) -> dict[str, Any]:
     served = resolve(request, source)
     if not _NAME.fullmatch(destination):
         raise BadRequest(f"'{destination}' is not a valid model name", param="destination")
+    if destination.lower().startswith(PREFIXES):
+        # The hub's names are what /api/pull fetches and serves: a copy under one would
+        # make the later pull of that model fail (its name taken by another model).
+        raise BadRequest(
+            f"'{destination}' is a Hugging Face name, for what /api/pull downloads; a copy "
+            "takes a name outside hf.co/",
+            param="destination",
+        )
     models: ModelRegistry = request.app.state.models
     taken = resolve_ollama_model(models, destination)
     copies: set[str] = request.app.state.hub_models.copies
@@ -187,7 +215,11 @@ async def copy(request: Request) -> dict[str, Any]:
 # -- helpers -----------------------------------------------------------------------------
 
 
-async def _entry(served: ServedModel) -> dict[str, Any]:
+def _digests(request: Request) -> Digests:
+    return request.app.state.__dict__.setdefault("digests", Digests())  # type: ignore[no-any-return]
+
+
+async def _entry(served: ServedModel, digests: Digests) -> dict[str, Any]:
     path = served.engine.info.path if served.engine.ready else served.path
     size, modified = 0, None
     if path and os.path.exists(path):
@@ -199,26 +231,41 @@ async def _entry(served: ServedModel) -> dict[str, Any]:
         "model": name,
         "modified_at": (modified or dt.datetime.now(dt.UTC)).isoformat(),
         "size": size,
-        "digest": await _digest(path) if size else "",
+        "digest": await digests.of(path) if size else "",
         "details": details(served),
     }
 
 
-_digests: dict[tuple[str, int, float], str] = {}
+class Digests:
+    """Each file's sha256, computed once: remembered while the file keeps its size and
+    age, and shared by the concurrent first asks (one read of a multi-GB GGUF, not one
+    per client listing the models at once)."""
 
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[tuple[int, float], asyncio.Future[str]]] = {}
 
-async def _digest(path: str) -> str:
-    """The file's sha256: a hub blob's name is its digest; any other file is read once
-    (in a thread) and remembered while it stays the same size and age."""
-    real = os.path.realpath(path)
-    blob = os.path.basename(real)
-    if re.fullmatch(r"[0-9a-f]{64}", blob):
-        return blob
-    stat = os.stat(real)
-    key = (real, stat.st_size, stat.st_mtime)
-    if key not in _digests:
-        _digests[key] = await asyncio.to_thread(_sha256, real)
-    return _digests[key]
+    async def of(self, path: str) -> str:
+        """A hub blob's name is its digest; any other file is read once, in a thread."""
+        real = os.path.realpath(path)
+        blob = os.path.basename(real)
+        if re.fullmatch(r"[0-9a-f]{64}", blob):
+            return blob
+        stat = os.stat(real)
+        stamp = (stat.st_size, stat.st_mtime)
+        known = self._known.get(real)
+        if known is None or known[0] != stamp:
+            task = asyncio.ensure_future(asyncio.to_thread(_sha256, real))
+            known = self._known[real] = (stamp, task)
+            task.add_done_callback(functools.partial(self._forget_failed, real))
+        # shield: one client that leaves does not cancel the read the others wait for
+        return await asyncio.shield(known[1])
+
+    def _forget_failed(self, real: str, task: asyncio.Future[str]) -> None:
+        """A read that failed (the file went away, say) is not remembered: the next ask
+        tries again."""
+        failed = task.cancelled() or task.exception() is not None
+        if failed and self._known.get(real, ((0, 0.0), None))[1] is task:
+            del self._known[real]
 
 
 def _sha256(path: str) -> str:
@@ -230,11 +277,12 @@ def _sha256(path: str) -> str:
 
 
 def _expires_at(served: ServedModel) -> str:
-    """When an idle unload would take the model (`idle_unload_s` after its last use; a
-    model in use counts from now); far off for a model that is never unloaded."""
+    """When an idle unload would take the model: `unload_after_s` (a keep_alive, else
+    `idle_unload_s`) after its last use, a model in use counting from now; far off for a
+    model that is never unloaded."""
     now = dt.datetime.now(dt.UTC)
-    keep = served.idle_unload_s
-    if not keep:
+    keep = served.unload_after_s
+    if keep is None:
         return (now + _FOREVER).isoformat()
     idle = 0.0 if served.in_flight else max(0.0, time.monotonic() - served.last_used)
     return (now + dt.timedelta(seconds=max(0.0, keep - idle))).isoformat()

@@ -19,13 +19,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from server import hub
 from server.apis.ollama_models import name_field, ollama_name, read_object
 from server.errors import APIError, BadRequest, NotFound, Unsupported
 from server.hub_models import HubModelError, HubModels, HubName
+from server.management import require_manager
 from server.registry import ServedModel
 
 router = APIRouter()
@@ -59,8 +60,9 @@ class Pull:
         }
 
 
-@router.post("/api/pull")
+@router.post("/api/pull", dependencies=[Depends(require_manager)])
 async def pull(request: Request) -> Any:
+    """Download a Hugging Face GGUF into the hub cache and serve it (model management)."""
     body = await read_object(request)
     unknown = sorted(set(body) - _FIELDS)
     if unknown:

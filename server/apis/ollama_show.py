@@ -11,21 +11,32 @@ the vocabulary has fill-in-the-middle tokens.
 `modelfile`'s FROM line names the model's file (as Ollama's names its blob) for an admin
 caller only (an admin key, or anyone on a server without keys): another key gets the
 model's name there, which is a valid FROM as well, not the server's file system layout.
+`model_info` carries the load's family probe under `kvserve.*` (routes/models.py).
+
+A model that is not loaded stays so: what it said when it last loaded, or, for one never
+loaded yet, what its GGUF's header says (server/gguf_header.py): the same fields, less
+the context it will serve (`parameters`) and `embedding` (the engine's), and `insert`
+from the FIM token ids the metadata names.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
 
 from chat.reasoning import has_thinking
+from engine.client import EngineNotReadyError
 from server.apis.ollama_common import ollama_model
 from server.deps import get_caller
-from server.errors import Unsupported
+from server.errors import ServerError, ServiceUnavailable, Unsupported
+from server.gguf_header import GgufError, read_header
 from server.protocol_ollama import OllamaShowRequest
+from server.registry import ServedModel
 from server.routes.models import family_of
 
 # llama.cpp's llama_ftype values (general.file_type) as Ollama names them.
@@ -65,45 +76,100 @@ def _modified_at(path: str) -> str:
     return datetime.fromtimestamp(stamp, UTC).isoformat().replace("+00:00", "Z")
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What /api/show says about a model: from the loaded model, else from its file."""
+
+    path: str
+    metadata: dict[str, str]
+    n_params: int
+    template: str
+    n_ctx: int | None  # the context it serves; None: not known until it loads
+    n_ctx_train: int
+    n_embd: int
+    embedding: bool
+    insert: bool
+    family: dict[str, Any] | None = None  # the load's probe; None: never loaded yet
+
+
+def _loaded_facts(served: ServedModel) -> _Facts:
+    info = served.engine.info  # EngineNotReadyError for a model never loaded yet
+    return _Facts(info.path, dict(info.metadata), info.n_params, served.template.source,
+                  info.n_ctx, info.n_ctx_train, info.n_embd, bool(info.embed_n_ctx),
+                  info.fim_tokens is not None, family_of(info))  # fmt: skip
+
+
+async def _file_facts(served: ServedModel) -> _Facts:
+    """A model not loaded yet is not loaded for this: its GGUF's header says the rest.
+    The embedding context is the engine's, known once the model has loaded."""
+    if not served.path:
+        raise ServiceUnavailable(
+            f"the model '{served.id}' has not been fetched yet (it is, by its first load)",
+            code="model_unloaded",
+            headers={"Retry-After": "5"},
+        )
+    try:
+        header = await asyncio.to_thread(read_header, served.path)
+    except GgufError as exc:
+        raise ServerError(f"the model's file cannot be read: {exc}") from None
+    meta = header.metadata
+    family = meta.get("general.architecture", "")
+    return _Facts(
+        served.path,
+        {k: v for k, v in meta.items() if not k.startswith("tokenizer.")},
+        header.n_params,
+        served.template_override or meta.get("tokenizer.chat_template", ""),
+        None,
+        int(meta.get(f"{family}.context_length", 0) or 0),
+        int(meta.get(f"{family}.embedding_length", 0) or 0),
+        False,
+        all(f"tokenizer.ggml.fim_{part}_token_id" in meta for part in ("pre", "suf", "mid")),
+    )
+
+
 async def serve_ollama_show(body: OllamaShowRequest, request: Request) -> dict[str, Any]:
     body.log_unknown("ollama.show")
     if body.verbose:
         raise Unsupported("verbose", "the tokenizer's arrays are not kept")
-    served = ollama_model(request, body.model_name)
-    info = served.engine.info
-    meta = dict(info.metadata)
+    served = ollama_model(request, body.model_name, require_ready=False)
+    try:
+        facts = _loaded_facts(served)
+    except EngineNotReadyError:
+        facts = await _file_facts(served)
+    meta = facts.metadata
     family = meta.get("general.architecture", "")
     file_type = _value(meta.get("general.file_type", ""))
-    template = served.template.source
     capabilities = ["completion", "tools"]
-    if has_thinking(template):
+    if has_thinking(facts.template):
         capabilities.append("thinking")
-    if info.embed_n_ctx:
+    if facts.embedding:
         capabilities.append("embedding")
-    if info.fim_tokens is not None:
+    if facts.insert:
         capabilities.append("insert")
-    source = info.path if get_caller(request).admin else served.id
     model_info = {k: _value(v) for k, v in meta.items()}
-    model_info["general.parameter_count"] = info.n_params
+    model_info["general.parameter_count"] = facts.n_params
     if family:
-        model_info.setdefault(f"{family}.context_length", info.n_ctx_train)
-        model_info.setdefault(f"{family}.embedding_length", info.n_embd)
+        model_info.setdefault(f"{family}.context_length", facts.n_ctx_train)
+        model_info.setdefault(f"{family}.embedding_length", facts.n_embd)
     # What the load's probe found, under kvserve's own prefix (the rest are GGUF keys).
-    model_info |= {f"kvserve.{k}": v for k, v in family_of(info).items() if v is not None}
+    probe = facts.family or {}
+    model_info |= {f"kvserve.{k}": v for k, v in probe.items() if v is not None}
+    source = facts.path if get_caller(request).admin else served.id
+    parameters = "" if facts.n_ctx is None else f"num_ctx                        {facts.n_ctx}"
     return {
         "license": meta.get("general.license", ""),
         "modelfile": f"# Served by kvserve\nFROM {source}\n",
-        "parameters": f"num_ctx                        {info.n_ctx}",
-        "template": template,
+        "parameters": parameters,
+        "template": facts.template,
         "details": {
             "parent_model": "",
             "format": "gguf",
             "family": family,
             "families": [family] if family else None,
-            "parameter_size": parameter_size(info.n_params),
+            "parameter_size": parameter_size(facts.n_params),
             "quantization_level": FILE_TYPES.get(file_type, str(file_type)),
         },
         "model_info": model_info,
         "capabilities": capabilities,
-        "modified_at": _modified_at(info.path),
+        "modified_at": _modified_at(facts.path),
     }

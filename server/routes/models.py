@@ -3,19 +3,21 @@
 The list has one entry per served model, under its id (OpenAI's shape); aliases are
 named in its `meta` and are accepted wherever a model is named, retrieval included.
 `meta.state` is loaded, loading, unloaded, failed or recovering (the engine thread died
-and is being rebuilt); load and unload do it by hand (see server/loading.py).
+and is being rebuilt); load and unload do it by hand (see server/loading.py): model
+management, which server/management.py says who may do.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
 from engine.client import EngineRecoveringError, EngineState, ModelInfo
 from server.deps import registry, resolve_model
 from server.errors import APIError, from_engine_error
 from server.loading import ModelLoader
+from server.management import require_manager
 from server.registry import ServedModel
 
 router = APIRouter()
@@ -87,7 +89,7 @@ def _loader(request: Request) -> ModelLoader:
     return request.app.state.loader  # type: ignore[no-any-return]
 
 
-@router.post("/v1/models/{model_id:path}/load")
+@router.post("/v1/models/{model_id:path}/load", dependencies=[Depends(require_manager)])
 async def load_model(model_id: str, request: Request) -> dict[str, Any]:
     """Load a model now and wait for it (503 with the reason if it fails)."""
     served = resolve_model(request, model_id, require_ready=False)
@@ -95,7 +97,7 @@ async def load_model(model_id: str, request: Request) -> dict[str, Any]:
     return _card(served, request.app.state.started)
 
 
-@router.post("/v1/models/{model_id:path}/unload")
+@router.post("/v1/models/{model_id:path}/unload", dependencies=[Depends(require_manager)])
 async def unload_model(model_id: str, request: Request) -> dict[str, Any]:
     """Unload a model (its slots' KV is saved to the cache first); 409 while it serves."""
     served = resolve_model(request, model_id, require_ready=False)

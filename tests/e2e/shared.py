@@ -13,13 +13,17 @@ import pytest
 from tests.kvserve_process import running
 
 
-def keyed_server(key: str) -> Callable[..., Iterator[str]]:
+def keyed_server(key: str, *, admin: bool = False) -> Callable[..., Iterator[str]]:
     """A module's `server` fixture (`server = keyed_server(KEY)`): one server process for
-    the module's tests, two slots, the API key `key`; the fixture is its URL."""
+    the module's tests, two slots, the API key `key` (`admin`: as an admin key, which
+    model management takes); the fixture is its URL."""
 
     @pytest.fixture(scope="module")
     def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-        with running(["--parallel", "2", "--api-key", key], tmp_path_factory.mktemp("kvserve")) as s:
+        args, env = ["--parallel", "2", "--api-key", key], {}
+        if admin:
+            args, env = ["--parallel", "2"], {"KVSERVE_AUTH_ADMIN_API_KEYS": key}
+        with running(args, tmp_path_factory.mktemp("kvserve"), env=env) as s:
             yield s.url
 
     return server

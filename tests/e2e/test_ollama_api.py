@@ -28,7 +28,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                           "required": ["city"]}}}  # fmt: skip
 
 
-server = keyed_server(KEY)
+server = keyed_server(KEY, admin=True)  # keep_alive 0 and -1 are model management
 
 
 @pytest.fixture

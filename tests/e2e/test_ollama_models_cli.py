@@ -51,8 +51,9 @@ def server(hub: StandIn, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     tmp = tmp_path_factory.mktemp("ollama")
     # A small context bounds an answer (the commands send no max_tokens): a slow machine
     # finishes one in time.
-    args = ["--parallel", "2", "--threads", "2", "--api-key", "k", "--n-ctx", "256"]
-    with running(args, tmp, env=_env(hub, tmp / "hf")) as s:
+    args = ["--parallel", "2", "--threads", "2", "--n-ctx", "256"]
+    env = {**_env(hub, tmp / "hf"), "KVSERVE_AUTH_ADMIN_API_KEYS": "k"}  # pull, rm: admin
+    with running(args, tmp, env=env) as s:
         yield s
 
 

@@ -36,13 +36,17 @@ async def make(tmp_path: Path) -> AsyncIterator[Factory]:
     clients: list[httpx.AsyncClient] = []
 
     def build(
-        *, base_url: str = LOOPBACK, keys: tuple[str, ...] = (), **server: Any
+        *,
+        base_url: str = LOOPBACK,
+        keys: tuple[str, ...] = (),
+        admin_keys: tuple[str, ...] = (),
+        **server: Any,
     ) -> httpx.AsyncClient:
         settings = Settings(
             server=ServerSection(**server),
             models=(ModelSection(id="fake-model"),),
             hub=HubSection(cache_dir=str(tmp_path / "hf")),
-            auth=AuthSection(api_keys=keys),
+            auth=AuthSection(api_keys=keys, admin_api_keys=admin_keys),
         )
         app = create_app(settings, FakeEngine())
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url)
@@ -151,7 +155,8 @@ async def test_each_api_answers_the_refusal_in_its_own_shape(make: Factory) -> N
 
 
 async def test_the_origin_check_and_the_api_key_are_both_needed(make: Factory) -> None:
-    client = make(keys=("k",), cors_origins=("https://app.example",))
+    # An admin key: unloading is model management (server/management.py).
+    client = make(admin_keys=("k",), cors_origins=("https://app.example",))
     key = {"Authorization": "Bearer k"}
     r = await client.post(UNLOAD[0], headers={**key, "Origin": FOREIGN})
     assert r.status_code == 403  # a key does not make a foreign page welcome

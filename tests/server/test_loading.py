@@ -48,7 +48,7 @@ def _app(
     settings = Settings(
         models=models,
         loading=LoadingSection(memory_budget_bytes=budget, wait_s=wait_s),
-        auth=AuthSection(api_keys=(KEY,)),
+        auth=AuthSection(admin_api_keys=(KEY,)),  # loads and unloads by hand: an admin key
     )
     return create_app(settings, engines=engines)
 

@@ -15,9 +15,10 @@ import ollama
 import pytest
 
 from engine.client import EngineState
-from server.apis.ollama_common import parse_keep_alive, resolve_ollama_model
+from server.apis.ollama_common import resolve_ollama_model
 from server.apis.ollama_show import parameter_size
 from server.errors import BadRequest
+from server.keep_alive import parse_keep_alive
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 
@@ -152,12 +153,14 @@ async def test_load_and_unload_answers(client: httpx.AsyncClient, fake: FakeEngi
     r = await client.post("/api/generate", json={"model": MODEL, "keep_alive": 0})
     assert r.json()["done_reason"] == "unload" and r.json()["response"] == ""
     served = client._transport.app.state.models.default  # type: ignore[attr-defined]
-    assert served.keep_alive_s == 0 and served.unload_after_s == 0
     assert fake.state is EngineState.UNLOADED
+    assert served.keep_alive_s is None  # the unload it asked for is done: configured again
     r = await client.post("/api/generate", json={"model": MODEL, "keep_alive": -1})
     assert r.status_code == 200 and fake.ready  # the next request loads it again
     assert served.unload_after_s is None
     await client.post("/api/generate", json={"model": MODEL, "keep_alive": "1m30s"})
+    assert served.unload_after_s == 90
+    await client.post("/api/generate", json={"model": MODEL})  # none: it stays as set
     assert served.unload_after_s == 90
     assert not fake.submitted
 

@@ -10,13 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
-from huggingface_hub import constants
 
 from engine.engine import EngineState
 from server.app import create_app
 from server.config import AuthSection, HubSection, ModelSection, Settings
 from tests.fakes import FakeEngine
-from tests.hub_standin import HubFile, StandIn, fake_gguf, serving
+from tests.hub_standin import HubFile, StandIn, fake_gguf, point_hub_at, serving
 
 REPO = "kvtest/tiny-GGUF"
 KEY = {"Authorization": "Bearer k"}
@@ -32,11 +31,7 @@ def hub(gguf: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StandIn]:
     files = {"tiny-Q4_K_M.gguf": HubFile(gguf), "tiny-Q8_0.gguf": HubFile(gguf)}
     hub = StandIn({REPO: files, "kvtest/one-GGUF": {"one.Q4_1.gguf": HubFile(gguf)}})
     with serving(hub) as stand_in:
-        # What HF_ENDPOINT sets when huggingface_hub is imported (a server process reads it so)
-        monkeypatch.setattr(constants, "ENDPOINT", stand_in.url)
-        template = stand_in.url + "/{repo_id}/resolve/{revision}/{filename}"
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        point_hub_at(stand_in, monkeypatch)
         yield stand_in
 
 
@@ -45,7 +40,7 @@ async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     settings = Settings(
         models=(ModelSection(id="fake-model", aliases=("fm",)),),
         hub=HubSection(cache_dir=str(tmp_path / "hf")),
-        auth=AuthSection(api_keys=("k",)),
+        auth=AuthSection(admin_api_keys=("k",)),  # model management takes an admin key
     )
     app = create_app(settings, FakeEngine())
     transport = httpx.ASGITransport(app=app)
