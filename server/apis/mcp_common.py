@@ -16,7 +16,7 @@ from fastapi import Request
 from sse_starlette import EventSourceResponse
 
 from chat.plan import ChatOptions
-from engine.client import SessionBusyError, SessionPool
+from engine.client import SessionBusyError, SessionPool, check_session_id
 from server.deps import Caller, EngineLike
 from server.errors import BadRequest, TooManyRequests
 from server.mcp.loop import Prepare
@@ -111,9 +111,11 @@ def check_mcp_choice(choice: object, toolset: Toolset) -> None:
 
 def loop_session(given: str | None) -> tuple[str, SessionPool, bool]:
     """The session the rounds run on: the request's own, else an internal one (in the
-    chain pool, so it never counts against the sessions clients name), ended after."""
+    chain pool, so it never counts against the sessions clients name), ended after. A
+    given id is checked here, before any MCP server is contacted (the engine would only
+    refuse it at the first round)."""
     if given is not None:
-        return given, SessionPool.NAMED, False
+        return check_session_id(given), SessionPool.NAMED, False
     return "mcp_loop_" + secrets.token_hex(12), SessionPool.CHAIN, True
 
 

@@ -46,6 +46,7 @@ def refused_after_naming(url: str) -> list[tuple[str, dict[str, Any], dict[str, 
         ("/v1/responses", {"model": MODEL, "input": "hi", "tools": [OWN]},
          {"X-Session-Id": LONG}, "X-Session-Id"),
         ("/v1/chat/completions", chat(tools=[OWN]), {"X-Session-Id": LONG}, "X-Session-Id"),
+        ("/v1/chat/completions", chat(tools=[OWN], session_id="two words"), {}, "session_id"),
         # these need the listing: refused after it, and closed all the same
         ("/v1/chat/completions", chat(tools=[OWN], tool_choice={
             "type": "mcp", "server_label": "tools", "name": "nope"}), {}, "tool_choice.name"),
@@ -62,11 +63,12 @@ async def no_leaks(client: httpx.AsyncClient, server: HttpMcp) -> None:
     assert manager.num_private == 0
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(6))
 async def test_requests_refused_after_naming_their_servers_leak_nothing(
     client: httpx.AsyncClient, fake: FakeEngine, mcp_http: HttpMcp, case: int
 ) -> None:
     path, body, headers, param = refused_after_naming(mcp_http.url)[case]
+    children = set(child_processes())
     for _ in range(5):
         r = await client.post(path, json=body, headers=headers)
         assert r.status_code == 400, r.text
@@ -74,6 +76,7 @@ async def test_requests_refused_after_naming_their_servers_leak_nothing(
         assert error.get("param") == param or error["message"].startswith(param), r.text
     assert fake.submitted == []
     await no_leaks(client, mcp_http)
+    assert set(child_processes()) == children
 
 
 @pytest.mark.parametrize("stream", [False, True])
