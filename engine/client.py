@@ -19,7 +19,7 @@ from engine.generation import Generation
 from engine.llama import KV_TYPES, gpu_offload_supported
 from engine.loading import CacheConfig, EngineConfig
 from engine.plan import exact_min_chunk, exact_min_rows, least_prefill_chunk, least_step_tokens
-from engine.sessions import Session, SessionLimits
+from engine.sessions import Session, SessionLimits, check_session_id
 from engine.settings import EngineSettings
 from engine.types import (
     TIME_LIMIT_CODES,
@@ -88,6 +88,7 @@ __all__ = [
     "TimeLimits",
     "Timings",
     "TokenLogprob",
+    "check_session_id",
     "error_code",
     "exact_min_chunk",
     "exact_min_rows",

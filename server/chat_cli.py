@@ -20,6 +20,7 @@ import httpx
 from rich.console import Console
 
 from server.cli_http import CommandError, check
+from server.cli_text import StreamFilter, plain
 
 HELP = "Type a message; /clear forgets the conversation, /bye (or Ctrl-D) ends it."
 
@@ -71,17 +72,20 @@ def _turn(
     except KeyboardInterrupt:
         console.print()
     except CommandError as exc:
-        console.print(f"Error: {exc}", style="red", markup=False, highlight=False)
+        console.print(plain(f"Error: {exc}"), style="red", highlight=False)
     return None
 
 
 def answer(
     client: httpx.Client, model: str, messages: list[dict[str, Any]], truncate: bool = False
 ) -> str:
-    """Stream one answer to stdout; the whole text. `truncate`: the server may drop the
-    oldest turns to fit the context (false: a history too long is refused)."""
+    """Stream one answer to stdout; the whole text (as the model wrote it: the history
+    keeps it so; the terminal gets it without control and escape sequences). `truncate`:
+    the server may drop the oldest turns to fit the context (false: a history too long is
+    refused)."""
     body = {"model": model, "messages": messages, "stream": True, "truncate": truncate}
     parts: list[str] = []
+    shown = StreamFilter()
     with client.stream("POST", "/api/chat", json=body) as r:
         if not r.is_success:
             check(r)
@@ -93,9 +97,9 @@ def answer(
                 raise CommandError(str(event["error"]))
             text = (event.get("message") or {}).get("content") or ""
             parts.append(text)
-            sys.stdout.write(text)
+            sys.stdout.write(shown.feed(text))
             sys.stdout.flush()
-    sys.stdout.write("\n\n" if sys.stdout.isatty() else "\n")
+    sys.stdout.write(shown.finish() + ("\n\n" if sys.stdout.isatty() else "\n"))
     sys.stdout.flush()
     return "".join(parts)
 

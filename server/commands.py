@@ -20,9 +20,11 @@ from rich.console import Console
 from rich.filesize import decimal
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
+from rich.text import Text
 
 from server.chat_cli import run
 from server.cli_http import CommandError, check, connect
+from server.cli_text import plain, printable
 
 NAMES = ("pull", "ls", "list", "ps", "rm", "run")
 DEFAULT_HOST = "http://127.0.0.1:8080"
@@ -68,11 +70,16 @@ def main(argv: list[str]) -> int:
                 return rm(client, args.models, console)
             return run(client, args.model, " ".join(args.prompt) or None, console)
     except CommandError as exc:
-        console.print(f"[red]Error:[/red] {exc}", markup=True, highlight=False)
+        console.print(_error(str(exc)))
         return 1
     except httpx.TransportError as exc:
-        console.print(f"[red]Error:[/red] cannot reach the server at {args.host}: {exc}")
+        console.print(_error(f"cannot reach the server at {args.host}: {exc}"))
         return 1
+
+
+def _error(message: str) -> Text:
+    """An error line: the message (the server's words, often) as plain text."""
+    return Text.assemble(("Error:", "red"), " ", plain(message))
 
 
 def pull(client: httpx.Client, model: str, console: Console) -> int:
@@ -88,7 +95,8 @@ def pull(client: httpx.Client, model: str, console: Console) -> int:
 
 
 def _show_progress(lines: Iterator[str], console: Console) -> None:
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+    # the descriptions are the server's status lines: shown as text, not markup
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), console=console) as bar:  # fmt: skip
         task = None
         for line in lines:
@@ -97,10 +105,10 @@ def _show_progress(lines: Iterator[str], console: Console) -> None:
                 raise CommandError(event["error"])
             if "total" in event:
                 if task is None:
-                    task = bar.add_task(event["status"], total=event["total"])
+                    task = bar.add_task(printable(str(event["status"])), total=event["total"])
                 bar.update(task, completed=event.get("completed", 0))
             else:
-                bar.console.print(event["status"])
+                bar.console.print(plain(event["status"]))
 
 
 def _pull_here(name: str, console: Console) -> int:
@@ -116,12 +124,13 @@ def _pull_here(name: str, console: Console) -> int:
     console.print("no server is listening: downloading into the local hub cache")
     try:
         source = hub.HubSource.parse("model", wanted.spec)
-        with Progress(console=console) as bar:
-            task = bar.add_task(f"pulling {wanted.name}", total=1.0)
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
+                      console=console) as bar:  # fmt: skip
+            task = bar.add_task(printable(f"pulling {wanted.name}"), total=1.0)
             path = hub.fetch(source, lambda f: bar.update(task, completed=f))
     except hub.HubError as exc:
         raise CommandError(str(exc)) from None
-    console.print(f"{path}\nsuccess")
+    console.print(plain(f"{path}\nsuccess"))
     return 0
 
 
@@ -129,7 +138,8 @@ def ls(client: httpx.Client, console: Console) -> int:
     table = _table("NAME", "ID", "SIZE", "MODIFIED")
     for m in check(client.get("/api/tags"))["models"]:
         modified = dt.datetime.fromisoformat(m["modified_at"])
-        table.add_row(m["name"], m["digest"][:12], decimal(m["size"]), _ago(modified))
+        table.add_row(plain(m["name"]), plain(m["digest"][:12]), decimal(m["size"]),
+                      _ago(modified))  # fmt: skip
     console.print(table)
     return 0
 
@@ -138,8 +148,8 @@ def ps(client: httpx.Client, console: Console) -> int:
     table = _table("NAME", "ID", "SIZE", "CONTEXT", "UNTIL")
     for m in check(client.get("/api/ps"))["models"]:
         until = dt.datetime.fromisoformat(m["expires_at"])
-        table.add_row(m["name"], m["digest"][:12], decimal(m["size"]),
-                      str(m.get("context_length", "")), _until(until))  # fmt: skip
+        table.add_row(plain(m["name"]), plain(m["digest"][:12]), decimal(m["size"]),
+                      plain(m.get("context_length", "")), _until(until))  # fmt: skip
     console.print(table)
     return 0
 
@@ -147,7 +157,7 @@ def ps(client: httpx.Client, console: Console) -> int:
 def rm(client: httpx.Client, models: list[str], console: Console) -> int:
     for model in models:
         check(client.request("DELETE", "/api/delete", json={"model": model}))
-        console.print(f"deleted '{model}'")
+        console.print(plain(f"deleted '{model}'"))
     return 0
 
 

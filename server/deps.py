@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from chat.template import ChatTemplate
-from engine.client import EngineLike, EngineState, salt_of_prefix
+from engine.client import EngineLike, EngineState, check_session_id, salt_of_prefix
 from server.access import current_record
 from server.errors import NotFound, ServerError, ServiceUnavailable, Unauthorized
 from server.registry import ModelRegistry, ServedModel
@@ -121,10 +121,19 @@ class Caller:
         return self.tenant if not cache_salt else f"{self.tenant}/{cache_salt}"
 
 
+def session_header(request: Request) -> str | None:
+    """X-Session-Id, checked by the engine's rule for session ids where every route that
+    reads it gets its caller: a bad one is a 400 naming the header, before the route
+    opens anything (a value longer than the 128 characters of `session_id` was a 500)."""
+    value = request.headers.get("x-session-id")
+    return None if value is None else check_session_id(value, param="X-Session-Id")
+
+
 def get_caller(request: Request) -> Caller:
     auth = request.app.state.settings.auth
+    session = session_header(request)
     if not auth.enabled:
-        return Caller("", request.headers.get("x-session-id"), admin=True)
+        return Caller("", session, admin=True)
     token = presented_key(request)
     tenant = hashlib.sha256(token.encode()).hexdigest()[:16]
     admin = False
@@ -133,7 +142,7 @@ def get_caller(request: Request) -> Caller:
     record = current_record()
     if record is not None:
         record.tenant = tenant  # the status page's recent traffic is kept per key
-    return Caller(tenant, request.headers.get("x-session-id"), admin)
+    return Caller(tenant, session, admin)
 
 
 EngineDep = Annotated[EngineLike, Depends(get_engine)]

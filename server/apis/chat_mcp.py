@@ -16,13 +16,7 @@ from typing import Any
 from fastapi import Request
 
 from server.apis.chat_input import chat_messages, chat_options, stream_deltas
-from server.apis.mcp_common import (
-    check_mcp_choice,
-    cleanup_later,
-    loop_prepare,
-    loop_session,
-    open_toolset,
-)
+from server.apis.mcp_common import check_mcp_choice, loop_prepare, loop_session, mcp_turn
 from server.apis.mcp_input import openai_ref
 from server.deps import Caller, resolve_model
 from server.errors import APIError, BadRequest, Unsupported
@@ -74,36 +68,29 @@ async def serve_chat_mcp(body: ChatCompletionRequest, request: Request, caller: 
         raise BadRequest("with mcp tools 'n' must be 1", param="n")
     if body.logprobs:
         raise Unsupported("logprobs", "not with mcp tools")
+    # Everything that can be refused without the MCP servers, before any is contacted.
     refs = _refs(body)
     served = resolve_model(request, body.model)
     engine = served.engine
-    toolset = await open_toolset(request, refs, caller)
-    try:
-        check_mcp_choice(body.tool_choice, toolset)
-    except BaseException:
-        await toolset.close()
-        raise
     given = body.session_id or caller.session_header
     session_id, pool, internal = loop_session(given)
     sampling = body.model_copy(update={"session_id": session_id})
     max_tokens = body.max_completion_tokens or body.max_tokens
-
+    messages, options = chat_messages(body), chat_options(body)
     prepare = loop_prepare(served, sampling, caller, pool, max_tokens=max_tokens,
                            overflow=served.context_overflow)  # fmt: skip
-    spec = LoopSpec(toolset, chat_messages(body), chat_options(body), prepare, engine.generate,
-                    request.app.state.settings.mcp.max_tool_iterations)  # fmt: skip
-    cleanup = cleanup_later(engine, caller.tenant, session_id if internal else None, toolset)
     response_id, created, model = new_id("chatcmpl"), now(), engine.info.model_id
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _stream(spec, response_id, created, model, include_usage)
-        return sse.event_stream(events, on_close=cleanup)
-    try:
-        return await until_disconnect(request, _complete(spec, response_id, created, model))
-    except ClientDisconnected:
-        return client_gone()
-    finally:
-        cleanup()
+    limits = request.app.state.settings.mcp
+    async with mcp_turn(request, refs, caller, engine, session_id if internal else None) as turn:
+        check_mcp_choice(body.tool_choice, turn.toolset)
+        spec = LoopSpec(turn.toolset, messages, options, prepare, engine.generate, limits)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return turn.stream(_stream(spec, response_id, created, model, include_usage))
+        try:
+            return await until_disconnect(request, _complete(spec, response_id, created, model))
+        except ClientDisconnected:
+            return client_gone()
 
 
 def _usage(event: Finished) -> dict[str, Any]:

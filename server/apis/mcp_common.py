@@ -8,21 +8,24 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request
+from sse_starlette import EventSourceResponse
 
 from chat.plan import ChatOptions
-from engine.client import SessionBusyError, SessionPool
+from engine.client import SessionBusyError, SessionPool, check_session_id
 from server.deps import Caller, EngineLike
-from server.errors import BadRequest
+from server.errors import BadRequest, TooManyRequests
 from server.mcp.loop import Prepare
 from server.mcp.manager import McpManager
+from server.mcp.outcome import McpBusy
 from server.mcp.toolset import McpRef, Toolset, list_tools, resolve
 from server.protocol import McpToolChoice, SamplingExtras
 from server.registry import ServedModel
+from server.serving import sse
 from server.serving.prepare import Prepared, prepare_chat
 
 log = logging.getLogger("kvserve.mcp")
@@ -38,14 +41,53 @@ def mcp_manager(request: Request) -> McpManager:
 
 
 async def open_toolset(request: Request, refs: list[McpRef], caller: Caller) -> Toolset:
-    """The request's MCP servers, checked against the configuration and listed."""
-    toolset = resolve(mcp_manager(request), refs, caller.tenant, refuse)
+    """The request's MCP servers, checked against the configuration and listed. Use it
+    through `mcp_turn`, which closes what it opens."""
+    try:
+        toolset = resolve(mcp_manager(request), refs, caller.tenant, refuse)
+    except McpBusy as exc:
+        raise TooManyRequests(str(exc), headers={"Retry-After": "1"}) from None
     try:
         await list_tools(toolset, refuse)
     except BaseException:
-        await toolset.close()
+        toolset.close_soon()
         raise
     return toolset
+
+
+@dataclass(slots=True)
+class McpTurn:
+    """What one MCP request holds: its toolset (with the private connections) and its
+    clean-up (those connections, the loop's internal session)."""
+
+    toolset: Toolset
+    cleanup: Callable[[], None]
+    handed_over: bool = False
+
+    def stream(self, events: AsyncIterator[Any]) -> EventSourceResponse:
+        """The SSE response of `events`; the clean-up is now the stream's, run at its end
+        in every case (server/serving/sse.py)."""
+        response = sse.event_stream(events, on_close=self.cleanup)
+        self.handed_over = True
+        return response
+
+
+@contextlib.asynccontextmanager
+async def mcp_turn(
+    request: Request, refs: list[McpRef], caller: Caller, engine: EngineLike,
+    internal_session: str | None,
+) -> AsyncIterator[McpTurn]:  # fmt: skip
+    """Open the request's toolset, and clean up on every way out of the block (a return,
+    a refusal, a cancelled request) unless a stream took the clean-up over. Everything
+    that can be checked without the servers is checked before this: a refusal then opens
+    nothing at all."""
+    toolset = await open_toolset(request, refs, caller)
+    turn = McpTurn(toolset, cleanup_later(engine, caller.tenant, internal_session, toolset))
+    try:
+        yield turn
+    finally:
+        if not turn.handed_over:
+            turn.cleanup()
 
 
 def check_mcp_choice(choice: object, toolset: Toolset) -> None:
@@ -69,9 +111,11 @@ def check_mcp_choice(choice: object, toolset: Toolset) -> None:
 
 def loop_session(given: str | None) -> tuple[str, SessionPool, bool]:
     """The session the rounds run on: the request's own, else an internal one (in the
-    chain pool, so it never counts against the sessions clients name), ended after."""
+    chain pool, so it never counts against the sessions clients name), ended after. A
+    given id is checked here, before any MCP server is contacted (the engine would only
+    refuse it at the first round)."""
     if given is not None:
-        return given, SessionPool.NAMED, False
+        return check_session_id(given), SessionPool.NAMED, False
     return "mcp_loop_" + secrets.token_hex(12), SessionPool.CHAIN, True
 
 

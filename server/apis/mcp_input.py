@@ -112,6 +112,7 @@ def openai_ref(tool: dict[str, Any], where: str) -> McpRef:
         None if allowed is None else _filter_names(allowed, f"{where}.allowed_tools"),
         _approval(tool.get("require_approval"), f"{where}.require_approval"),
         headers or None,
+        headers_field="headers" if tool.get("headers") else "authorization",
     )  # fmt: skip
 
 
@@ -153,5 +154,5 @@ def anthropic_ref(server: Any, where: str) -> McpRef:
     return McpRef(
         where, name, url, names if enabled else (),
         "never",  # the connector has no approvals: the tools run
-        {"Authorization": bearer} if bearer else None, "url", "name",
+        {"Authorization": bearer} if bearer else None, "url", "name", "authorization_token",
     )  # fmt: skip

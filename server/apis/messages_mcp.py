@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
-from server.apis.mcp_common import cleanup_later, loop_prepare, loop_session, open_toolset
+from server.apis.mcp_common import loop_prepare, loop_session, mcp_turn
 from server.apis.mcp_input import anthropic_ref
 from server.apis.messages import Blocks, _stop, _usage
 from server.apis.messages_input import chat_messages, chat_param, message_options
@@ -46,35 +46,33 @@ async def serve_messages_mcp(body: MessagesRequest, request: Request, caller: Ca
         raise BadRequest("'mcp_servers' must be a list", param="mcp_servers")
     body.log_unknown("messages")
     body.refuse_unsupported()
+    # Everything that can be refused without the MCP servers, before any is contacted.
     refs = [anthropic_ref(s, f"mcp_servers[{i}]") for i, s in enumerate(servers)]
     served = resolve_model(request, body.model)
     engine = served.engine
-    toolset = await open_toolset(request, refs, caller)
     session_id, pool, internal = loop_session(caller.session_header)
     sampling = SamplingExtras.model_validate({
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
         "stop": body.stop_sequences, "user": body.metadata.user_id if body.metadata else None,
         "session_id": session_id,
     })  # fmt: skip
-
+    messages, options = chat_messages(body), message_options(body)
     prepare = loop_prepare(served, sampling, caller, pool, max_tokens=body.max_tokens,
                            param_name=chat_param)  # fmt: skip
-    spec = LoopSpec(toolset, chat_messages(body), message_options(body), prepare, engine.generate,
-                    request.app.state.settings.mcp.max_tool_iterations)  # fmt: skip
-    cleanup = cleanup_later(engine, caller.tenant, session_id if internal else None, toolset)
     message: dict[str, Any] = {
         "id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
         "content": [], "model": engine.info.model_id, "stop_reason": None,
         "stop_sequence": None, "usage": _usage(0, Choice()),
     }  # fmt: skip
-    if body.stream:
-        return sse.event_stream(_stream(spec, message), on_close=cleanup)
-    try:
-        return await until_disconnect(request, _complete(spec, message))
-    except ClientDisconnected:
-        return client_gone()
-    finally:
-        cleanup()
+    limits = request.app.state.settings.mcp
+    async with mcp_turn(request, refs, caller, engine, session_id if internal else None) as turn:
+        spec = LoopSpec(turn.toolset, messages, options, prepare, engine.generate, limits)
+        if body.stream:
+            return turn.stream(_stream(spec, message))
+        try:
+            return await until_disconnect(request, _complete(spec, message))
+        except ClientDisconnected:
+            return client_gone()
 
 
 def _apply(blocks: Blocks, event: LoopEvent, num_calls: list[int]) -> None:

@@ -10,20 +10,14 @@ items sent back) carries `mcp_approval_response` items and the loop goes on from
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
 from engine.client import GenerateRequest, Generation
-from server.apis.mcp_common import (
-    check_mcp_choice,
-    cleanup_later,
-    loop_prepare,
-    loop_session,
-    open_toolset,
-)
+from server.apis.mcp_common import check_mcp_choice, loop_prepare, loop_session, mcp_turn
 from server.apis.mcp_input import openai_ref
 from server.apis.responses import (
     _finished,
@@ -36,13 +30,14 @@ from server.apis.responses import (
 from server.apis.responses_input import chat_param, response_options
 from server.apis.responses_output import OutputBuilder, item_id
 from server.apis.responses_store import Stored
-from server.deps import Caller
+from server.deps import Caller, EngineLike
 from server.errors import APIError, BadRequest
 from server.mcp.loop import (
     ApprovalNeeded,
     CallDone,
     CallStarted,
     Finished,
+    Generate,
     LoopEvent,
     LoopSpec,
     McpCall,
@@ -108,17 +103,10 @@ async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: C
     body.refuse_unsupported()
     store, previous, served, conversation = await open_turn(body, request, caller)
     engine = served.engine
+    # Everything that can be refused without the MCP servers, before any is contacted.
     options = response_options(body)
     refs = [openai_ref(t, f"tools[{i}]") for i, t in enumerate(body.tools or [])
             if t.get("type") == "mcp"]  # fmt: skip
-    toolset = await open_toolset(request, refs, caller)
-    try:
-        check_mcp_choice(body.tool_choice, toolset)
-        earlier = previous.response["output"] if previous else []
-        resumed = _approvals(body, earlier, toolset)
-    except BaseException:
-        await toolset.close()
-        raise
     given, pool = _session(body, caller, previous)
     session_id, loop_pool, internal = loop_session(given)
     pool = loop_pool if internal else pool
@@ -126,16 +114,49 @@ async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: C
     sampling = _sampling(body, session_id)
     prepare = loop_prepare(served, sampling, caller, pool, max_tokens=body.max_output_tokens,
                            head=system, param_name=chat_param)  # fmt: skip
+    response = _skeleton(body, engine.info.model_id)
+    _echo_tools(body, response)
+    kept_session = None if internal else session_id
+
+    async def keep(final: dict[str, Any], turns: list[dict[str, Any]]) -> None:
+        if body.store and final["status"] in ("completed", "incomplete"):
+            await store.put(Stored(caller.tenant, final, turns, kept_session, pool))
+
+    async with mcp_turn(request, refs, caller, engine, session_id if internal else None) as turn:
+        check_mcp_choice(body.tool_choice, turn.toolset)
+        earlier = previous.response["output"] if previous else []
+        resumed = _approvals(body, earlier, turn.toolset)
+        spec = LoopSpec(turn.toolset, conversation, options, prepare, _first(engine),
+                        request.app.state.settings.mcp, resumed)  # fmt: skip
+        events = _events(spec, engine, response, keep)
+        if body.stream:
+            return turn.stream(_numbered(response, events(True)))
+        try:
+            _, payload = await until_disconnect(request, _last(events(False)))
+        except ClientDisconnected:
+            return client_gone()
+        return payload["response"]
+
+
+def _first(engine: EngineLike) -> Generate:
+    """The loop's generate: the conversation's session, else a fresh one if it is busy."""
 
     async def generate(requests: list[GenerateRequest]) -> Generation:
         return (await _generate(engine, requests))[0]
 
-    spec = LoopSpec(toolset, conversation, options, prepare, generate,
-                    request.app.state.settings.mcp.max_tool_iterations, resumed)  # fmt: skip
-    response = _skeleton(body, engine.info.model_id)
-    _echo_tools(body, response)
+    return generate
+
+
+Keep = Callable[[dict[str, Any], list[dict[str, Any]]], Awaitable[None]]
+
+
+def _events(
+    spec: LoopSpec, engine: EngineLike, response: dict[str, Any], keep: Keep
+) -> Callable[[bool], AsyncIterator[Event]]:
+    """The response's events, for a stream (a failure is its last event) or not (raised);
+    `keep` stores the final response with its conversation."""
     builder = OutputBuilder()
-    kept_session = None if internal else session_id
+    resumed, toolset = spec.resumed, spec.toolset
 
     async def run(fail_in_stream: bool) -> AsyncIterator[Event]:
         """The response's events; the last one carries the final response."""
@@ -148,10 +169,8 @@ async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: C
                 if isinstance(event, Finished):
                     final = _finished(engine, response, builder, event.total,
                                       event.num_prompt_tokens)  # fmt: skip
-                    if body.store and final["status"] in ("completed", "incomplete"):
-                        turns = [*event.messages, *([event.final_turn] if event.final_turn
-                                                    else [])]  # fmt: skip
-                        await store.put(Stored(caller.tenant, final, turns, kept_session, pool))
+                    await keep(final, [*event.messages,
+                                       *([event.final_turn] if event.final_turn else [])])
                     for item in builder.drain():
                         yield item
                     done = ("response.incomplete" if final["status"] == "incomplete"
@@ -169,17 +188,7 @@ async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: C
                 yield item
             yield "response.failed", {"response": final}
 
-    cleanup = cleanup_later(engine, caller.tenant, session_id if internal else None, toolset)
-
-    if body.stream:
-        return sse.event_stream(_numbered(response, run(True)), on_close=cleanup)
-    try:
-        _, payload = await until_disconnect(request, _last(run(False)))
-    except ClientDisconnected:
-        return client_gone()
-    finally:
-        cleanup()
-    return payload["response"]
+    return run
 
 
 Event = tuple[str, dict[str, Any]]

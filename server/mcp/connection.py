@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx2
@@ -57,15 +58,22 @@ class McpConnection:
         spec: McpServerSection,
         connect_timeout_s: float,
         headers: dict[str, str] | None = None,
+        *,
+        retry_s: float = 5.0,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self.spec = spec
         self._connect_timeout_s = connect_timeout_s
+        self._retry_s = retry_s
         self._headers = {**spec.http_headers(), **(headers or {})}
         self._client: Client | None = None
         self._owner: asyncio.Task[None] | None = None
+        self._attempt: asyncio.Task[Client] | None = None  # the one connect in flight
+        self._failed: tuple[float, str] | None = None  # (when it may be tried again, why)
         self._stop = asyncio.Event()
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # closers only: requests never wait on it
         self._tools: tuple[McpTool, ...] | None = None
+        self._on_close = on_close
 
     def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
         spec = self.spec
@@ -127,25 +135,47 @@ class McpConnection:
             log.info("mcp server %s: no list-change stream: %s", self.spec.label, _reason(exc))
 
     async def _connected(self) -> Client:
-        async with self._lock:
-            if self._client is not None and self._owner is not None and not self._owner.done():
-                return self._client
-            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            # read by the waiter below, or (past its timeout) here: never left unretrieved
-            ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-            self._stop = asyncio.Event()
+        """The open client. Single flight: concurrent callers wait for one connect attempt
+        (no lock is held across it, so a server that does not answer costs every waiter
+        one connect_timeout_s at most, not one each in turn), and a failed attempt is
+        remembered for `retry_s`: the requests meanwhile fail at once with its reason."""
+        if self._client is not None and self._owner is not None and not self._owner.done():
+            return self._client
+        if self._failed is not None:
+            until, reason = self._failed
+            left = until - time.monotonic()
+            if left > 0:
+                raise McpUnavailable(f"{reason} (not tried again for {left:.1f} s)")
+        if self._attempt is None or self._attempt.done():
             # A fresh context: the connection outlives the request that opened it, and
             # must not carry that request's trace span (its traceparent) into later ones.
-            self._owner = asyncio.create_task(self._hold(ready), name=f"mcp:{self.spec.label}",
-                                              context=contextvars.Context())  # fmt: skip
-            try:
-                async with asyncio.timeout(self._connect_timeout_s):
-                    await asyncio.shield(ready)
-            except TimeoutError:
-                await self._end_owner()
-                raise McpUnavailable(f"no answer within {self._connect_timeout_s:g} s") from None
-            assert self._client is not None
-            return self._client
+            self._attempt = asyncio.create_task(self._connect(), name="mcp-connect",
+                                                context=contextvars.Context())  # fmt: skip
+            # its failure is read by the waiters below, or here if they all went away
+            self._attempt.add_done_callback(lambda t: t.cancelled() or t.exception())
+        # shielded: a waiter that gives up (its client left) does not end the others' wait
+        return await asyncio.shield(self._attempt)
+
+    async def _connect(self) -> Client:
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # read below, or (past its timeout) here: never left unretrieved
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._stop = asyncio.Event()
+        self._owner = asyncio.create_task(self._hold(ready), name=f"mcp:{self.spec.label}")
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                await asyncio.shield(ready)
+        except BaseException as exc:  # noqa: BLE001 - timed out, refused, or closed meanwhile
+            await self._end_owner(grace_s=0)  # not connected: nothing to close gracefully
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            reason = (f"no answer within {self._connect_timeout_s:g} s"
+                      if isinstance(exc, TimeoutError) else str(exc))  # fmt: skip
+            self._failed = (time.monotonic() + self._retry_s, reason)
+            raise McpUnavailable(reason) from None
+        self._failed = None
+        assert self._client is not None
+        return self._client
 
     async def tools(self) -> tuple[McpTool, ...]:
         """The server's tools (listed once; again after list_changed). Raises McpUnavailable."""
@@ -168,16 +198,26 @@ class McpConnection:
         self._tools = tuple(listed)
         return self._tools
 
-    async def call(self, name: str, arguments: dict[str, Any], max_chars: int) -> CallOutcome:
-        """Call a tool. Failures come back as an error outcome, never raised; cancelling
-        the caller (a client that went away) cancels the call on the server."""
+    async def call(
+        self, name: str, arguments: dict[str, Any], max_chars: int, budget_s: float | None = None
+    ) -> CallOutcome:
+        """Call a tool, within its `timeout_s` or the request's `budget_s` (what is left
+        of mcp.max_loop_s), the shorter. Failures come back as an error outcome, never
+        raised; cancelling the caller (a client that went away) cancels the call on the
+        server."""
         timeout = self.spec.timeout_s
+        if budget_s is not None and budget_s < timeout:
+            timeout = max(budget_s, 0.0)
+            late = (f"the tool '{name}' was cut off: the request's time for MCP tool "
+                    "calls (mcp.max_loop_s) ran out")  # fmt: skip
+        else:
+            late = f"the tool '{name}' did not answer within {timeout:g} s"
         try:
             client = await self._connected()
             async with asyncio.timeout(timeout):
                 result = await client.call_tool(name, arguments)
         except TimeoutError:
-            return CallOutcome(None, f"the tool '{name}' did not answer within {timeout:g} s")
+            return CallOutcome(None, late)
         except McpUnavailable as exc:
             return CallOutcome(None, f"MCP server '{self.spec.label}' is unavailable: {exc}")
         except Exception as exc:  # noqa: BLE001 - the model reads what went wrong
@@ -187,13 +227,15 @@ class McpConnection:
             return CallOutcome(None, text or f"the tool '{name}' failed")
         return CallOutcome(text, None)
 
-    async def _end_owner(self) -> None:
+    async def _end_owner(self, grace_s: float = 5.0) -> None:
+        """Stop the owner task: asked to leave the client (its session closed on the
+        server), cancelled after `grace_s` (at once with 0: one still connecting)."""
         owner, self._owner = self._owner, None
         if owner is None:
             return
         self._stop.set()
         try:
-            await asyncio.wait_for(asyncio.shield(owner), 5.0)
+            await asyncio.wait_for(asyncio.shield(owner), grace_s)
         except (TimeoutError, asyncio.CancelledError):
             owner.cancel()
             with contextlib.suppress(BaseException):
@@ -202,8 +244,20 @@ class McpConnection:
             pass
 
     async def close(self) -> None:
-        async with self._lock:
-            await self._end_owner()
+        """End the connection (and a connect in flight); `on_close` runs once, whatever
+        happens on the way."""
+        try:
+            async with self._lock:
+                attempt = self._attempt
+                if attempt is not None and not attempt.done():
+                    attempt.cancel()
+                    with contextlib.suppress(BaseException):
+                        await attempt
+                await self._end_owner()
+        finally:
+            on_close, self._on_close = self._on_close, None
+            if on_close is not None:
+                on_close()
 
 
 async def _trace_headers(request: httpx2.Request) -> None:

@@ -1,6 +1,13 @@
 """The agentic loop: generate, call the MCP tools the model asked for, fold the results
 back, generate again, until the model answers (or the iterations run out).
 
+Bounds per request (`[mcp]`): `max_tool_iterations` rounds may call tools; each round
+runs at most `max_calls_per_round` calls; the calls end by `max_loop_s` after the loop
+starts (a call still running then is cut). A call past a bound is not run: it comes
+back to the model as an error result, as a failed call does, and once the rounds or the
+time are spent the next round is the last, in which the grammar allows no MCP call: the
+model answers with what it has.
+
 Every round runs on one kvserve session, so round N+1's prompt (round N's prompt, its
 output and the tool results) continues on round N's KV: only the tool results and the
 re-rendered call are prefilled. The prompt head stays the same over the rounds (the
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +32,7 @@ from chat.tools import Tool, ToolChoice
 from engine.client import FinishReason, GenerateRequest, Generation
 from server import tracing
 from server.mcp.outcome import CallOutcome
+from server.mcp.settings import McpSection
 from server.mcp.toolset import Toolset
 from server.serving.drive import steps
 from server.serving.prepare import Prepared
@@ -95,7 +104,7 @@ class LoopSpec:
     options: ChatOptions  # the client's own tools and choice (an MCP choice: a named one)
     prepare: Prepare
     generate: Generate
-    max_iterations: int
+    limits: McpSection  # max_tool_iterations, max_calls_per_round, max_loop_s
     # calls a previous turn asked approval for, with the answer: run (or declined) first
     resumed: list[tuple[McpCall, bool]] = field(default_factory=list)
 
@@ -114,19 +123,38 @@ def _arguments(text: str) -> dict[str, Any]:
 
 
 async def _run_call(
-    toolset: Toolset, call: McpCall, round_span: Any = None
-) -> AsyncIterator[LoopEvent]:
+    toolset: Toolset, call: McpCall, deadline: float, round_span: Any = None,
+    refusal: str | None = None,
+) -> AsyncIterator[LoopEvent]:  # fmt: skip
+    """One call's events; `refusal`: not run, the model is told why."""
     yield CallStarted(call)
+    if refusal is not None:
+        yield CallDone(call, CallOutcome(None, refusal))
+        return
     arguments = _arguments(call.arguments)
-    outcome = await toolset.call(call.server_label, call.name, arguments, parent=round_span)
+    outcome = await toolset.call(call.server_label, call.name, arguments, parent=round_span,
+                                 budget_s=deadline - time.monotonic())  # fmt: skip
     yield CallDone(call, outcome)
 
 
-def _round_options(spec: LoopSpec, iteration: int) -> ChatOptions:
-    """The tools every round describes the same way; what the grammar allows this round."""
+def _over_limit(limits: McpSection, num_run: int, deadline: float) -> str | None:
+    """Why a call may not run (None: it may): this round ran its calls, or the request's
+    time for calls is spent."""
+    if num_run >= limits.max_calls_per_round:
+        return (f"not run: at most {limits.max_calls_per_round} MCP tool calls run per "
+                "model round (mcp.max_calls_per_round)")  # fmt: skip
+    if time.monotonic() >= deadline:
+        return (f"not run: the request's time for MCP tool calls ({limits.max_loop_s:g} s, "
+                "mcp.max_loop_s) ran out")  # fmt: skip
+    return None
+
+
+def _round_options(spec: LoopSpec, iteration: int, last: bool = False) -> ChatOptions:
+    """The tools every round describes the same way; what the grammar allows this round
+    (`last`: no MCP calls, as past the iterations)."""
     tools = spec.options.tools + spec.toolset.functions()
     first = spec.options.tool_choice
-    if iteration >= spec.max_iterations:
+    if last or iteration >= spec.limits.max_tool_iterations:
         # The last round may not call MCP tools: the client's own, if any, stay callable.
         choice = ToolChoice("none") if not spec.options.tools else ToolChoice("auto")
         if spec.options.tools:
@@ -150,9 +178,10 @@ def _can_call(choice: ToolChoice, tools: tuple[Tool, ...]) -> bool:
 
 async def run_loop(spec: LoopSpec) -> AsyncIterator[LoopEvent]:
     messages = list(spec.messages)
+    deadline = time.monotonic() + spec.limits.max_loop_s
     for call, approved in spec.resumed:
         if approved:
-            async for event in _run_call(spec.toolset, call):
+            async for event in _run_call(spec.toolset, call, deadline):
                 yield event
                 if isinstance(event, CallDone):
                     messages.append(tool_turn(call, event.outcome))
@@ -165,7 +194,8 @@ async def run_loop(spec: LoopSpec) -> AsyncIterator[LoopEvent]:
         # The round span is not made current: this generator yields inside it.
         round_span = tracing.open_span("mcp.round", **{"kvserve.mcp.round": rounds + 1})
         try:
-            prepared = await spec.prepare(messages, _round_options(spec, rounds))
+            options = _round_options(spec, rounds, last=time.monotonic() >= deadline)
+            prepared = await spec.prepare(messages, options)
             generation = await spec.generate(prepared.requests)
             (state,) = prepared.states()
             calls: dict[int, list[str]] = {}  # index -> [call id, name, arguments]
@@ -205,14 +235,16 @@ async def run_loop(spec: LoopSpec) -> AsyncIterator[LoopEvent]:
                 final = turn
                 break
             messages.append(turn)
-            waiting = False
+            waiting, num_run = False, 0
             for call in ours:
                 server = spec.toolset.server(call.server_label)
                 if server is not None and server.needs_approval(call.name):
                     waiting = True
                     yield ApprovalNeeded(call)
                     continue
-                async for event in _run_call(spec.toolset, call, round_span):
+                refusal = _over_limit(spec.limits, num_run, deadline)
+                num_run += refusal is None
+                async for event in _run_call(spec.toolset, call, deadline, round_span, refusal):
                     yield event
                     if isinstance(event, CallDone):
                         messages.append(tool_turn(call, event.outcome))

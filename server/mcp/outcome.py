@@ -13,6 +13,10 @@ class McpUnavailable(Exception):
     """The server could not be reached, or could not list its tools."""
 
 
+class McpBusy(Exception):
+    """No connection of a request's own may open now (mcp.max_private_connections)."""
+
+
 @dataclass(frozen=True, slots=True)
 class McpTool:
     name: str

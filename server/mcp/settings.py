@@ -24,6 +24,18 @@ class McpSection:
     max_tool_iterations: int = 5  # model rounds that may call tools, per request
     max_result_chars: int = 16384  # a tool result longer than this is cut, with a note
     connect_timeout_s: float = 10.0  # connecting to a server and listing its tools
+    # A connect that failed is not tried again for this long: the requests meanwhile fail
+    # at once with its reason, instead of each waiting connect_timeout_s on a server that
+    # is down. Short, so a server that comes back is used again within seconds.
+    connect_retry_s: float = 5.0
+    # Per request: its tool calls end by this many seconds after the loop starts (a call
+    # still running is cut, later ones are not run; the model then answers without tools),
+    # so one request holds its slot for about this long, not rounds x calls x timeout_s.
+    max_loop_s: float = 120.0
+    max_calls_per_round: int = 8  # MCP calls run per model round; the rest get an error
+    # Connections opened for a request's own headers (each an HTTP session and a task),
+    # open at once over all requests; past it a request with headers is refused (429).
+    max_private_connections: int = 16
 
 
 @dataclass(frozen=True)
@@ -143,3 +155,11 @@ def validate_mcp(section: McpSection) -> None:
         raise ConfigError("mcp.max_result_chars: at least 256")
     if section.connect_timeout_s <= 0:
         raise ConfigError("mcp.connect_timeout_s: must be above 0")
+    if section.connect_retry_s < 0:
+        raise ConfigError("mcp.connect_retry_s: must be 0 or more")
+    if section.max_loop_s <= 0:
+        raise ConfigError("mcp.max_loop_s: must be above 0")
+    if not 1 <= section.max_calls_per_round <= 128:
+        raise ConfigError("mcp.max_calls_per_round: between 1 and 128")
+    if section.max_private_connections < 1:
+        raise ConfigError("mcp.max_private_connections: at least 1")

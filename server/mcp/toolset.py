@@ -5,6 +5,7 @@ server. Built per request; `close()` ends the connections the request brought he
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from chat.tools import Tool
 from server import tracing
 from server.mcp.manager import McpManager
 from server.mcp.outcome import CallOutcome, McpTool, McpUnavailable
+from server.mcp.settings import McpServerSection
 
 if TYPE_CHECKING:
     from server.mcp.connection import McpConnection  # the SDK, opened by the manager
@@ -34,9 +36,11 @@ class McpRef:
     # "never", or "always" for every tool, or the tools that need (never) approval
     approval: Literal["never", "always"] | dict[str, tuple[str, ...]] = "never"
     headers: dict[str, str] | None = None
-    # how the API names the two fields, for its errors (Anthropic: "url" and "name")
+    # how the API names the fields, for its errors (Anthropic: "url", "name" and
+    # "authorization_token"; OpenAI: "authorization" when only that one was given)
     url_field: str = "server_url"
     label_field: str = "server_label"
+    headers_field: str = "headers"
 
 
 @dataclass(slots=True)
@@ -76,11 +80,13 @@ class Toolset:
         return next((s for s in self.servers if s.ref.label == label), None)
 
     async def call(
-        self, label: str, name: str, arguments: dict[str, Any], parent: Any = None
-    ) -> CallOutcome:
-        """One tool call, traced as an `mcp.call` span (a child of `parent`, the loop's
-        round span, else of the current span); the span is current while the call runs,
-        so the MCP request carries its `traceparent`."""
+        self, label: str, name: str, arguments: dict[str, Any], parent: Any = None,
+        budget_s: float | None = None,
+    ) -> CallOutcome:  # fmt: skip
+        """One tool call (within `budget_s`, the request's time left for calls), traced as
+        an `mcp.call` span (a child of `parent`, the loop's round span, else of the current
+        span); the span is current while the call runs, so the MCP request carries its
+        `traceparent`."""
         server = self.server(label)
         if server is None:
             return CallOutcome(None, f"MCP server '{label}' is not offered in this request")
@@ -88,7 +94,7 @@ class Toolset:
                       "mcp.method.name": "tools/call"}  # fmt: skip
         began = time.monotonic()
         with tracing.span("mcp.call", parent=parent, **attributes) as span:
-            outcome = await server.connection.call(name, arguments, self.max_chars)
+            outcome = await server.connection.call(name, arguments, self.max_chars, budget_s)
             if span is not None:
                 span.set_attribute("kvserve.mcp.duration_s", round(time.monotonic() - began, 6))
                 status = "failed" if outcome.error is not None else "completed"
@@ -99,46 +105,71 @@ class Toolset:
         return outcome
 
     async def close(self) -> None:
+        """Close the request's private connections (the shared ones stay open)."""
         for server in self.servers:
             if server.private:
                 with contextlib.suppress(Exception):
                     await server.connection.close()
 
+    def close_soon(self) -> None:
+        """`close()` in a task of its own: it runs even when the caller's task is being
+        cancelled (an anyio cancel scope cancels every await of a cancelled request)."""
+        if any(server.private for server in self.servers):
+            task = asyncio.ensure_future(self.close())
+            _closing.add(task)
+            task.add_done_callback(_closing.discard)
+
+
+_closing: set[asyncio.Future[None]] = set()  # kept referenced until they finish
+
 
 def resolve(manager: McpManager, refs: list[McpRef], tenant: str, refuse: Refuse) -> Toolset:
-    """The request's servers, checked: only configured ones, usable by this caller. Not
-    connected yet (`list_tools` does that)."""
-    toolset = Toolset(max_chars=manager.section.max_result_chars)
-    for ref in refs:
-        # By label; a request that names its own label (Anthropic's `name`) is matched
-        # by its URL. Either way the URL, if given, must be the configured one.
-        spec = manager.servers.get(ref.label)
-        if spec is None and ref.url is not None:
-            spec = manager.by_url(ref.url)
-        if spec is None:
-            field_ = ref.url_field if ref.url is not None else ref.label_field
-            raise refuse(f"{ref.where}.{field_}", f"'{ref.url or ref.label}' is not an MCP "
-                         "server configured on this server (only [[mcp_servers]] entries "
-                         "are ever contacted)")  # fmt: skip
-        if ref.url is not None and ref.url.rstrip("/") != spec.url.rstrip("/"):
-            raise refuse(
-                f"{ref.where}.{ref.url_field}",
-                "this URL is not configured for "
-                f"'{spec.label}'; kvserve only calls the URLs in its configuration",
-            )
-        if not spec.usable_by(tenant):
-            raise refuse(f"{ref.where}.{ref.label_field}",
-                         f"this API key may not use the MCP server '{spec.label}'")  # fmt: skip
-        if any(
-            s.connection.spec.label == spec.label or s.ref.label == ref.label
-            for s in toolset.servers
-        ):
+    """The request's servers, checked: only configured ones, usable by this caller. Every
+    ref is checked before any connection is made (a refusal leaves nothing to close); not
+    connected yet (`list_tools` does that). McpBusy when no private connection may open."""
+    checked = [(ref, _spec(manager, ref, tenant, refuse)) for ref in refs]
+    for i, (ref, spec) in enumerate(checked):
+        if any(s.label == spec.label or r.label == ref.label for r, s in checked[:i]):
             raise refuse(f"{ref.where}.{ref.label_field}", f"'{ref.label}' is named twice")
-        private = bool(ref.headers)
-        conn = (manager.private(spec.label, ref.headers or {}) if private
-                else manager.connection(spec.label))  # fmt: skip
-        toolset.servers.append(ServerTools(ref, conn, private))
+    toolset = Toolset(max_chars=manager.section.max_result_chars)
+    try:
+        for ref, spec in checked:
+            private = bool(ref.headers)
+            conn = (manager.private(spec.label, ref.headers or {}) if private
+                    else manager.connection(spec.label))  # fmt: skip
+            toolset.servers.append(ServerTools(ref, conn, private))
+    except BaseException:
+        toolset.close_soon()  # the private connections made before the refusal
+        raise
     return toolset
+
+
+def _spec(manager: McpManager, ref: McpRef, tenant: str, refuse: Refuse) -> McpServerSection:
+    # By label; a request that names its own label (Anthropic's `name`) is matched
+    # by its URL. Either way the URL, if given, must be the configured one.
+    spec = manager.servers.get(ref.label)
+    if spec is None and ref.url is not None:
+        spec = manager.by_url(ref.url)
+    if spec is None:
+        field_ = ref.url_field if ref.url is not None else ref.label_field
+        raise refuse(f"{ref.where}.{field_}", f"'{ref.url or ref.label}' is not an MCP "
+                     "server configured on this server (only [[mcp_servers]] entries "
+                     "are ever contacted)")  # fmt: skip
+    if ref.url is not None and ref.url.rstrip("/") != spec.url.rstrip("/"):
+        raise refuse(
+            f"{ref.where}.{ref.url_field}",
+            "this URL is not configured for "
+            f"'{spec.label}'; kvserve only calls the URLs in its configuration",
+        )
+    if not spec.usable_by(tenant):
+        raise refuse(f"{ref.where}.{ref.label_field}",
+                     f"this API key may not use the MCP server '{spec.label}'")  # fmt: skip
+    if ref.headers and spec.transport == "stdio":
+        # a child process has no HTTP headers: they would be dropped, and each request
+        # would start a process of its own
+        raise refuse(f"{ref.where}.{ref.headers_field}", f"'{spec.label}' is a stdio MCP "
+                     "server: it takes no headers (only HTTP servers do)")  # fmt: skip
+    return spec
 
 
 async def list_tools(toolset: Toolset, refuse: Refuse) -> None:

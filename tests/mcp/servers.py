@@ -45,9 +45,9 @@ def _wait_port(port: int, process: subprocess.Popen[bytes], timeout: float = 60.
 
 
 @contextlib.contextmanager
-def http_mcp(tmp: Path, transport: str = "http") -> Iterator[HttpMcp]:
-    """transport "http" (streamable HTTP, /mcp) or "sse" (/sse)."""
-    port = free_port()
+def http_mcp(tmp: Path, transport: str = "http", port: int | None = None) -> Iterator[HttpMcp]:
+    """transport "http" (streamable HTTP, /mcp) or "sse" (/sse); on `port` (else a free one)."""
+    port = port or free_port()
     log = tmp / f"mcp-{port}.log"
     process = subprocess.Popen(
         [sys.executable, SCRIPT, transport, str(port), str(log)],
