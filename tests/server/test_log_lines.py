@@ -90,7 +90,7 @@ async def test_the_session_header_is_escaped_too(
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
     r = await client.post("/v1/chat/completions", json=body,
                           headers={"X-Session-Id": "s\x1b[2J1 status=500"})  # fmt: skip
-    assert r.status_code == 400 and r.json()["error"]["param"] == "session_id"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Session-Id"
     (line,) = _access_lines(buffer)
     assert "\x1b" not in line and 'session="s\\x1b[2J1 status=500"' in line
 
