@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cache.counters import Counters
@@ -36,7 +36,7 @@ from cache.keys import block_hashes, entry_key, seed
 from cache.purges import PurgeLog
 from cache.ram import RamTier
 from cache.shared import SharedTier, connect
-from cache.types import CacheConfig, CacheHit, CacheStats, Entry, Tier, TierStats
+from cache.types import CacheConfig, CacheHit, CacheStats, Entry, Tier
 from cache.writer import STALL_S, Writer
 
 if TYPE_CHECKING:  # both tiers offer the narrow interface another tier would implement
@@ -84,11 +84,9 @@ class PrefixCache:
             if config.enabled and config.shared_url
             else None
         )
-        # Whole states (set at load for recurrent and hybrid models, engine/family.py): an
-        # entry serves only prompts it is a proper prefix of (a state of other tokens
-        # cannot be cut back), and a longer entry never replaces its prefixes (each is a
-        # checkpoint some other prompt may restore). A plain attribute: it is set before
-        # the model's first request and never changes while it is loaded.
+        # Set at load for recurrent and hybrid models (engine/family.py), before their first
+        # request: an entry serves only prompts it is a proper prefix of, and a longer one
+        # never replaces its prefixes (each is a checkpoint another prompt may restore).
         self.whole_states = False
         self._counts = Counters()
         self._purges = PurgeLog()
@@ -127,9 +125,8 @@ class PrefixCache:
         hit = self._lookup_local(prompt, hashes)
         if self._shared is None or (hit is not None and hit.num_matched >= full):
             return hit
-        found = self._shared.lookup(
-            prompt, hashes, salt, hit.num_matched if hit else 0, whole=self.whole_states
-        )
+        longer_than, whole = (hit.num_matched if hit else 0), self.whole_states
+        found = self._shared.lookup(prompt, hashes, salt, longer_than, whole=whole)
         if found is None:
             return hit
         entry, num_matched = found
@@ -239,8 +236,7 @@ class PrefixCache:
         return False
 
     def _covered(self, entry: Entry, hashes: tuple[bytes, ...]) -> bool:
-        """An entry stored already serves every prompt this one would (lock held): one
-        that starts with all its tokens; for whole states, only one of the same tokens."""
+        """A stored entry starts with all of `entry`'s tokens (whole states: has exactly them)."""
         if self.whole_states:
             return self._index.get(entry.key) is not None
         return self._index.covering(entry.tokens, hashes) is not None
@@ -327,17 +323,11 @@ class PrefixCache:
         shared = self._shared.stats() if self._shared is not None else None
         dropped, corrupt = self._shared.dropped_and_corrupt() if self._shared else (0, 0)
         with self._lock:
-            c, disk = self._counts, self._disk
-            return CacheStats(
-                ram=replace(self._ram.stats(), hits=c.ram_hits, misses=c.ram_misses),
-                disk=c.disk_stats(disk.stats()) if disk else TierStats(),
-                shared=shared,
-                saves=c.saves,
-                saves_dropped=c.saves_dropped + dropped,
-                save_errors=c.save_errors,
-                saves_skipped=c.saves_skipped,
-                corrupt_removed=(disk.corrupt_removed if disk else 0) + corrupt,
-            )
+            disk = self._disk
+            return self._counts.report(
+                self._ram.stats(), disk.stats() if disk else None, shared, dropped,
+                (disk.corrupt_removed if disk else 0) + corrupt,
+            )  # fmt: skip
 
     def check_integrity(self) -> None:
         """Raise RuntimeError unless the index and the tiers agree. For tests and idle
