@@ -193,6 +193,7 @@ def _unpack(build: Build) -> None:
     (top,) = tmp.iterdir()  # llama_cpp_python-VERSION/
     top.rename(build.root / "src")
     tmp.rmdir()
+    shutil.rmtree(build.root / "sdist")  # 74 MB that nothing reads once src/ is there
 
 
 def llama_commit(build: Build) -> str:
