@@ -1,7 +1,9 @@
 """Agents that outnumber slots: a shared tool catalogue, a task each, a tool result a turn.
 
-    LLAMA_SERVER=/path/to/llama-server python bench/agents.py \
-        --servers kvserve,llama-server --agents 16 --slots 4 --turns 4
+    python bench/agents.py --servers kvserve,llama-server --agents 16 --slots 4 --turns 4
+
+llama-server is $LLAMA_SERVER when set, else the build of bench/llama_build.py (made once
+from the installed llama-cpp-python's sources); the binary and its flags are printed.
 
 Every agent sends, turn after turn, its whole conversation again: the system prompt (a
 catalogue of tool definitions shared by all agents), its own task, then for each earlier
@@ -34,7 +36,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.compare import start  # noqa: E402
+from bench import llama_build  # noqa: E402
+from bench.compare import print_peer, start  # noqa: E402
 
 # Plain English-like words, one or two tokens each: syllable pairs.
 HEADS = ("ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "bel", "cor", "dan", "fen")
@@ -264,6 +267,8 @@ def main() -> None:
         try:
             asyncio.run(ask(base, model, [{"role": "user", "content": "hi"}], 4))  # warm-up
             row = {"server": name, **asyncio.run(run_agents(base, model, work, args))}
+            if name.startswith("llama-server"):
+                row["build"] = llama_build.peer_server().description
             rates = asyncio.run(cold_rates(base, model, args))
             row["floor_cost_s"] = round(
                 row["floor_tokens"] / rates["prefill_tok_s"]
@@ -301,6 +306,7 @@ def main() -> None:
             f"{r['ttft_p50_later_s']} s | {r['computed_tokens']} / {r['prompt_tokens']} | "
             f"{r['floor_tokens']} | {r['floor_cost_s']} s |"
         )
+    print_peer([r["server"] for r in rows])
 
 
 if __name__ == "__main__":

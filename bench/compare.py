@@ -6,8 +6,10 @@
 Each server is started on a free loopback port with the bundled SmolLM2-135M-Instruct
 and 2 threads, warmed up with one request, then driven by bench/loadgen.py at each
 concurrency; it is stopped before the next server starts, so they never share the CPU.
-Add `llama-server` to --servers (with LLAMA_SERVER=/path/to/llama-server) to include
-llama.cpp's C++ server, or pass --base-url NAME=URL for any server you started yourself.
+Add `llama-server` to --servers to include llama.cpp's C++ server: $LLAMA_SERVER when set,
+else the one bench/llama_build.py builds (once, cached) from the installed
+llama-cpp-python's sources; the binary, its version and flags are printed with the table.
+Or pass --base-url NAME=URL for any server you started yourself.
 kvserve variants add one setting to the defaults: kvserve-exact (exact_reuse on),
 kvserve-spec (speculative decoding on by default), kvserve-fa / kvserve-nofa (flash attention
 on / off), kvserve-q8 (a q8_0 KV cache); llama-server-nofa is llama-server with `-fa off`.
@@ -29,6 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import llama_build  # noqa: E402
 from bench.loadgen import run_load  # noqa: E402
 from engine.llama import cpu_has_amx  # noqa: E402
 from server.config import default_model_path  # noqa: E402
@@ -99,12 +102,13 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
         ]
         model_id = model
     elif name in ("llama-server", "llama-server-nofa"):
-        # llama.cpp's own C++ server, built by hand (see the README's benchmark section),
+        # llama.cpp's own C++ server ($LLAMA_SERVER, else bench/llama_build.py's build),
         # with kvserve's weight setting: no repacked weights on an AMX CPU (the
         # workaround kvserve's extra_bufts = "auto" applies), repacked elsewhere.
-        binary = os.environ.get("LLAMA_SERVER", "llama-server")
+        peer = llama_build.peer_server()
+        print(peer.description, file=sys.stderr)
         cmd = [
-            binary,
+            str(peer.path),
             "-m",
             model,
             "--port",
@@ -224,6 +228,13 @@ def main() -> None:
             f"{r['ttft_p50_s']} s | "
             f"{r['ttft_p95_s']} s | {r['itl_p50_ms']} ms | {r['itl_p95_ms']} ms | {r['errors']} |"
         )
+    print_peer(names)
+
+
+def print_peer(names: list[str]) -> None:
+    """Say which llama-server a table was measured against: ratios hold only for that build."""
+    if any(n.startswith("llama-server") for n in names):
+        print(llama_build.peer_server().description)
 
 
 if __name__ == "__main__":
