@@ -3,7 +3,9 @@
 Runs on the engine thread. A load that fails part way frees what it had made (the
 model, its contexts) before it raises: an on-demand model whose load
 fails is loaded again by a later request, and each failure must not keep a context's
-KV buffers behind.
+KV buffers behind. A load whose engine is closed meanwhile (`LoadReport.load_cancelled`)
+stops the same way at its next step: after the download, inside llama.cpp's model load
+(its progress callback answers "stop"), before the contexts are made.
 """
 
 from __future__ import annotations
@@ -57,6 +59,16 @@ class LoadReport(Protocol):
     load_progress: float  # 0..1
     load_phase: str  # "downloading" while a fetch runs, else "loading"
     loaded_bytes: int  # weights + KV, known once the model file is read
+    load_cancelled: bool  # set by a close: stop and free what was made
+
+
+class LoadCancelled(Exception):
+    """The engine was closed while it loaded; what the load had made is freed."""
+
+
+def _go_on(report: LoadReport) -> None:
+    if report.load_cancelled:
+        raise LoadCancelled("the engine was closed during its load")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,18 +93,24 @@ def load(
     def progress(value: float) -> None:
         report.load_progress = value
 
+    def model_progress(value: float) -> bool:
+        progress(value)
+        return not report.load_cancelled  # False: llama.cpp abandons the model load
+
     if cfg.fetch is not None:
         report.load_phase = "downloading"
         cfg = dataclasses.replace(cfg, model_path=cfg.fetch(progress))
         report.load_phase, report.load_progress = "loading", 0.0
+    _go_on(report)
     with contextlib.ExitStack() as undo:  # emptied once everything is made
         model = Model(
             cfg.model_path,
-            on_progress=progress,
+            on_progress=model_progress,
             n_gpu_layers=cfg.n_gpu_layers,
             extra_bufts=cfg.use_extra_bufts,
         )
         undo.callback(model.close)  # called last: the contexts go first
+        _go_on(report)
         total_cells = cfg.n_ctx if cfg.kv_unified else cfg.n_ctx * cfg.n_seq_max
         embed_cells = cfg.embed_n_ctx if cfg.embeddings else 0
         report.loaded_bytes = model.size_bytes() + model.kv_bytes_per_cell() * (
@@ -105,6 +123,7 @@ def load(
                 path = adapter.fetch(progress)
                 report.load_phase = "loading"
             model.load_lora(adapter.id, path)
+        _go_on(report)
         ctx = Context(model, _context_params(cfg, total_cells))
         undo.callback(ctx.close)
         embedder = None
@@ -133,6 +152,14 @@ def load(
         worker = Worker(model, ctx, scheduler, embedder, deliver, cache, cfg.limits)
         undo.pop_all()
     return Loaded(worker, info, cache)
+
+
+def free_worker(worker: Worker) -> None:
+    """Free what a load made for `worker`: its contexts, then the model."""
+    worker.ctx.close()
+    if worker.embedder is not None:
+        worker.embedder.ctx.close()
+    worker.model.close()
 
 
 def _context_params(cfg: EngineConfig, total_cells: int) -> ContextParams:

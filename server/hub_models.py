@@ -143,19 +143,14 @@ class HubModels:
                     log.warning("hub cache: %s not served: %s", f.file_path, exc)
 
     async def delete(self, served: ServedModel) -> None:
-        """Unload `served`, stop serving it and remove its file from the hub cache."""
+        """Unload `served`, stop serving it and remove its file from the hub cache
+        (409 while it loads or serves: server/loading.py `retire`)."""
         if not served.pulled:
             raise HubModelError(f"the model {served.id!r} is configured, not pulled")
         repo = HubName.parse(served.id)
         if repo is not None and repo.repo in self.configured_repos:
             raise HubModelError(f"its file belongs to a configured model ({repo.repo})")
-        if served.in_flight or served.engine.busy:
-            raise HubModelError(f"the model {served.id!r} has requests in flight")
-        if served.engine.ready and not await self.loader.unload(served):
-            raise HubModelError(f"the model {served.id!r} has requests in flight")
-        self.models.remove(served)
-        self.loader.forget(served)
-        served.engine.close()
+        await self.loader.retire(served, lambda: self.models.remove(served))  # 409 if in use
         remove_cached_file(served.path)
 
 

@@ -88,11 +88,12 @@ async def load_model(model_id: str, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/models/{model_id:path}/unload")
 async def unload_model(model_id: str, request: Request) -> dict[str, Any]:
-    """Unload a model (its slots' KV is saved to the cache first); 409 while it serves."""
+    """Unload a model (its slots' KV is saved to the cache first); 409 while it serves
+    or loads."""
     served = resolve_model(request, model_id, require_ready=False)
     if served.engine.state is EngineState.RECOVERING:
         raise from_engine_error(EngineRecoveringError(f"the model '{served.id}' is being rebuilt"))
-    if served.engine.ready and not await _loader(request).unload(served):
+    if not await _loader(request).unload(served) and served.engine.ready:
         raise ModelBusy(f"the model '{served.id}' has requests in flight", code="model_busy")
     return _card(served, request.app.state.started)
 
