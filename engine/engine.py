@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from cache import CacheConfig, PrefixCache
 from engine.cache_ops import CacheOps
@@ -63,6 +64,7 @@ class Engine(Submitting, SessionOps, CacheOps):
         self._pending_embeds = 0
         self._cache: PrefixCache | None = None
         self._cache_lock = threading.Lock()  # opened by the engine thread or a route's
+        self._lookups: ThreadPoolExecutor | None = None  # made by the first cache lookup
         self.sessions = SessionRegistry(config.sessions, on_retire=self._retire_session)
         # Per tenant (loop thread only): requests by hit kind, and prompt tokens reused.
         self._tenant_hits: dict[str, dict[str, int]] = {}
@@ -192,6 +194,9 @@ class Engine(Submitting, SessionOps, CacheOps):
                 self._unloading = False
                 self.load_cancelled = True  # read by a load still running (see _main)
                 self.state = EngineState.STOPPED  # before the thread ends: nothing slips in
+        lookups, self._lookups = self._lookups, None
+        if lookups is not None:  # idle once requests are refused; one running ends alone
+            lookups.shutdown(wait=False)
         if running:
             assert thread is not None
             if worker is not None:

@@ -46,6 +46,7 @@ from server.metrics import make_registry
 from server.metrics import router as metrics_router
 from server.middleware import AccessMiddleware, BodyLimit
 from server.model_gate import ModelGate
+from server.pulls import Pulls
 from server.registry import ModelRegistry, ServedModel
 from server.routes import (
     cache,
@@ -206,6 +207,7 @@ def create_app(
         finally:
             watcher.cancel()
             unloader.cancel()
+            app.state.pulls.close()
             app.state.responses.close()
             await app.state.mcp.close()
             for model in served:  # each engine saves what it keeps (cache, sessions) here
@@ -235,6 +237,7 @@ def create_app(
     app.state.registry, app.state.metrics = make_registry(served)
     app.state.loader = ModelLoader(served, settings.loading, app.state.registry)
     app.state.hub_models = _hub_models(settings, served, app.state.loader)
+    app.state.pulls = Pulls(settings.hub)
     if engine is None and engines is None:  # a real server: what the hub cache holds
         app.state.hub_models.discover()
     errors.install(app)
