@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cache import CacheConfig, PrefixCache, model_fingerprint, namespace
+from cache import CacheBudget, CacheConfig, PrefixCache, model_fingerprint, namespace
 from engine.embedder import Embedder
 from engine.llama import Context, ContextParams, Model
 from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
@@ -38,6 +38,9 @@ class EngineConfig(EngineSettings):
     model_path: str
     model_id: str
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
+    # The process's one RAM and disk budget, shared by every model's cache (a server
+    # makes one); None: this engine's cache sizes its own tiers from `cache`.
+    cache_budget: CacheBudget | None = None
     sessions: SessionLimits = SessionLimits()
     # Called first on the engine thread when set: fetches the model (a hub download,
     # reporting its progress 0..1) and returns its local path, used instead of model_path.
@@ -48,7 +51,8 @@ class EngineConfig(EngineSettings):
     def of(
         cls, settings: EngineSettings, model_path: str, model_id: str, **rest: Any
     ) -> EngineConfig:
-        """`settings` for the model at `model_path` (`rest`: cache, sessions, fetch, loras)."""
+        """`settings` for the model at `model_path` (`rest`: cache, cache_budget,
+        sessions, fetch, loras)."""
         tunables = {f.name: getattr(settings, f.name) for f in dataclasses.fields(EngineSettings)}
         return cls(model_path=model_path, model_id=model_id, **tunables, **rest)
 
@@ -213,4 +217,4 @@ def open_prefix_cache(cfg: EngineConfig, model_path: str) -> PrefixCache | None:
         return None
     # Everything that changes the layout of a sequence's KV state.
     layout = (cfg.n_ctx, cfg.type_k, cfg.type_v, "flash" if cfg.flash_attn else "no-flash")
-    return PrefixCache(cfg.cache, namespace(fingerprint, *layout))
+    return PrefixCache(cfg.cache, namespace(fingerprint, *layout), cfg.cache_budget)

@@ -17,6 +17,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from engine.client import (
+    CacheBudget,
     Engine,
     EngineConfig,
     EngineNotReadyError,
@@ -68,10 +69,14 @@ log = logging.getLogger("kvserve.server")
 
 
 def engine_config(
-    model: ModelSection, settings: Settings | None = None, label: str = "model"
+    model: ModelSection,
+    settings: Settings | None = None,
+    label: str = "model",
+    budget: CacheBudget | None = None,
 ) -> EngineConfig:
     """The engine of `model`: its settings as configured, the cache and session limits
-    of the process, and how to fetch it (and its adapters) from a hub."""
+    of the process (`budget`: the process's one cache budget, shared by every model's
+    cache), and how to fetch it (and its adapters) from a hub."""
     settings = settings or Settings()
     fetch = None
     if model.hf_repo:
@@ -84,6 +89,7 @@ def engine_config(
         model.model_path,
         model.id,
         cache=cache if cache.enabled else None,
+        cache_budget=budget,
         sessions=settings.sessions,
         fetch=fetch,
         loras=tuple(
@@ -100,7 +106,10 @@ def _adapter(label: str, lora: LoraSection, settings: Settings) -> LoraAdapter:
 
 
 def _served_models(
-    settings: Settings, engine: EngineLike | None, engines: Mapping[str, EngineLike] | None
+    settings: Settings,
+    engine: EngineLike | None,
+    engines: Mapping[str, EngineLike] | None,
+    budget: CacheBudget,
 ) -> ModelRegistry:
     configured = {m.id: m for m in settings.models}
     if engine is not None:  # a test seam: one ready-made engine, under its own id
@@ -113,7 +122,7 @@ def _served_models(
         if len(labels) == 1:
             labels = ["model"]
         engines = {
-            m.id: Engine(engine_config(m, settings, label))
+            m.id: Engine(engine_config(m, settings, label, budget))
             for m, label in zip(settings.models, labels, strict=True)
         }
     served = []
@@ -137,12 +146,15 @@ def _served_models(
     return ModelRegistry(served)
 
 
-def _hub_models(settings: Settings, served: ModelRegistry, loader: ModelLoader) -> HubModels:
-    """Pulled models: served with the [engine] defaults, loaded by their first request."""
+def _hub_models(
+    settings: Settings, served: ModelRegistry, loader: ModelLoader, budget: CacheBudget
+) -> HubModels:
+    """Pulled models: served with the [engine] defaults, loaded by their first request,
+    their prefix caches within the process's one cache budget."""
 
     def make_engine(model_id: str, path: str) -> EngineLike:
         section = ModelSection(id=model_id, path=path, engine=settings.engine)
-        return Engine(engine_config(section, settings, model_id))
+        return Engine(engine_config(section, settings, model_id, budget))
 
     configured = frozenset(m.hf_repo.partition(":")[0] for m in settings.models if m.hf_repo)
     return HubModels(served, loader, make_engine, settings.hub.cache_dir, configured)
@@ -192,7 +204,9 @@ def create_app(
     """Build the app. Without `engine`/`engines` (model id -> engine), one real engine
     per configured model is made; each loads in the background once the app starts
     (/health says 503 until all are ready)."""
-    served = _served_models(settings, engine, engines)
+    # One RAM and one disk budget for every model's prefix cache, pulled ones included.
+    budget = CacheBudget.of(settings.cache)
+    served = _served_models(settings, engine, engines, budget)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -236,7 +250,8 @@ def create_app(
     app.state.mcp = McpManager(settings.mcp, settings.mcp_servers)
     app.state.registry, app.state.metrics = make_registry(served)
     app.state.loader = ModelLoader(served, settings.loading, app.state.registry)
-    app.state.hub_models = _hub_models(settings, served, app.state.loader)
+    app.state.cache_budget = budget
+    app.state.hub_models = _hub_models(settings, served, app.state.loader, budget)
     app.state.pulls = Pulls(settings.hub)
     if engine is None and engines is None:  # a real server: what the hub cache holds
         app.state.hub_models.discover()
