@@ -147,17 +147,23 @@ def _served_models(
 
 
 def _hub_models(
-    settings: Settings, served: ModelRegistry, loader: ModelLoader, budget: CacheBudget
+    settings: Settings,
+    served: ModelRegistry,
+    loader: ModelLoader,
+    budget: CacheBudget,
+    follow: bool,
 ) -> HubModels:
     """Pulled models: served with the [engine] defaults, loaded by their first request,
-    their prefix caches within the process's one cache budget."""
+    their prefix caches within the process's one cache budget; `follow`: the list
+    follows the hub cache (what other replicas pull and delete there)."""
 
     def make_engine(model_id: str, path: str) -> EngineLike:
         section = ModelSection(id=model_id, path=path, engine=settings.engine)
         return Engine(engine_config(section, settings, model_id, budget))
 
     configured = frozenset(m.hf_repo.partition(":")[0] for m in settings.models if m.hf_repo)
-    return HubModels(served, loader, make_engine, settings.hub.cache_dir, configured)
+    return HubModels(served, loader, make_engine, settings.hub.cache_dir, configured,
+                     follow=follow)  # fmt: skip
 
 
 def _response_store(settings: Settings, served: ModelRegistry) -> ResponseStore:
@@ -251,9 +257,12 @@ def create_app(
     app.state.registry, app.state.metrics = make_registry(served)
     app.state.loader = ModelLoader(served, settings.loading, app.state.registry)
     app.state.cache_budget = budget
-    app.state.hub_models = _hub_models(settings, served, app.state.loader, budget)
+    # A real server follows the hub cache (and a test's app that names one): what it
+    # holds at start, and what other replicas pull into it or delete from it later.
+    follow = (engine is None and engines is None) or bool(settings.hub.cache_dir)
+    app.state.hub_models = _hub_models(settings, served, app.state.loader, budget, follow)
     app.state.pulls = Pulls(settings.hub)
-    if engine is None and engines is None:  # a real server: what the hub cache holds
+    if follow:
         app.state.hub_models.discover()
     errors.install(app)
 

@@ -39,7 +39,7 @@ def resolve_ollama_model(models: ModelRegistry, name: str) -> ServedModel | None
     base = name.removesuffix(":latest")
     candidates = [name, base, f"{base}:latest"]
     for candidate in candidates:
-        served = models.get(candidate)
+        served = models.find(candidate)  # a miss looks at a shared hub cache again
         if served is not None:
             return served
     folded = {c.lower() for c in candidates}

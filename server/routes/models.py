@@ -70,6 +70,7 @@ def _card(served: ServedModel, created: int) -> dict[str, Any]:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     """List the models this server serves (also those still loading)."""
+    request.app.state.hub_models.rescan()  # what other replicas pulled or deleted
     created = request.app.state.started
     return {"object": "list", "data": [_card(m, created) for m in registry(request)]}
 

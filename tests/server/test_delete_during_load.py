@@ -23,7 +23,8 @@ CHAT = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tok
 
 
 class Loading(FakeEngine):
-    """Loads until `loaded` is set; its unload's wait blocks until `stopped` is set."""
+    """Loads until `loaded` is set; its unload's wait blocks until `stopped` is set,
+    its close (on a worker thread) until `closing` is."""
 
     def __init__(self, model_id: str) -> None:
         super().__init__(model_id=model_id)
@@ -31,6 +32,8 @@ class Loading(FakeEngine):
         self.loaded = asyncio.Event()
         self.stopped = threading.Event()
         self.stopped.set()
+        self.closing = threading.Event()
+        self.closing.set()
         self.num_starts = 0
         self.closed = False
 
@@ -48,6 +51,7 @@ class Loading(FakeEngine):
         return self.stopped.wait(30)
 
     def close(self, timeout: float = 0) -> None:
+        assert self.closing.wait(30)
         super().close(timeout)
         self.closed, self.state = True, EngineState.STOPPED
 
@@ -123,7 +127,13 @@ async def test_a_request_arriving_during_the_delete_loads_nothing(app: Any) -> N
         await _until(lambda: engine.state is EngineState.UNLOADED)
         chat = asyncio.create_task(c.post("/v1/chat/completions", json=CHAT))
         await _until(lambda: served.in_flight == 1)  # in the gate, waiting for its model
+        engine.closing.clear()
         engine.stopped.set()
+        await _until(lambda: app.state.models.get(NAME) is None)  # dropped, file still there
+        # A rescan now (the hub cache is followed) must not serve the file again.
+        names = [m["name"] for m in (await c.get("/api/tags")).json()["models"]]
+        assert names == ["fake-model:latest"]
+        engine.closing.set()
         assert (await asyncio.wait_for(delete, 30)).status_code == 200
         r = await asyncio.wait_for(chat, 30)
         # Not started again: no engine loaded for a model nobody serves.
