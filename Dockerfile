@@ -51,8 +51,10 @@ ENV PATH=/opt/kvserve/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     KVSERVE_SERVER_HOST=0.0.0.0 \
     KVSERVE_SERVER_PORT=8080 \
-    KVSERVE_CACHE_DISK_DIR=/var/cache/kvserve
-# The KV cache's disk tier lives here, so a restarted container starts warm.
+    KVSERVE_CACHE_DISK_DIR=/var/cache/kvserve \
+    HF_HUB_CACHE=/var/cache/kvserve/hub
+# The KV cache's disk tier lives here, so a restarted container starts warm; and the hub
+# cache (pulled models), so replicas that mount one volume serve the same models.
 VOLUME ["/var/cache/kvserve"]
 USER kvserve:kvserve
 WORKDIR /home/kvserve

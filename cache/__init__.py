@@ -5,6 +5,7 @@ cache/shared.py). It stores opaque KV state blobs with the exact token ids they 
 the engine decides what to save and how to restore it.
 """
 
+from cache.budget import CacheBudget
 from cache.keys import model_fingerprint, namespace
 from cache.redis_tier import redis_client, redis_peer
 from cache.shared import recording_calls
@@ -12,6 +13,7 @@ from cache.store import PrefixCache
 from cache.types import CacheConfig, CacheHit, CacheStats, StoreCall, TierStats
 
 __all__ = [
+    "CacheBudget",
     "CacheConfig",
     "CacheHit",
     "CacheStats",

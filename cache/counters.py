@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cache.types import CacheStats, TierStats
+from cache.types import TierStats
 
 
 @dataclass
@@ -26,24 +26,4 @@ class Counters:
             hits=self.disk_hits,
             misses=self.disk_misses,
             errors=stats.errors + self.save_errors,
-        )
-
-    def report(
-        self,
-        ram: TierStats,
-        disk: TierStats | None,
-        shared: TierStats | None,
-        shared_dropped: int,
-        corrupt_removed: int,
-    ) -> CacheStats:
-        """The cache's stats: the tiers' own figures with these counts in."""
-        return CacheStats(
-            ram=replace(ram, hits=self.ram_hits, misses=self.ram_misses),
-            disk=self.disk_stats(disk) if disk is not None else TierStats(),
-            shared=shared,
-            saves=self.saves,
-            saves_dropped=self.saves_dropped + shared_dropped,
-            save_errors=self.save_errors,
-            saves_skipped=self.saves_skipped,
-            corrupt_removed=corrupt_removed,
         )

@@ -19,6 +19,9 @@ writer (host and pid): it is a leftover when that writer was on this host and is
 or when it is older than TMP_MAX_AGE_S; otherwise it may be another replica's write in
 flight, and is left alone.
 Each process keeps the budget over the files it knows of (all of them, once refreshed).
+The budget may be the process's (a `Pool` of cache/budget.py that every model's disk
+tier counts into, sharing its lock): then a write here may delete another model's file
+to keep it, and that tier hands the key to its cache with `take_lost`.
 """
 
 from __future__ import annotations
@@ -28,13 +31,12 @@ import itertools
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Collection, Iterator
 
 import cache.record as record
+from cache.budget import Pool
 from cache.keys import entry_key, seed
-from cache.policy import UsagePolicy
 from cache.types import Entry, EntryInfo, TierStats
 
 log = logging.getLogger(__name__)
@@ -47,12 +49,14 @@ TMP_MAX_AGE_S = 3600.0  # no write takes this long; an older temporary file is a
 class DiskTier:
     name = "disk"
 
-    def __init__(self, root: str, namespace: str, budget: int) -> None:
+    def __init__(self, root: str, namespace: str, budget: int | Pool) -> None:
         self.dir = os.path.join(root, namespace)
         self._namespace = namespace
-        self._lock = threading.Lock()
+        pool = budget if isinstance(budget, Pool) else Pool(budget)
+        self._lock = pool.lock  # the pool's: a write may evict another tier's file
         self._infos: dict[str, EntryInfo] = {}
-        self._policy = UsagePolicy(budget)
+        self._policy = pool.share(self._evicted)
+        self._lost: list[str] = []  # keys another tier's write evicted (see take_lost)
         self._tmp_names = itertools.count()
         self.evictions = 0
         self.corrupt_removed = 0
@@ -64,7 +68,7 @@ class DiskTier:
         log.info(
             "cache: disk tier at %s, budget %.1f GiB, %d entries (%.1f MiB) found",
             self.dir,
-            budget / (1 << 30),
+            self._policy.budget / (1 << 30),
             len(self._infos),
             self._policy.total_bytes / (1 << 20),
         )
@@ -85,12 +89,13 @@ class DiskTier:
                 item = self._read_info(name)
                 if item is not None:
                     found.append(item)
-        for _, info, size in sorted(found, key=lambda item: item[0]):  # oldest least recent
-            self._infos[info.key] = info
-            self._policy.add(info.key, size)
-        for key in self._policy.victims():  # the budget may have shrunk since
-            self._unlink_tracked(key)
-            self.evictions += 1
+        with self._lock:
+            for _, info, size in sorted(found, key=lambda item: item[0]):  # oldest first
+                self._infos[info.key] = info
+                self._policy.add(info.key, size)
+            for key in self._policy.victims():  # the budget may have shrunk since
+                self._unlink_tracked(key)
+                self.evictions += 1
 
     def _read_info(self, name: str) -> tuple[float, EntryInfo, int] | None:
         """(mtime, info, size) from a file's header; None if it vanished or is corrupt
@@ -267,6 +272,19 @@ class DiskTier:
     def touch(self, key: str) -> None:
         with self._lock:
             self._policy.touch(key)
+
+    def _evicted(self, key: str) -> None:
+        """Another tier of the pool took this entry's room (lock held)."""
+        if self._infos.pop(key, None) is not None:
+            self._unlink_file(key)
+            self.evictions += 1
+            self._lost.append(key)
+
+    def take_lost(self) -> list[str]:
+        """The keys other tiers' writes evicted since the last call (files gone)."""
+        with self._lock:
+            lost, self._lost = self._lost, []
+            return lost
 
     def clear(self) -> int:
         # Forget every entry under the lock; delete the files after it, so that a

@@ -10,11 +10,13 @@ Not thread-safe: the tier that owns it locks.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 HIT_WEIGHT = 4
 HIT_CAP = 16
+Key = TypeVar("Key", bound=Hashable)  # a tier's entry key; (tier, key) in a shared Pool
 
 
 @dataclass(slots=True)
@@ -28,14 +30,14 @@ class _Usage:
         return self.last_used + HIT_WEIGHT * min(self.hits, HIT_CAP)
 
 
-class UsagePolicy:
-    """Byte accounting and eviction order for one tier."""
+class UsagePolicy(Generic[Key]):
+    """Byte accounting and eviction order for one tier (or for several: cache/budget.py)."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.total_bytes = 0
         self._clock = 0
-        self._usage: dict[str, _Usage] = {}
+        self._usage: dict[Key, _Usage] = {}
 
     def __len__(self) -> int:
         return len(self._usage)
@@ -43,24 +45,29 @@ class UsagePolicy:
     def __contains__(self, key: object) -> bool:
         return key in self._usage
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[Key]:
         return list(self._usage)
 
-    def add(self, key: str, nbytes: int) -> None:
+    def size(self, key: Key) -> int:
+        """The bytes counted for `key` (0: not counted)."""
+        usage = self._usage.get(key)
+        return usage.nbytes if usage is not None else 0
+
+    def add(self, key: Key, nbytes: int) -> None:
         """Track a new (or replaced) entry as just used."""
         self.remove(key)
         self._clock += 1
         self._usage[key] = _Usage(nbytes, self._clock)
         self.total_bytes += nbytes
 
-    def touch(self, key: str, hit: bool = True) -> None:
+    def touch(self, key: Key, hit: bool = True) -> None:
         usage = self._usage.get(key)
         if usage is not None:
             self._clock += 1
             usage.last_used = self._clock
             usage.hits += hit
 
-    def remove(self, key: str) -> bool:
+    def remove(self, key: Key) -> bool:
         usage = self._usage.pop(key, None)
         if usage is None:
             return False
@@ -70,7 +77,7 @@ class UsagePolicy:
     def fits(self, nbytes: int) -> bool:
         return nbytes <= self.budget
 
-    def victims(self, protect: Collection[str] = ()) -> list[str]:
+    def victims(self, protect: Collection[Key] = ()) -> list[Key]:
         """Keys to remove, lowest score first, until the total fits the budget. Protected
         keys are never chosen, so the result may leave the tier over budget."""
         excess = self.total_bytes - self.budget
@@ -79,7 +86,7 @@ class UsagePolicy:
         order = sorted(
             (k for k in self._usage if k not in protect), key=lambda k: self._usage[k].score
         )
-        chosen: list[str] = []
+        chosen: list[Key] = []
         for key in order:
             if excess <= 0:
                 break

@@ -18,17 +18,22 @@ Several replicas (cache/shared.py): a stored entry is also queued for the shared
 prompt's last full block asks the shared tier for a longer prefix; a shared hit is
 promoted to RAM. On a disk directory that other processes write too, such a lookup
 picks up their new files first (DiskTier.refresh: one stat while nothing changed).
+
+Several models in one process (cache/budget.py): caches made with one CacheBudget count
+their RAM and disk bytes in one budget each, and share one lock (the RAM pool's), so a
+save of one model may evict another's entry, in its index at once; its disk copies that
+another's write evicted it learns of at its next lookup (`_settle_disk`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cache.budget import CacheBudget
 from cache.counters import Counters
 from cache.disk import DiskTier
 from cache.index import BlockIndex, IndexedEntry
@@ -36,7 +41,8 @@ from cache.keys import block_hashes, entry_key, seed
 from cache.purges import PurgeLog
 from cache.ram import RamTier
 from cache.shared import SharedTier, connect
-from cache.types import CacheConfig, CacheHit, CacheStats, Entry, Tier
+from cache.store_reports import Reports
+from cache.types import CacheConfig, CacheHit, Entry, Tier
 from cache.writer import STALL_S, Writer
 
 if TYPE_CHECKING:  # both tiers offer the narrow interface another tier would implement
@@ -53,21 +59,26 @@ class _Save:
     generation: int
 
 
-class PrefixCache:
+class PrefixCache(Reports):
     """Longest-prefix KV state cache over a RAM tier and an optional disk tier."""
 
-    def __init__(self, config: CacheConfig, namespace: str) -> None:
+    def __init__(
+        self, config: CacheConfig, namespace: str, budget: CacheBudget | None = None
+    ) -> None:
+        """`budget`: the process's, shared with the other models' caches (its sizes
+        rule, not `config`'s); None: this cache's own, of `config`'s sizes."""
         if not _NAMESPACE_RE.fullmatch(namespace) or namespace in (".", ".."):
             raise ValueError(f"cache namespace must be a plain file name: {namespace!r}")
         self.config = config
         self.namespace = namespace
         self._block = config.block_tokens
         self._min_tokens = max(config.min_tokens, config.block_tokens)
-        self._lock = threading.Lock()
+        self._budget = budget or CacheBudget.of(config)
+        self._lock = self._budget.ram.lock  # every cache of the budget's: see the module
         self._index = BlockIndex(config.block_tokens)
-        self._ram = RamTier(config.ram_bytes)
+        self._ram = RamTier(self._budget.ram, on_evict=self._ram_evicted)
         self._disk = (
-            DiskTier(config.disk_path, namespace, config.disk_bytes)
+            DiskTier(config.disk_path, namespace, self._budget.disk)
             if config.enabled and config.disk_path
             else None
         )
@@ -90,7 +101,6 @@ class PrefixCache:
         self.whole_states = False
         self._counts = Counters()
         self._purges = PurgeLog()
-        self._writing: str | None = None  # the key whose disk write is in flight
         self._closed = not config.enabled
         self._load_disk_index()
         self._writer: Writer[_Save] | None = (
@@ -136,6 +146,7 @@ class PrefixCache:
     def _refresh_disk(self) -> None:
         """Index the files other processes added to a shared disk directory and forget
         the ones they removed (nothing but a stat while the directory is unchanged)."""
+        self._settle_disk()
         disk = self._disk
         if disk is None or not disk.changed():
             return
@@ -152,6 +163,18 @@ class PrefixCache:
                 if hashes:
                     self._index.add(IndexedEntry(info, tuple(hashes), on_disk=True))
 
+    def _settle_disk(self) -> None:
+        """Forget the disk copies another model's writes evicted (a shared budget)."""
+        lost = self._disk.take_lost() if self._disk is not None else []
+        if lost:
+            with self._lock:
+                for key in lost:
+                    self._forget_disk_copy(key)
+
+    def _ram_evicted(self, key: str) -> None:
+        """Another model's save took this entry's RAM (lock held: it is ours too)."""
+        self._drop_ram_copies([key])
+
     def _adopt(self, entry: Entry, generation: int) -> None:
         """A shared hit goes into RAM (the next lookup here is local), unless a purge
         since the lookup began (`generation`) covers it."""
@@ -163,8 +186,7 @@ class PrefixCache:
                 return
             if self._ram.fits(entry):
                 self._index.add(IndexedEntry(entry.info, hashes))
-                protect = [self._writing] if self._writing else []
-                self._drop_ram_copies(self._ram.put(entry, protect))
+                self._drop_ram_copies(self._ram.put(entry))
 
     def _lookup_local(self, prompt: tuple[int, ...], hashes: list[bytes]) -> CacheHit | None:
         """RAM, then disk (a disk hit is promoted to RAM)."""
@@ -196,9 +218,8 @@ class PrefixCache:
                 return None
             self._counts.disk_hits += 1
             promote = self._index.get(key) is indexed and not self._ram.contains(key)
-            if promote and self._ram.fits(entry):
-                protect = [self._writing] if self._writing else []  # not yet on disk
-                self._drop_ram_copies(self._ram.put(entry, protect))
+            if promote and self._ram.fits(entry):  # (a write in flight is pinned)
+                self._drop_ram_copies(self._ram.put(entry))
             return CacheHit(entry.tokens, entry.state, num_matched, "disk")
 
     def _count_miss(self, ram: bool) -> None:
@@ -260,14 +281,14 @@ class PrefixCache:
                 self._remove(old.info.key)
             if self._ram.fits(entry):
                 self._index.add(indexed)
-                self._writing = entry.key
+                self._ram.pin(entry.key)  # not evicted before it is on disk
                 self._drop_ram_copies(self._ram.put(entry))
         written, evicted = self._write_to_disk(entry)
         with self._lock:
             # Queued under the lock: a purge after this check covers it in the shared tier.
             if self._shared is not None and not self._purges.covers(job.generation, entry.salt):
                 self._shared.save(entry, hashes)  # never blocks: its own writer thread
-            self._writing = None
+            self._ram.pin(None)
             if self._purges.covers(job.generation, entry.salt):  # purged during the write
                 if written and self._disk is not None:
                     self._disk.delete(entry.key)
@@ -319,34 +340,6 @@ class PrefixCache:
 
     # -- admin ----------------------------------------------------------------------------
 
-    def stats(self) -> CacheStats:
-        shared = self._shared.stats() if self._shared is not None else None
-        dropped, corrupt = self._shared.dropped_and_corrupt() if self._shared else (0, 0)
-        with self._lock:
-            disk = self._disk
-            return self._counts.report(
-                self._ram.stats(), disk.stats() if disk else None, shared, dropped,
-                (disk.corrupt_removed if disk else 0) + corrupt,
-            )  # fmt: skip
-
-    def check_integrity(self) -> None:
-        """Raise RuntimeError unless the index and the tiers agree. For tests and idle
-        moments: call it after flush(), with no save in flight."""
-        with self._lock:
-            in_ram = {info.key for info in self._ram.infos()}
-            on_disk = {info.key for info in self._disk.infos()} if self._disk else set()
-            problems = [f"{k}: not indexed" for k in (in_ram | on_disk) - set(self._index.keys())]
-            for indexed in self._index.entries():
-                key = indexed.info.key
-                if indexed.on_disk != (key in on_disk) or key not in in_ram | on_disk:
-                    problems.append(f"{key}: the index is wrong about where it is")
-            if self._ram.stats().bytes > self.config.ram_bytes:
-                problems.append("the RAM tier is over budget")
-            if self._disk and self._disk.stats().bytes > self.config.disk_bytes:
-                problems.append("the disk tier is over budget")
-        if problems:
-            raise RuntimeError("; ".join(problems))
-
     def purge(self) -> int:
         """Drop every entry of this namespace in both tiers; the number of entries."""
         with self._lock:
@@ -364,6 +357,7 @@ class PrefixCache:
     def entries_of(self, owns: Callable[[str], bool]) -> tuple[int, int]:
         """(entries, tokens) of the stored prefixes whose salt `owns` accepts: one
         tenant's share of the cache, for its own view of it."""
+        self._settle_disk()
         with self._lock:
             mine = [e for e in self._index.entries() if owns(e.info.salt)]
             return len(mine), sum(len(e.tokens) for e in mine)
@@ -396,5 +390,7 @@ class PrefixCache:
         lost = self._writer.close(timeout) if self._writer is not None else 0
         with self._lock:  # a stuck writer's saves, logged by it
             self._counts.saves_dropped += lost
+            # Its RAM goes back to the process's budget (a deleted model's, or at exit).
+            self._drop_ram_copies(self._ram.release())
         if self._shared is not None:  # after the local writer: it queues shared saves
             self._shared.close(timeout)

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from cache import redis_client, redis_peer
+from cache import CacheBudget, redis_client, redis_peer
 from engine.engine import Engine
 from engine.generation import Generation
 from engine.llama import KV_TYPES, gpu_offload_supported
@@ -55,6 +55,7 @@ from engine.types import (
 __all__ = [
     "KV_TYPES",
     "TIME_LIMIT_CODES",
+    "CacheBudget",
     "CacheConfig",
     "CacheStats",
     "Engine",

@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from cache import CacheConfig, PrefixCache
 from engine.cache_ops import CacheOps
@@ -25,7 +26,7 @@ from engine.commands import Stop
 from engine.family import UnsupportedModelError
 from engine.generation import Generation
 from engine.llama import Context, Model
-from engine.loading import EngineConfig, load
+from engine.loading import EngineConfig, free_worker, load
 from engine.scheduler import Scheduler
 from engine.session_ops import SessionOps
 from engine.sessions import SessionLimits, SessionRegistry
@@ -65,11 +66,15 @@ class Engine(Submitting, SessionOps, CacheOps):
         self._pending_embeds = 0
         self._cache: PrefixCache | None = None
         self._cache_lock = threading.Lock()  # opened by the engine thread or a route's
+        self._lookups: ThreadPoolExecutor | None = None  # made by the first cache lookup
         self.sessions = SessionRegistry(config.sessions, on_retire=self._retire_session)
         # Per tenant (loop thread only): requests by hit kind, and prompt tokens reused.
         self._tenant_hits: dict[str, dict[str, int]] = {}
         self._tenant_reused: dict[str, int] = {}
         self._unloading = False
+        # Set by a close during a load (under `_state_lock`): the load stops at its next
+        # step and frees what it made instead of publishing a worker (engine/loading.py).
+        self.load_cancelled = False
         # Every worker counts into this one: counters survive rebuilds and reloads.
         self._counters = StepCounters()
         # The engine thread's READY <-> RECOVERING moves never undo an unload or a close
@@ -90,7 +95,7 @@ class Engine(Submitting, SessionOps, CacheOps):
             self._thread.join()  # an unload still saving: normally waited for off the loop
         self._loop = asyncio.get_running_loop()
         self.state, self.load_error, self.load_progress = EngineState.LOADING, None, 0.0
-        self._unloading = False
+        self._unloading = self.load_cancelled = False
         self._thread = threading.Thread(target=self._main, name="kvserve-engine", daemon=True)
         self._thread.start()
 
@@ -104,15 +109,25 @@ class Engine(Submitting, SessionOps, CacheOps):
             self.state = EngineState.FAILED
             return
         except Exception as exc:  # reported on /health; the process stays up to say so
+            if self.load_cancelled:  # a close stopped it (LoadCancelled, or llama.cpp's abort)
+                self._close_cache()
+                return
             log.exception("model load failed")
             self.load_error = str(exc)
             self.state = EngineState.FAILED
             return
         worker = loaded.worker
-        self._cache, self._info, self._model = loaded.cache, loaded.info, worker.model
-        self.load_seconds = time.monotonic() - started
-        self._worker = worker
-        self.state = EngineState.READY
+        with self._state_lock:  # a close now (or before) gets the worker freed, not served
+            published = not self.load_cancelled
+            if published:
+                self._cache, self._info, self._model = loaded.cache, loaded.info, worker.model
+                self.load_seconds = time.monotonic() - started
+                self._worker = worker
+                self.state = EngineState.READY
+        if not published:
+            free_worker(worker)
+            self._close_cache()
+            return
         log.info("engine ready: %s (%.1fs)", self.info.model_id, self.load_seconds)
         watchdog = Watchdog(lambda: self._worker)
         watchdog.start()
@@ -133,10 +148,7 @@ class Engine(Submitting, SessionOps, CacheOps):
             self.state = EngineState.UNLOADED if unloading else EngineState.STOPPED
             self._worker = None
             self._model = None
-            worker.ctx.close()
-            if worker.embedder is not None:
-                worker.embedder.ctx.close()
-            worker.model.close()
+            free_worker(worker)
             # Unloading keeps the cache (the slots' states were just saved into it), so
             # the model comes back warm; a stop closes it: queued saves reach the disk.
             if worker.cache is not None and not unloading:
@@ -179,18 +191,32 @@ class Engine(Submitting, SessionOps, CacheOps):
         """Stop the engine thread: running sequences are aborted, what the slots hold is
         saved and the cache's writes drained (they give up only on a writer that stops
         making progress, logging and counting what was not stored), handles freed.
+        A load under way is cancelled: it stops at its next step (a hub download runs to
+        its end first) and frees what it made; it never becomes a worker nobody owns.
         Waits for all of it, or `timeout` seconds."""
-        if self._worker is not None and self._thread is not None and self._thread.is_alive():
-            with self._state_lock:
+        with self._state_lock:
+            thread, worker = self._thread, self._worker
+            running = thread is not None and thread.is_alive()
+            if running:
                 self._unloading = False
+                self.load_cancelled = True  # read by a load still running (see _main)
                 self.state = EngineState.STOPPED  # before the thread ends: nothing slips in
-            self._worker.commands.put(Stop())
-            self._thread.join(timeout)
-        elif self.state is EngineState.UNLOADED or not (self._thread and self._thread.is_alive()):
-            if self.state is EngineState.UNLOADED:
-                self.state = EngineState.STOPPED
-            if self._cache is not None:  # open with no thread (unloaded, failed, never loaded)
-                self._cache.close()
+        lookups, self._lookups = self._lookups, None
+        if lookups is not None:  # idle once requests are refused; one running ends alone
+            lookups.shutdown(wait=False)
+        if running:
+            assert thread is not None
+            if worker is not None:
+                worker.commands.put(Stop())
+            thread.join(timeout)
+            return
+        if self.state is EngineState.UNLOADED:
+            self.state = EngineState.STOPPED
+        self._close_cache()  # open with no thread (unloaded, failed, never loaded)
+
+    def _close_cache(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
 
     def unload(self) -> bool:
         """Begin freeing the model and its context (event loop thread): from now on the

@@ -3,7 +3,9 @@
 Runs on the engine thread. A load that fails part way frees what it had made (the
 model, its contexts) before it raises: an on-demand model whose load
 fails is loaded again by a later request, and each failure must not keep a context's
-KV buffers behind.
+KV buffers behind. A load whose engine is closed meanwhile (`LoadReport.load_cancelled`)
+stops the same way at its next step: after the download, inside llama.cpp's model load
+(its progress callback answers "stop"), before the contexts are made.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cache import CacheConfig, PrefixCache, model_fingerprint, namespace
+from cache import CacheBudget, CacheConfig, PrefixCache, model_fingerprint, namespace
 from engine.embedder import Embedder
 from engine.exactness import CANDIDATES, exact_rows
 from engine.family import ModelFamily, UnsupportedModelError
@@ -38,6 +40,9 @@ class EngineConfig(EngineSettings):
     model_path: str
     model_id: str
     cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
+    # The process's one RAM and disk budget, shared by every model's cache (a server
+    # makes one); None: this engine's cache sizes its own tiers from `cache`.
+    cache_budget: CacheBudget | None = None
     sessions: SessionLimits = SessionLimits()
     # Called first on the engine thread when set: fetches the model (a hub download,
     # reporting its progress 0..1) and returns its local path, used instead of model_path.
@@ -48,7 +53,8 @@ class EngineConfig(EngineSettings):
     def of(
         cls, settings: EngineSettings, model_path: str, model_id: str, **rest: Any
     ) -> EngineConfig:
-        """`settings` for the model at `model_path` (`rest`: cache, sessions, fetch, loras)."""
+        """`settings` for the model at `model_path` (`rest`: cache, cache_budget,
+        sessions, fetch, loras)."""
         tunables = {f.name: getattr(settings, f.name) for f in dataclasses.fields(EngineSettings)}
         return cls(model_path=model_path, model_id=model_id, **tunables, **rest)
 
@@ -59,6 +65,16 @@ class LoadReport(Protocol):
     load_progress: float  # 0..1
     load_phase: str  # "downloading" while a fetch runs, else "loading"
     loaded_bytes: int  # weights + KV, known once the model file is read
+    load_cancelled: bool  # set by a close: stop and free what was made
+
+
+class LoadCancelled(Exception):
+    """The engine was closed while it loaded; what the load had made is freed."""
+
+
+def _go_on(report: LoadReport) -> None:
+    if report.load_cancelled:
+        raise LoadCancelled("the engine was closed during its load")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,18 +99,24 @@ def load(
     def progress(value: float) -> None:
         report.load_progress = value
 
+    def model_progress(value: float) -> bool:
+        progress(value)
+        return not report.load_cancelled  # False: llama.cpp abandons the model load
+
     if cfg.fetch is not None:
         report.load_phase = "downloading"
         cfg = dataclasses.replace(cfg, model_path=cfg.fetch(progress))
         report.load_phase, report.load_progress = "loading", 0.0
+    _go_on(report)
     with contextlib.ExitStack() as undo:  # emptied once everything is made
         model = Model(
             cfg.model_path,
-            on_progress=progress,
+            on_progress=model_progress,
             n_gpu_layers=cfg.n_gpu_layers,
             extra_bufts=cfg.use_extra_bufts,
         )
         undo.callback(model.close)  # called last: the contexts go first
+        _go_on(report)
         family = model.family()
         refusal = family.refusal()
         if refusal is not None:
@@ -111,6 +133,7 @@ def load(
                 path = adapter.fetch(progress)
                 report.load_phase = "loading"
             model.load_lora(adapter.id, path)
+        _go_on(report)
         ctx = Context(model, _context_params(cfg, total_cells))
         undo.callback(ctx.close)
         embedder = None
@@ -145,6 +168,14 @@ def load(
         worker = Worker(model, ctx, scheduler, embedder, deliver, cache, cfg.limits)
         undo.pop_all()
     return Loaded(worker, info, cache)
+
+
+def free_worker(worker: Worker) -> None:
+    """Free what a load made for `worker`: its contexts, then the model."""
+    worker.ctx.close()
+    if worker.embedder is not None:
+        worker.embedder.ctx.close()
+    worker.model.close()
 
 
 def _context_params(cfg: EngineConfig, total_cells: int) -> ContextParams:
@@ -217,4 +248,4 @@ def open_prefix_cache(cfg: EngineConfig, model_path: str) -> PrefixCache | None:
         return None
     # Everything that changes the layout of a sequence's KV state.
     layout = (cfg.n_ctx, cfg.type_k, cfg.type_v, "flash" if cfg.flash_attn else "no-flash")
-    return PrefixCache(cfg.cache, namespace(fingerprint, *layout))
+    return PrefixCache(cfg.cache, namespace(fingerprint, *layout), cfg.cache_budget)

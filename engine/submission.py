@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -37,6 +39,10 @@ from engine.types import (
 from engine.validation import validate
 from engine.worker import Worker
 
+# Cache lookups of one engine that run at once (a disk read, or a shared-store round trip
+# of at most `shared_timeout_s`); more wait for a free thread of this pool only.
+LOOKUP_THREADS = 4
+
 
 class Submitting:
     config: EngineConfig
@@ -46,6 +52,7 @@ class Submitting:
     _loop: asyncio.AbstractEventLoop | None
     _outstanding: int  # sequences submitted and not yet finished (loop thread only)
     _pending_embeds: int
+    _lookups: ThreadPoolExecutor | None  # the cache lookups' own threads (see _lookup)
 
     if TYPE_CHECKING:  # defined by Engine and its other mixins
 
@@ -160,7 +167,14 @@ class Submitting:
                 return cache.lookup(request.prompt_tokens, request.prefix_salt), tuple(calls)
 
         started = time.monotonic()
-        hit, calls = await asyncio.to_thread(lookup)
+        # On the engine's own threads, not asyncio's default pool: that one also runs
+        # grammar builds, long tokenizes, the response store's Redis calls and the like,
+        # and a request must not wait behind those for a lookup of a few milliseconds.
+        if self._lookups is None:
+            self._lookups = ThreadPoolExecutor(LOOKUP_THREADS, "kvserve-lookup")
+        context = contextvars.copy_context()  # as asyncio.to_thread: trace context and all
+        loop = asyncio.get_running_loop()
+        hit, calls = await loop.run_in_executor(self._lookups, context.run, lookup)
         return hit, (started, time.monotonic()), calls
 
     def _build_samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:

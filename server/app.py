@@ -17,6 +17,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from engine.client import (
+    CacheBudget,
     Engine,
     EngineConfig,
     EngineNotReadyError,
@@ -47,6 +48,7 @@ from server.metrics import router as metrics_router
 from server.middleware import AccessMiddleware, BodyLimit
 from server.model_gate import ModelGate
 from server.origins import OriginGuard
+from server.pulls import Pulls
 from server.registry import ModelRegistry, ServedModel
 from server.routes import (
     cache,
@@ -69,10 +71,14 @@ log = logging.getLogger("kvserve.server")
 
 
 def engine_config(
-    model: ModelSection, settings: Settings | None = None, label: str = "model"
+    model: ModelSection,
+    settings: Settings | None = None,
+    label: str = "model",
+    budget: CacheBudget | None = None,
 ) -> EngineConfig:
     """The engine of `model`: its settings as configured, the cache and session limits
-    of the process, and how to fetch it (and its adapters) from a hub."""
+    of the process (`budget`: the process's one cache budget, shared by every model's
+    cache), and how to fetch it (and its adapters) from a hub."""
     settings = settings or Settings()
     fetch = None
     if model.hf_repo:
@@ -85,6 +91,7 @@ def engine_config(
         model.model_path,
         model.id,
         cache=cache if cache.enabled else None,
+        cache_budget=budget,
         sessions=settings.sessions,
         fetch=fetch,
         loras=tuple(
@@ -101,7 +108,10 @@ def _adapter(label: str, lora: LoraSection, settings: Settings) -> LoraAdapter:
 
 
 def _served_models(
-    settings: Settings, engine: EngineLike | None, engines: Mapping[str, EngineLike] | None
+    settings: Settings,
+    engine: EngineLike | None,
+    engines: Mapping[str, EngineLike] | None,
+    budget: CacheBudget,
 ) -> ModelRegistry:
     configured = {m.id: m for m in settings.models}
     if engine is not None:  # a test seam: one ready-made engine, under its own id
@@ -114,7 +124,7 @@ def _served_models(
         if len(labels) == 1:
             labels = ["model"]
         engines = {
-            m.id: Engine(engine_config(m, settings, label))
+            m.id: Engine(engine_config(m, settings, label, budget))
             for m, label in zip(settings.models, labels, strict=True)
         }
     served = []
@@ -138,15 +148,24 @@ def _served_models(
     return ModelRegistry(served)
 
 
-def _hub_models(settings: Settings, served: ModelRegistry, loader: ModelLoader) -> HubModels:
-    """Pulled models: served with the [engine] defaults, loaded by their first request."""
+def _hub_models(
+    settings: Settings,
+    served: ModelRegistry,
+    loader: ModelLoader,
+    budget: CacheBudget,
+    follow: bool,
+) -> HubModels:
+    """Pulled models: served with the [engine] defaults, loaded by their first request,
+    their prefix caches within the process's one cache budget; `follow`: the list
+    follows the hub cache (what other replicas pull and delete there)."""
 
     def make_engine(model_id: str, path: str) -> EngineLike:
         section = ModelSection(id=model_id, path=path, engine=settings.engine)
-        return Engine(engine_config(section, settings, model_id))
+        return Engine(engine_config(section, settings, model_id, budget))
 
     configured = Configured.of(settings.models)  # never listed as pulled, never deleted
-    return HubModels(served, loader, make_engine, settings.hub.cache_dir, configured)
+    return HubModels(served, loader, make_engine, settings.hub.cache_dir, configured,
+                     follow=follow)  # fmt: skip
 
 
 def _response_store(settings: Settings, served: ModelRegistry) -> ResponseStore:
@@ -195,7 +214,9 @@ def create_app(
     """Build the app. Without `engine`/`engines` (model id -> engine), one real engine
     per configured model is made; each loads in the background once the app starts
     (/health says 503 until all are ready)."""
-    served = _served_models(settings, engine, engines)
+    # One RAM and one disk budget for every model's prefix cache, pulled ones included.
+    budget = CacheBudget.of(settings.cache)
+    served = _served_models(settings, engine, engines, budget)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -210,6 +231,7 @@ def create_app(
         finally:
             watcher.cancel()
             unloader.cancel()
+            app.state.pulls.close()
             app.state.responses.close()
             await app.state.mcp.close()
             for model in served:  # each engine saves what it keeps (cache, sessions) here
@@ -243,8 +265,13 @@ def create_app(
     app.state.mcp = McpManager(settings.mcp, settings.mcp_servers)
     app.state.registry, app.state.metrics = make_registry(served)
     app.state.loader = ModelLoader(served, settings.loading, app.state.registry)
-    app.state.hub_models = _hub_models(settings, served, app.state.loader)
-    if engine is None and engines is None:  # a real server: what the hub cache holds
+    app.state.cache_budget = budget
+    # A real server follows the hub cache (and a test's app that names one): what it
+    # holds at start, and what other replicas pull into it or delete from it later.
+    follow = (engine is None and engines is None) or bool(settings.hub.cache_dir)
+    app.state.hub_models = _hub_models(settings, served, app.state.loader, budget, follow)
+    app.state.pulls = Pulls(settings.hub)
+    if follow:
         app.state.hub_models.discover()
     errors.install(app)
 

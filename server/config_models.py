@@ -39,6 +39,11 @@ class HubSection:
     are read from the environment by huggingface_hub itself)."""
 
     cache_dir: str = ""  # empty: huggingface_hub's cache (HF_HUB_CACHE, ~/.cache/huggingface)
+    # POST /api/pull: downloads at once (each holds a thread of its own); more: 429
+    max_concurrent_pulls: Annotated[int, Field(ge=1)] = 2
+    # what the hub cache may hold after a pull; a file that would pass it is refused
+    # before its first byte (507), as is one larger than the disk's free space; 0: no budget
+    max_cache_bytes: Annotated[int, Field(ge=0)] = 0
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def ready_engine(engine: EngineLike) -> EngineLike:
 
 def resolve_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
     """The served model a request names (by id or alias): 404 if none, 503 while loading."""
-    served = registry(request).get(name)
+    served = registry(request).find(name)
     if served is None:
         known = ", ".join(repr(i) for i in registry(request).ids)
         raise NotFound(

@@ -34,6 +34,19 @@ class HubError(Exception):
     """A model could not be fetched; the message is one line naming the key."""
 
 
+class NoRoom(HubError):
+    """A download refused before its first byte: the file does not fit (free space, or
+    the budget the hook passed to `fetch` keeps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFile:
+    """What the hub's listing says of one file."""
+
+    sha256: str  # "" when the hub lists none (not an LFS file)
+    size: int  # bytes; 0 when not listed
+
+
 @dataclass(frozen=True, slots=True)
 class HubSource:
     """Where a model's GGUF lives on the hub. `quant` picks the file when `file` is empty."""
@@ -97,10 +110,13 @@ def fetch(
     *,
     endpoint: str | None = None,
     offline: bool | None = None,
+    before_download: Callable[[str, int], None] | None = None,
 ) -> str:
     """The local path of the model's GGUF, downloading it first if it is not cached.
 
-    `endpoint`/`offline` default to huggingface_hub's (HF_ENDPOINT, HF_HUB_OFFLINE)."""
+    `endpoint`/`offline` default to huggingface_hub's (HF_ENDPOINT, HF_HUB_OFFLINE).
+    `before_download(filename, size)` runs once the file is known to need a download,
+    before any byte of it is written; it refuses by raising (NoRoom)."""
     import huggingface_hub as hf  # here, not at import: only configs with hf_repo need it
     from huggingface_hub import constants as hf_constants
     from huggingface_hub import errors as hf_errors
@@ -116,6 +132,9 @@ def fetch(
             names, expected = _listing(source, endpoint, cache_dir)
         filename = choose_file(source, names)
         cached = hf.try_to_load_from_cache(source.repo, filename, cache_dir, revision)
+        listed = expected.get(filename) if expected is not None else None
+        if before_download is not None and listed is not None and not _current(cached, listed):
+            before_download(filename, listed.size)
         path = hf.hf_hub_download(
             source.repo,
             filename,
@@ -136,17 +155,25 @@ def fetch(
         raise HubError(f"{source.key}: file not found {where}: {_first_line(exc)}") from None
     except Exception as exc:  # network failures (httpx's or OSError), HTTP errors, offline
         raise HubError(f"{source.key}: download failed: {_first_line(exc)}") from None
-    if expected and cached != path:  # downloaded now: check it once
-        _verify(source, path, expected.get(filename))
+    if listed is not None and cached != path:  # downloaded now: check it once
+        _verify(source, path, listed.sha256)
     if on_progress is not None:
         on_progress(1.0)
     return str(path)
 
 
+def _current(cached: object, listed: RemoteFile) -> bool:
+    """Whether the cached copy (try_to_load_from_cache's answer) is the file listed:
+    an LFS blob is named by its sha256."""
+    if not isinstance(cached, str):
+        return False
+    return not listed.sha256 or os.path.basename(os.path.realpath(cached)) == listed.sha256
+
+
 def _listing(
     source: HubSource, endpoint: str | None, cache_dir: str | None
-) -> tuple[list[str], dict[str, str] | None]:
-    """The hub's listing of the repository (names, sha256 sums); when the hub cannot be
+) -> tuple[list[str], dict[str, RemoteFile] | None]:
+    """The hub's listing of the repository (names, sha256 sums, sizes); when the hub cannot be
     reached and the local cache holds the revision, the cache's names and no sums (an
     outage must not stop a model that is already here: issue 17)."""
     try:
@@ -188,16 +215,24 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def _remote_names(source: HubSource, endpoint: str | None) -> tuple[list[str], dict[str, str]]:
-    """The repository's files, and the sha256 the hub lists for each LFS file."""
+def _remote_names(
+    source: HubSource, endpoint: str | None
+) -> tuple[list[str], dict[str, RemoteFile]]:
+    """The repository's files, with the sha256 (LFS files) and size the hub lists."""
     from huggingface_hub import HfApi
 
     info = HfApi(endpoint=endpoint).model_info(
         source.repo, revision=source.revision or None, files_metadata=True
     )
     siblings = info.siblings or []
-    sums = {s.rfilename: s.lfs.sha256 for s in siblings if s.lfs is not None and s.lfs.sha256}
-    return [s.rfilename for s in siblings], sums
+    files = {
+        s.rfilename: RemoteFile(
+            (s.lfs.sha256 or "") if s.lfs is not None else "",
+            int(s.size or (s.lfs.size if s.lfs is not None else 0) or 0),
+        )
+        for s in siblings
+    }
+    return [s.rfilename for s in siblings], files
 
 
 def _cached_names(source: HubSource, cache_dir: str | None) -> list[str]:

@@ -7,6 +7,13 @@ Such a model loads on its first request with the `[engine]` defaults, and is the
 kind `DELETE /api/delete` removes from disk: what the configuration names (a model's or
 an adapter's `path` or `hf_repo`, the bundled default) is neither listed as pulled nor
 deleted (`Configured`).
+
+Replicas that share the hub cache directory share these models: the list follows the
+directory (`rescan`, on `GET /api/tags` and `/v1/models` and when a request names a hub
+model this process does not serve). It costs a walk of the cache's snapshot folders
+(names only) and reads the cache further only when that changed; a model whose file
+another replica deleted goes from the list once it is not loaded here. Copies
+(`/api/copy`) are names in one process's memory: each replica has its own.
 """
 
 from __future__ import annotations
@@ -121,6 +128,8 @@ class HubModels:
         make_engine: Callable[[str, str], EngineLike],  # (model id, GGUF path) -> engine
         cache_dir: str,
         configured: Configured,
+        *,
+        follow: bool = False,
     ):
         self.models = models
         self.loader = loader
@@ -128,6 +137,11 @@ class HubModels:
         self.cache_dir = cache_dir or None  # None: huggingface_hub's (HF_HUB_CACHE)
         self.configured = configured  # its files are never served as pulled, nor deleted
         self.copies: set[str] = set()  # names /api/copy gave (aliases, this process only)
+        self.follow = follow  # rescan the directory (a server's; tests that name one)
+        self._seen: frozenset[str] | None = None  # the snapshot links of the last scan
+        self._deleting: set[str] = set()  # files a delete here is removing: not found
+        if follow:
+            models.on_miss = self.found
 
     def register(self, repo: str, path: str, *, also: str = "") -> ServedModel:
         """Serve the GGUF at `path` of `repo` (loaded on demand); the model already
@@ -158,6 +172,7 @@ class HubModels:
         repositories and files)."""
         from huggingface_hub import CacheNotFound, scan_cache_dir
 
+        self._seen = _snapshot_links(self._root())
         try:
             info = scan_cache_dir(self.cache_dir)
         except CacheNotFound:
@@ -175,6 +190,8 @@ class HubModels:
                 key=lambda f: f.file_name,
             )  # fmt: skip
             for f in files:
+                if str(f.file_path) in self._deleting:
+                    continue
                 only = len(files) == 1 and quant_of(f.file_name)
                 try:
                     self.register(repo.repo_id, str(f.file_path),
@@ -183,21 +200,70 @@ class HubModels:
                     log.warning("hub cache: %s not served: %s", f.file_path, exc)
 
     async def delete(self, served: ServedModel) -> None:
-        """Unload `served`, stop serving it and remove its file from the hub cache."""
+        """Unload `served`, stop serving it and remove its file from the hub cache
+        (409 while it loads or serves: server/loading.py `retire`)."""
         if not served.pulled:
             raise HubModelError(f"the model {served.id!r} is configured, not pulled")
         repo = HubName.parse(served.id)
         owner = self.configured.owner(repo.repo if repo else "", served.path)
         if owner is not None:
             raise HubModelError(f"its file is {owner}'s")
-        if served.in_flight or served.engine.busy:
-            raise HubModelError(f"the model {served.id!r} has requests in flight")
-        if served.engine.ready and not await self.loader.unload(served):
-            raise HubModelError(f"the model {served.id!r} has requests in flight")
-        self.models.remove(served)
-        self.loader.forget(served)
-        served.engine.close()
-        remove_cached_file(served.path)
+        self._deleting.add(served.path)  # a rescan meanwhile must not serve it again
+        try:
+            await self.loader.retire(served, lambda: self.models.remove(served))  # 409 if used
+            remove_cached_file(served.path)
+        finally:
+            self._deleting.discard(served.path)
+
+    # -- following a hub cache that other replicas write too ---------------------------
+
+    def found(self, name: str) -> bool:
+        """A request named `name`, which nothing here serves: when it is a hub name,
+        look at the directory again (another replica may have pulled it). Whether it
+        did look."""
+        if HubName.parse(name) is None:
+            return False
+        return self.rescan()
+
+    def rescan(self) -> bool:
+        """Serve what was added to the hub cache since the last look, stop serving what
+        was removed from it (models not loaded here); False when not following."""
+        if not self.follow:
+            return False
+        self._prune()
+        if _snapshot_links(self._root()) != self._seen:
+            self.discover()
+        return True
+
+    def _prune(self) -> None:
+        for served in [m for m in self.models if m.pulled and not os.path.lexists(m.path)]:
+            engine = served.engine
+            idle = engine.state in (EngineState.UNLOADED, EngineState.FAILED, EngineState.STOPPED)
+            if idle and not served.in_flight and not engine.busy:
+                log.info("hub cache: %s was removed (%s); not served", served.id, served.path)
+                self.models.remove(served)
+                self.loader.forget(served)
+                engine.close()  # not loaded: its cache's writer ends
+
+    def _root(self) -> str:
+        if self.cache_dir:
+            return self.cache_dir
+        from huggingface_hub import constants
+
+        return str(constants.HF_HUB_CACHE)
+
+
+def _snapshot_links(root: str) -> frozenset[str]:
+    """The files of every repository's snapshots (names only: links, not blobs)."""
+    found: set[str] = set()
+    try:
+        repos = [e.path for e in os.scandir(root) if e.name.startswith("models--")]
+    except OSError:
+        return frozenset()
+    for repo in repos:
+        for folder, _, names in os.walk(os.path.join(repo, "snapshots")):
+            found.update(os.path.join(folder, n) for n in names)
+    return frozenset(found)
 
 
 def remove_cached_file(path: str) -> None:

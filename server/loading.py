@@ -9,6 +9,12 @@ idle models until its weights and KV fit. Unloading saves what the slots hold to
 prefix cache, which the engine keeps (as it keeps its sessions): a reloaded model, and a
 session on it, resume warm.
 
+A model that is loading is neither unloaded nor deleted: both answer 409
+`model_loading` (retry once it has loaded) rather than wait for a download of any
+length, or leave the load to finish into an engine that nobody serves. A delete holds
+the model's lock from its checks to its engine's close, so a request arriving meanwhile
+cannot start a load on it: that request gets the 404 of a model no longer served.
+
 Thread contract: everything here runs on the event loop; `Engine.unload` blocks, so it
 runs in a worker thread under the model's lock, which loads take too.
 """
@@ -19,12 +25,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.client import EngineState
-from server.errors import BadRequest, ServiceUnavailable
+from server.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
 
 if TYPE_CHECKING:
     from server.config import LoadingSection
@@ -103,8 +110,11 @@ class ModelLoader:
 
     async def load(self, served: ServedModel, *, retry_now: bool = False) -> None:
         """Start loading `served` (unloading idle models first to keep within the budget);
-        returns without waiting for the load."""
+        returns without waiting for the load. 404 if it was deleted meanwhile."""
         async with self._lock(served):
+            if self.models.get(served.id) is not served:  # retired while this waited
+                raise NotFound(f"the model '{served.id}' was deleted", param="model",
+                               code="model_not_found")  # fmt: skip
             engine = served.engine
             if engine.ready or engine.state in _COMING:
                 return
@@ -120,21 +130,39 @@ class ModelLoader:
     async def unload(self, served: ServedModel, *, own: int = 0) -> bool:
         """Unload `served` if it is loaded and idle; False if it was not. `own`: the
         requests in flight that are the caller's (a request that unloads its own model
-        counts itself)."""
+        counts itself). 409 while it loads."""
         async with self._lock(served):
-            engine = served.engine
-            if not engine.ready or served.in_flight > own or engine.busy:
-                return False
-            log.info("unloading model %s", served.id)
-            self._observe()  # counted as loaded before the state changes
-            if not engine.unload():
-                return False
-            if served.keep_alive_s == 0:  # the unload a keep_alive of 0 asked for: done,
-                served.keep_alive_s = None  # the next load stays as configured
-            self._seen[served.id] = EngineState.READY
-            done = await asyncio.to_thread(engine.wait_stopped)
-            self._observe()
-            return done
+            return await self._unload_locked(served, own)
+
+    async def _unload_locked(self, served: ServedModel, own: int = 0) -> bool:
+        engine = served.engine
+        _refuse_while_loading(served, "unloaded")
+        if not engine.ready or served.in_flight > own or engine.busy:
+            return False
+        log.info("unloading model %s", served.id)
+        self._observe()  # counted as loaded before the state changes
+        if not engine.unload():
+            return False
+        if served.keep_alive_s == 0:  # the unload a keep_alive of 0 asked for: done,
+            served.keep_alive_s = None  # the next load stays as configured
+        self._seen[served.id] = EngineState.READY
+        done = await asyncio.to_thread(engine.wait_stopped)
+        self._observe()
+        return done
+
+    async def retire(self, served: ServedModel, drop: Callable[[], None]) -> None:
+        """Stop serving `served` for good (a delete): unload it, `drop` it from the
+        registry, close its engine, all under its lock (a request that arrives meanwhile
+        waits for the lock, then finds it gone). 409 while it loads or serves."""
+        async with self._lock(served):
+            _refuse_while_loading(served, "deleted")
+            busy = served.in_flight or served.engine.busy
+            if busy or (served.engine.ready and not await self._unload_locked(served)):
+                raise Conflict(f"the model '{served.id}' has requests in flight",
+                               param="model", code="model_busy")  # fmt: skip
+            drop()
+            await asyncio.to_thread(served.engine.close)  # drains its cache's writes
+        self.forget(served)
 
     def forget(self, served: ServedModel) -> None:
         """`served` is no longer served (deleted): its bookkeeping goes with it."""
@@ -200,3 +228,14 @@ class ModelLoader:
             elif state is EngineState.FAILED:
                 self._failed_at[served.id] = time.monotonic()
             self._seen[served.id] = state
+
+
+def _refuse_while_loading(served: ServedModel, what: str) -> None:
+    if served.engine.state is EngineState.LOADING:
+        raise Conflict(
+            f"the model '{served.id}' is loading and cannot be {what} now; retry once "
+            "it has loaded",
+            param="model",
+            code="model_loading",
+            headers={"Retry-After": "5"},
+        )

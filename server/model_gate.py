@@ -114,7 +114,7 @@ class ModelGate:
             served = resolve_ollama_model(models, name) if isinstance(name, str) else None
         else:
             name = fields.get("model") if isinstance(fields, dict) else None
-            served = self.loader.models.get(name) if isinstance(name, str) else None
+            served = self.loader.models.find(name) if isinstance(name, str) else None
         if served is None or not _authorized(scope):
             # The route answers: 400 for bad JSON, 404 for a bad model, 401 for a bad key
             # (an anonymous request must not get a model loaded).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,9 +71,19 @@ class ModelRegistry:
                 if name in self._by_name:
                     raise ValueError(f"the model name {name!r} is used twice")
                 self._by_name[name] = model
+        # Asked when a request names a model not served here: True when it looked for
+        # more (server/hub_models.py: the hub cache that replicas share), so ask again.
+        self.on_miss: Callable[[str], bool] | None = None
 
     def get(self, name: str) -> ServedModel | None:
         return self._by_name.get(name)
+
+    def find(self, name: str) -> ServedModel | None:
+        """The model a request names: `get`, and on a miss, once more after `on_miss`."""
+        served = self._by_name.get(name)
+        if served is None and self.on_miss is not None and self.on_miss(name):
+            served = self._by_name.get(name)
+        return served
 
     # -- models and names added at run time (server/hub_models.py, /api/copy) ----------
 

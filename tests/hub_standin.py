@@ -43,6 +43,9 @@ class StandIn:
     authorizations: list[str] = field(default_factory=list)  # Authorization headers seen
     url: str = ""
     outage: int = 0  # non-zero: every request answers this status (a hub outage)
+    # An Event: a file's bytes wait until it is set (downloads in flight, as long as a
+    # test needs); the file is named in `downloads` when its GET arrives.
+    hold: threading.Event | None = None
 
 
 def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
@@ -118,6 +121,8 @@ def _handler(hub: StandIn) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if body:
                 hub.downloads.append(name)
+                if hub.hold is not None:
+                    hub.hold.wait(60)
                 self.wfile.write(data[start:])
 
     return Handler

@@ -107,6 +107,9 @@ def test_cache_directory_is_a_volume_owned_by_the_user() -> None:
     assert f"mkdir -p {path}" in runs and f"chown kvserve:kvserve {path}" in runs
     # ... and the cache's disk tier is configured to live there
     assert f"KVSERVE_CACHE_DISK_DIR={path}" in " ".join(RUNTIME.args("ENV"))
+    # ... and the hub cache (pulled models), so replicas sharing the volume share those
+    # (issue 28 item 18; deploy/ mounts one volume there on every replica)
+    assert f"HF_HUB_CACHE={path}/hub" in " ".join(RUNTIME.args("ENV"))
 
 
 def test_exactly_one_server_process() -> None:

@@ -24,7 +24,7 @@ class Model:
         self,
         path: str,
         *,
-        on_progress: Callable[[float], None] | None = None,
+        on_progress: Callable[[float], bool | None] | None = None,
         n_gpu_layers: int = 0,
         extra_bufts: bool | None = None,
     ):
@@ -42,8 +42,8 @@ class Model:
         if on_progress is not None:
 
             def _progress(progress: float, _user: ctypes.c_void_p) -> bool:
-                on_progress(float(progress))
-                return True
+                # False (a close during the load) makes llama.cpp abandon the load.
+                return on_progress(float(progress)) is not False
 
             self._progress_cb = C.llama_progress_callback(_progress)
             params.progress_callback = self._progress_cb

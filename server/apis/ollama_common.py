@@ -38,7 +38,7 @@ def matching_names(models: ModelRegistry, name: str) -> list[str]:
     base = name.removesuffix(":latest")
     candidates = [name, base, f"{base}:latest"]
     for candidate in candidates:
-        if models.get(candidate) is not None:
+        if models.find(candidate) is not None:  # a miss looks at a shared hub cache again
             return [candidate]
     folded = {c.lower() for c in candidates}
     return [n for n in models.names() if n.lower() in folded]

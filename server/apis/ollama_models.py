@@ -110,6 +110,7 @@ async def version() -> dict[str, str]:
 @router.get("/api/tags")
 async def tags(request: Request) -> dict[str, Any]:
     """Every model this server can serve, loaded or not."""
+    request.app.state.hub_models.rescan()  # what other replicas pulled or deleted
     digests = _digests(request)
     return {"models": [await _entry(m, digests) for m in request.app.state.models]}
 

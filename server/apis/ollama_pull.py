@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -27,6 +26,7 @@ from server.apis.ollama_models import name_field, ollama_name, read_object
 from server.errors import APIError, BadRequest, NotFound, Unsupported
 from server.hub_models import HubModelError, HubModels, HubName
 from server.management import require_manager
+from server.pulls import Pull, Pulls
 from server.registry import ServedModel
 
 router = APIRouter()
@@ -40,24 +40,9 @@ class BadGateway(APIError):
     type = "server_error"
 
 
-@dataclass
-class Pull:
-    """One download in progress, shared by every request for the same name."""
-
-    name: HubName
-    digest: str = ""  # "sha256:<hex>" of the file, once the listing named it
-    total: int = 0
-    completed: int = 0
-    verifying: bool = False
-    task: asyncio.Future[ServedModel] = field(default_factory=asyncio.Future)
-
-    def progress(self) -> dict[str, Any]:
-        return {
-            "status": f"pulling {self.digest[7:19]}",
-            "digest": self.digest,
-            "total": self.total,
-            "completed": self.completed,
-        }
+class InsufficientStorage(APIError):
+    status = 507
+    type = "server_error"
 
 
 @router.post("/api/pull", dependencies=[Depends(require_manager)])
@@ -101,29 +86,25 @@ async def pull(request: Request) -> Any:
 
 def _start(request: Request, wanted: HubName) -> Pull:
     state = request.app.state
-    pulls: dict[str, Pull] = state.__dict__.setdefault("pulls", {})
-    running = pulls.get(wanted.name)
-    if running is not None and not running.task.done():
-        return running
-    job = Pull(wanted)
+    pulls: Pulls = state.pulls
     hub_models: HubModels = state.hub_models
     cache_dir = state.settings.hub.cache_dir
-    job.task = asyncio.ensure_future(_run(job, hub_models, cache_dir))
-    pulls[wanted.name] = job
-    # A client that left does not read the outcome: mark it read (no "never retrieved").
-    job.task.add_done_callback(lambda t: t.cancelled() or t.exception())
-    return job
+    return pulls.start(wanted, lambda job: _run(job, pulls, hub_models, cache_dir))
 
 
-async def _run(job: Pull, hub_models: HubModels, cache_dir: str) -> ServedModel:
+async def _run(job: Pull, pulls: Pulls, hub_models: HubModels, cache_dir: str) -> ServedModel:
     source = hub.HubSource.parse("model", job.name.spec, cache_dir=cache_dir)
-    path = await asyncio.to_thread(_download, job, source)
+    # The pulls' own threads (server/pulls.py), never asyncio's default pool.
+    loop = asyncio.get_running_loop()
+    room = pulls.room_check(job.name.name)
+    path = await loop.run_in_executor(pulls.executor, _download, job, source, room)
     requested = job.name.name
     return hub_models.register(source.repo, path, also=requested)
 
 
-def _download(job: Pull, source: hub.HubSource) -> str:
-    """On a worker thread: the listing (for the digest and size), then the file."""
+def _download(job: Pull, source: hub.HubSource, room: Callable[[str, int], None]) -> str:
+    """On a pull thread: the listing (for the digest and size), then the file (once
+    `room` has found space for it)."""
     with contextlib.suppress(Exception):  # the hub out of reach: fetch decides (cache)
         job.digest, job.total = _manifest(source)
 
@@ -131,7 +112,7 @@ def _download(job: Pull, source: hub.HubSource) -> str:
         job.completed = int(fraction * job.total)
         job.verifying = fraction >= 1.0  # hub.fetch checks the sha256 after the last byte
 
-    return hub.fetch(source, report)
+    return hub.fetch(source, report, before_download=room)
 
 
 def _manifest(source: hub.HubSource) -> tuple[str, int]:
@@ -173,8 +154,11 @@ def _line(obj: dict[str, Any]) -> bytes:
 
 def _error_of(exc: hub.HubError) -> APIError:
     """A hub failure's status: 404 when the repository or file is not there, 400 when
-    the name does not pick one file, 502 when the download failed."""
+    the name does not pick one file, 507 when it does not fit, 502 when the download
+    failed."""
     text = str(exc)
+    if isinstance(exc, hub.NoRoom):
+        return InsufficientStorage(text, param="model", code="insufficient_storage")
     if "not found" in text or "no GGUF" in text:
         return NotFound(text, param="model")
     if "ambiguous" in text or "not supported" in text:

@@ -81,6 +81,7 @@ def _card(served: ServedModel, created: int) -> dict[str, Any]:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     """List the models this server serves (also those still loading)."""
+    request.app.state.hub_models.rescan()  # what other replicas pulled or deleted
     created = request.app.state.started
     return {"object": "list", "data": [_card(m, created) for m in registry(request)]}
 
@@ -99,11 +100,12 @@ async def load_model(model_id: str, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/models/{model_id:path}/unload", dependencies=[Depends(require_manager)])
 async def unload_model(model_id: str, request: Request) -> dict[str, Any]:
-    """Unload a model (its slots' KV is saved to the cache first); 409 while it serves."""
+    """Unload a model (its slots' KV is saved to the cache first); 409 while it serves
+    or loads."""
     served = resolve_model(request, model_id, require_ready=False)
     if served.engine.state is EngineState.RECOVERING:
         raise from_engine_error(EngineRecoveringError(f"the model '{served.id}' is being rebuilt"))
-    if served.engine.ready and not await _loader(request).unload(served):
+    if not await _loader(request).unload(served) and served.engine.ready:
         raise ModelBusy(f"the model '{served.id}' has requests in flight", code="model_busy")
     return _card(served, request.app.state.started)
 

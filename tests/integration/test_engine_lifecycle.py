@@ -15,10 +15,11 @@ import pytest
 import engine.loading as loading_module
 import engine.submission as submission_module
 from cache import CacheConfig, CacheHit
-from engine.engine import Engine, EngineState
+from engine.engine import Engine, EngineConfig, EngineState
 from engine.llama import Context, Sampler
 from engine.runner import DecodeError
 from engine.types import EngineNotReadyError, EngineStats, FinishReason, SamplingParams
+from server.config import default_model_path
 from tests.integration.test_engine import chat_prompt, request, start
 from tests.integration.test_speculation import TASKS
 
@@ -254,3 +255,70 @@ async def test_a_drain_saves_every_resident_slot(tmp_path: Path) -> None:
     await asyncio.to_thread(engine.close)
     stats = store.stats()
     assert (stats.saves, stats.saves_dropped, stats.disk.entries) == (4, 0, 4)
+
+
+@pytest.mark.parametrize("when", ["download", "llama load", "model loaded", "contexts made"])
+async def test_a_close_during_the_load_frees_everything_it_made(
+    monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Issue 28 item 5: a close while LOADING did nothing, and the load went on into an
+    engine nobody owned (READY, its model and contexts held). Now it stops at its next
+    step, whichever: during the download, inside llama.cpp's load, after it."""
+    entered, release = threading.Event(), threading.Event()
+
+    def pause(at: str) -> None:
+        if at == when:
+            entered.set()
+            assert release.wait(30)
+
+    models: list[Any] = []
+    contexts: list[Context] = []
+
+    class TrackedModel(loading_module.Model):  # type: ignore[name-defined, misc]
+        def __init__(self, path: str, *, on_progress: Any, **kw: Any) -> None:
+            def progress(value: float) -> bool:
+                pause("llama load")
+                return bool(on_progress(value))
+
+            super().__init__(path, on_progress=progress, **kw)
+            models.append(self)
+            pause("model loaded")
+
+    real_context = Context.__init__
+
+    def tracked_context(self: Context, *args: Any, **kw: Any) -> None:
+        real_context(self, *args, **kw)
+        contexts.append(self)
+
+    monkeypatch.setattr(loading_module, "Model", TrackedModel)
+    monkeypatch.setattr(Context, "__init__", tracked_context)
+
+    def fetch(progress: Any) -> str:
+        pause("download")
+        return default_model_path()
+
+    config = EngineConfig("", "smol", n_seq_max=1, n_threads=1, cache=CACHE, fetch=fetch)
+    engine = Engine(config)
+    real_open = engine._open_cache_at
+
+    def open_cache(path: str) -> Any:
+        pause("contexts made")
+        return real_open(path)
+
+    engine._open_cache_at = open_cache  # type: ignore[method-assign]
+    engine.start()
+    try:
+        assert await asyncio.to_thread(entered.wait, 30)
+        assert engine.state is EngineState.LOADING
+        engine.close(timeout=0)  # returns at once: the load is paused
+        release.set()
+        assert await asyncio.to_thread(engine.wait_stopped, 20), "the load went on"
+        assert engine.state is EngineState.STOPPED and engine._worker is None
+        assert all(m.handle is None for m in models) and all(c.handle is None for c in contexts)
+        if when == "contexts made":
+            assert len(models) == 1 and len(contexts) == 2  # made, then freed
+        if when == "download":
+            assert models == []  # never loaded at all
+    finally:
+        release.set()
+        engine.close()

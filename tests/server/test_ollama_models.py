@@ -212,6 +212,6 @@ async def test_a_model_in_use_is_not_deleted(client: httpx.AsyncClient, hub: Sta
     served = client.app.state.models.get(f"hf.co/{REPO}:Q8_0")  # type: ignore[attr-defined]
     served.in_flight = 1
     r = await client.request("DELETE", "/api/delete", json={"model": f"hf.co/{REPO}:Q8_0"})
-    assert r.status_code == 400 and "in flight" in r.json()["error"]
+    assert r.status_code == 409 and "in flight" in r.json()["error"]
     served.in_flight = 0
     assert Path(served.path).exists()
