@@ -197,7 +197,9 @@ def _exact_min_rows(cfg: EngineConfig, ctx: Context, family: ModelFamily) -> int
     exact_reuse is on (engine/exactness.py), else the rule for the attention kind."""
     if not cfg.exact_reuse:
         return exact_min_rows(cfg.flash_attn)
-    rows = exact_rows(ctx, flash_attn=cfg.flash_attn, whole_state=family.whole_state)
+    # A purely recurrent model has no attention layer: flash attention's tile is no bound.
+    attends = family.memory != "recurrent"
+    rows = exact_rows(ctx, flash_attn=cfg.flash_attn and attends, whole_state=family.whole_state)
     if rows is None:
         raise UnsupportedModelError(
             f"exact_reuse: no recompute of up to {CANDIDATES[0]} prompt rows gives the cold "

@@ -171,16 +171,15 @@ class Placer:
         (0: nowhere). Another prompt agreed with this one for `seen` tokens but could not
         lend its state (it is longer): the next prompt with that head (agents on one
         system prompt, tool catalogue) restores the saved state instead. On a block
-        boundary, so that prompts diverging a few tokens apart share it; far enough from
-        `keep` and from the prompt's end for exact mode's full-size chunks."""
+        boundary at or before what this prompt may reuse itself (`reuse_limit`), so that
+        prompts diverging a few tokens apart share it; far enough from `keep` for exact
+        mode's full-size chunks."""
         align = self.config.checkpoint_tokens
         if align <= 0:
             return 0
-        at = seen // align * align
+        at = min(seen, reuse_limit(len(seq.tokens), self.config)) // align * align
         least = self.config.exact_min_rows if self.config.exact else 1
-        if at - keep < least or reuse_limit(len(seq.tokens), self.config) < at:
-            return 0
-        return at
+        return at if at - keep >= least else 0
 
 
 def _hit_kind(reused: int, found: int, num_prompt: int, own_session: bool) -> str:

@@ -93,3 +93,34 @@ def test_check_finds_a_slot_that_holds_other_tokens_than_the_scheduler_believes(
     memory.cells[0] = 6
     with pytest.raises(KvMismatch, match="llama.cpp"):
         ledger.check(scheduler)
+
+
+def test_a_cut_the_memory_refuses_drops_the_whole_slot_and_is_counted() -> None:
+    memory = Memory(2, whole=True)  # a recurrent memory: one state per sequence
+    ledger = KvLedger(cast(Any, memory), 2)
+    seq = Sequence(GenerateRequest("a", (1, 2, 3, 4)), None, IncrementalDetokenizer([b""]), None)
+    seq.slot = 0
+    decode(ledger, memory, seq, 0, 4)
+    assert not ledger.remove_seq(0, 2)  # refused: never a state longer than the ledger says
+    assert ledger.slots[0] == [] and memory.cells[0] == 0
+    assert ledger.counters.num_refused_drops == 1
+    decode(ledger, memory, seq, 0, 4)
+    assert ledger.remove_seq(0, 4) and ledger.slots[0] == [1, 2, 3, 4]  # past the end: fine
+    assert ledger.remove_seq(0) and memory.cells[0] == 0  # all of it: always
+    assert ledger.counters.num_refused_drops == 1
+
+
+def test_a_planned_cut_that_is_refused_sends_its_sequence_cold() -> None:
+    from engine.kvexec import KvExecutor
+    from engine.slots import Drop, SlotTable
+    from engine.stats import StepCounters
+
+    memory = Memory(2, whole=True)
+    ops = KvExecutor(cast(Any, memory), SlotTable(2, True), None, StepCounters(), 2)
+    seq = Sequence(GenerateRequest("a", (1, 2, 3, 4, 5)), None, IncrementalDetokenizer([b""]), None)
+    seq.slot = 0
+    decode(ops.kv, memory, seq, 0, 4)
+    seq.num_computed = seq.num_cached = 2  # planned: keep two cells, compute the rest
+    assert ops.run([Drop(0, 2, seq)]) == [seq]  # refused: the worker leaves it out this step
+    assert (seq.num_computed, seq.num_cached, seq.hit_kind) == (0, 0, "cold")
+    assert ops.kv.slots[0] == [] and ops.counters.num_refused_drops == 1
