@@ -13,7 +13,7 @@ from fastapi import Depends, Request
 from chat.template import ChatTemplate
 from engine.client import EngineLike, EngineState, check_session_id, salt_of_prefix
 from server.access import current_record
-from server.errors import NotFound, ServerError, ServiceUnavailable, Unauthorized
+from server.errors import BadRequest, NotFound, ServerError, ServiceUnavailable, Unauthorized
 from server.registry import ModelRegistry, ServedModel
 
 
@@ -24,6 +24,9 @@ def registry(request: Request) -> ModelRegistry:
 def ready_engine(engine: EngineLike) -> EngineLike:
     """`engine`, or 503 while its model loads (500 if the load failed)."""
     if not engine.ready:
+        if engine.state is EngineState.FAILED and engine.load_refused:  # loading cannot help
+            raise BadRequest(engine.load_error or "the model cannot be served", param="model",
+                             code="model_not_supported")  # fmt: skip
         if engine.state is EngineState.FAILED:
             raise ServerError(f"the model failed to load: {engine.load_error}")
         if engine.state is EngineState.UNLOADED:  # loaded again by a generation request

@@ -205,6 +205,16 @@ def cache_and_session_metrics(model: str, stats: EngineStats) -> Iterator[Metric
         "kvserve_cache_restore_failures": (
             CounterMetricFamily, "Cached states that failed to load.", stats.num_restore_failures
         ),
+        "kvserve_kv_refused_drops": (
+            CounterMetricFamily,
+            "Cuts of a sequence's KV llama.cpp refused (a recurrent memory): computed cold.",
+            stats.num_refused_drops,
+        ),
+        "kvserve_cache_checkpoints": (
+            CounterMetricFamily,
+            "Recurrent and hybrid models: states saved where prompts were seen to diverge.",
+            stats.num_checkpoints,
+        ),
     }
     for name, (kind, doc, value) in per_model.items():
         metric = family(kind, name, doc)

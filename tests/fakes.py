@@ -25,6 +25,7 @@ from engine.types import (
     FinishReason,
     GenerateRequest,
     InvalidRequestError,
+    ModelFamily,
     ModelInfo,
     NoSlotError,
     QueueFullError,
@@ -85,6 +86,8 @@ class FakeEngine:
             bos_token="",
             eos_token="<|im_end|>",
             add_bos=False,
+            family=ModelFamily("llama", n_ctx_train=n_ctx, n_params=1000, n_layer=2, n_embd=8,
+                               size_bytes=4096, quantization="F32"),  # fmt: skip
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self.sessions = SessionRegistry(sessions or SessionLimits())
