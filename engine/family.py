@@ -72,6 +72,15 @@ class ModelFamily:
         must start from a state made from exactly a prefix of the prompt."""
         return self.recurrent or self.hybrid
 
+    @property
+    def blob_bound(self) -> bool:
+        """A state that went through a blob (the cache, a copy) serves only prompts that
+        extend it: a whole state, or a sliding window's (llama.cpp writes its window
+        layers' cells for the last n_swa positions only: engine/slots.py window_floor).
+        The cache then keeps prefixes as checkpoints, and the engine saves states where
+        prompts diverge."""
+        return self.whole_state or self.n_swa > 0
+
     def refusal(self) -> str | None:
         """Why kvserve cannot serve this model, or None."""
         if self.has_encoder:

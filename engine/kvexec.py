@@ -33,7 +33,7 @@ class KvExecutor:
         num_slots: int,
     ):
         self.ctx = ctx
-        self.kv = KvLedger(ctx, num_slots, counters)  # every KV op goes through it
+        self.kv = KvLedger(ctx, num_slots, counters, slots.n_swa)  # every KV op goes through it
         self.slots = slots
         self.cache = cache
         self.counters = counters
@@ -52,7 +52,10 @@ class KvExecutor:
                     log.warning("copying a prefix failed; prefilling %s cold", op.seq.request_id)
                     self.start_cold(op.seq)
                     failed.append(op.seq)
-            elif isinstance(op, Drop) and not self.kv.remove_seq(op.slot, op.start):
+            elif isinstance(op, Drop) and not (
+                self.kv.cut(op.slot, op.start) if op.seq is not None
+                else self.kv.remove_seq(op.slot, op.start)
+            ):  # fmt: skip
                 self.slots.forget(op.slot)  # (a free slot's resident prefix went with it)
                 if op.seq is not None and op.seq not in failed:
                     self.start_cold(op.seq)
@@ -82,11 +85,10 @@ class KvExecutor:
         ok = self.kv.restore(slot, op.hit.state, op.hit.tokens)
         # The state must hold at least the positions we keep (a foreign or damaged
         # blob that llama.cpp accepted would show here), and of this prompt's tokens.
-        if ok and self.ctx.seq_pos_max(slot) >= op.keep - 1:
-            self.kv.remove_seq(slot, op.keep)
-            if self.kv.holds(slot, seq.tokens[: op.keep]):
-                seq.t_restore = (started, time.monotonic())  # for traces
-                return True
+        held = ok and self.ctx.seq_pos_max(slot) >= op.keep - 1 and self.kv.cut(slot, op.keep)
+        if held and self.kv.holds(slot, seq.tokens[: op.keep]):
+            seq.t_restore = (started, time.monotonic())  # for traces
+            return True
         log.warning("restoring a cached prefix failed; prefilling %s cold", seq.request_id)
         self.counters.num_restore_failures += 1
         self.kv.remove_seq(slot)
@@ -96,7 +98,7 @@ class KvExecutor:
     @staticmethod
     def start_cold(seq: Sequence) -> None:
         """The prefix planned for `seq` is not there: it prefills from the start."""
-        seq.num_computed = seq.num_cached = seq.num_saved = 0
+        seq.num_computed = seq.num_cached = seq.num_saved = seq.kv_floor = 0
         seq.hit_kind, seq.hit_source = "cold", "none"
 
     def release(self, session: str) -> None:

@@ -32,9 +32,12 @@ class KvMismatch(AssertionError):
 
 
 class KvLedger:
-    def __init__(self, ctx: Context, num_slots: int, counters: StepCounters | None = None):
+    def __init__(
+        self, ctx: Context, num_slots: int, counters: StepCounters | None = None, n_swa: int = 0
+    ):
         self.ctx = ctx
         self.counters = counters if counters is not None else StepCounters()
+        self.n_swa = n_swa  # the model's sliding window; 0: none
         self.slots: list[list[int]] = [[] for _ in range(num_slots)]
         self.num_refused_saves = 0
 
@@ -59,6 +62,21 @@ class KvLedger:
                 "kvserve_kv_refused_drops_total; logged once)",
                 start,
             )
+        return False
+
+    def cut(self, slot: int, keep: int) -> bool:
+        """Cut the slot back to `keep` positions for a sequence to continue from: False
+        (the whole slot dropped, counted) when llama.cpp refuses, or when the cells the next
+        position attends to are not all there (a sliding-window state that came through a
+        blob holds only its last n_swa positions' window cells: slots.window_floor)."""
+        if not self.remove_seq(slot, keep):
+            return False
+        window_start = max(0, keep - self.n_swa + 1)  # the first position keep attends to
+        if self.n_swa <= 0 or keep == 0 or self.ctx.seq_pos_min(slot) <= window_start:
+            return True
+        self.remove_seq(slot)
+        self.counters.num_refused_drops += 1
+        log.error("slot %d cut to %d lacks its window's cells; computed again", slot, keep)
         return False
 
     def copy_seq(self, src: int, dst: int) -> bool:

@@ -146,7 +146,7 @@ def load(
             embedder = Embedder(embed_ctx, cfg.embed_chunk)
         cache = open_cache(cfg.model_path)
         if cache is not None:
-            cache.whole_states = family.whole_state
+            cache.whole_states = family.blob_bound
         min_rows = _exact_min_rows(cfg, ctx, family)
         scheduler = Scheduler(
             SchedulerConfig(
@@ -160,6 +160,7 @@ def load(
                 # Verifying drafts drops the rejected ones' KV: a whole state cannot.
                 speculative=cfg.speculative and not family.whole_state,
                 whole_state=family.whole_state,
+                n_swa=family.n_swa,
                 checkpoint_tokens=cache.config.block_tokens if cache is not None else 0,
             ),
             counters,

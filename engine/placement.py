@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from engine.plan import SchedulerConfig, common_prefix
 from engine.sequence import Sequence
-from engine.slots import Copy, Drop, KvOp, Restore, SlotTable
+from engine.slots import Copy, Drop, KvOp, Restore, SlotTable, window_floor
 
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
 # ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
@@ -29,14 +29,18 @@ def reusable(seq: Sequence, config: SchedulerConfig) -> list[int]:
     """The tokens of `seq` whose KV another sequence may start from: in exact mode
     only prompt positions of a prompt computed in full-size chunks. A whole-state memory
     cannot be cut back to its prompt: all of it, or (exact mode, once decoded tokens are
-    in it) nothing; its prompt's state was saved when the prompt was in (postprocess.py)."""
+    in it) nothing; its prompt's state was saved when the prompt was in (postprocess.py).
+    Nothing shorter than the sequence's `kv_floor` (slots.window_floor)."""
     if not config.exact:
-        return seq.tokens[: seq.num_computed]
-    if seq.num_prompt_tokens < config.exact_min_rows:
+        held = seq.tokens[: seq.num_computed]
+    elif seq.num_prompt_tokens < config.exact_min_rows or (
+        config.whole_state and seq.num_computed > seq.num_prompt_tokens
+    ):
         return []
-    if config.whole_state and seq.num_computed > seq.num_prompt_tokens:
-        return []
-    return seq.tokens[: min(seq.num_computed, seq.num_prompt_tokens)]
+    else:
+        held = seq.tokens[: min(seq.num_computed, seq.num_prompt_tokens)]
+    # A sliding window's state that came through a blob cannot be cut back further.
+    return held if len(held) >= seq.kv_floor else []
 
 
 def reuse_limit(num_tokens: int, config: SchedulerConfig) -> int:
@@ -54,6 +58,7 @@ class _Prefix:
     copy_from: int | None = None
     restore: bool = False
     seen: int = 0  # whole-state memories: the longest agreement with any source
+    floor: int = 0  # the shortest prefix the slot's KV may be cut to after this start
 
 
 class Placer:
@@ -100,7 +105,9 @@ class Placer:
             ops.extend((Copy(prefix.copy_from, slot, seq), Drop(slot, keep, seq)))
         elif had_resident or own:
             ops.append(Drop(slot, keep, seq))
-        if self.config.whole_state:
+        seq.kv_floor = prefix.floor if keep else 0
+        config = self.config  # checkpoints where blobs can serve (slots.window_floor)
+        if (config.whole_state or config.n_swa) and not (config.exact and config.n_swa):
             seq.checkpoint = self._checkpoint(seq, keep, prefix.seen)
         if seq.num_output_tokens == 0:  # first admission (not a preempted sequence's)
             seq.num_cached = seq.num_saved = keep
@@ -118,59 +125,67 @@ class Placer:
         """The candidate slot holding the longest prefix of `seq` (else the lowest: busy
         slots then stay contiguous, see `Scheduler.schedule`), unless a clearly longer prefix can
         be copied from another slot or restored from the cache."""
-        slots, salt = self.slots, seq.salt
-        usable = self._usable_length(seq)
+        slots, salt, config = self.slots, seq.salt, self.config
         best = _Prefix(min(candidates))
-        for slot in candidates:
+        usable = self._usable(seq, best)
+        for slot in candidates:  # cells in place: cut anywhere above the resident's floor
             resident = slots.resident.get(slot)
             if resident is not None and resident.salt == salt:
-                length = usable(resident.tokens, best)
+                length = usable(resident.tokens, resident.floor)
                 if length > best.length:
-                    best = _Prefix(slot, length, seen=best.seen)
-        if self.config.keeps_prefixes:
+                    best.slot, best.length, best.floor = slot, length, resident.floor
+        n_swa = config.n_swa  # what comes through a state blob: slots.window_floor
+        if config.keeps_prefixes:
             threshold = best.length + COPY_MIN_TOKENS - 1
-            config = self.config
             sources = [
-                (s.slot, s.tokens[: s.num_computed] if s is seq.leader else reusable(s, config))
+                (s.slot, s.tokens[: s.num_computed] if s is seq.leader else reusable(s, config),
+                 s.kv_floor)
                 for s in running
                 if s.salt == salt
-            ]
+            ]  # fmt: skip
             sources += [
-                (slot, r.tokens)
+                (slot, r.tokens, r.floor)
                 for slot, r in slots.resident.items()
                 if slot not in candidates and r.salt == salt
             ]
-            for source, held in sources:
-                length = usable(held, best)
+            for source, held, floor in sources:
+                cap = len(seq.tokens) - 1 if source == _slot(seq.leader) else None
+                floor = max(floor, window_floor(len(held), n_swa, config.exact))
+                length = usable(held, floor, cap)
                 if length > threshold:
-                    best, threshold = _Prefix(best.slot, length, source, seen=best.seen), length
+                    best.length, best.copy_from, best.floor = length, source, floor
+                    threshold = length
         hit = seq.cache_hit
-        if hit is not None and usable(hit.tokens, best) >= best.length + COPY_MIN_TOKENS:
-            best = _Prefix(best.slot, hit.num_matched, restore=True, seen=best.seen)
+        if hit is not None:
+            floor = window_floor(len(hit.tokens), n_swa, config.exact)
+            length = usable(hit.tokens, floor)
+            if length >= best.length + COPY_MIN_TOKENS:
+                best.length, best.copy_from, best.restore, best.floor = length, None, True, floor
         return best
 
-    def _usable_length(self, seq: Sequence) -> Callable[[Tokens, _Prefix], int]:
-        """How many of a source's tokens `seq` may start from (noting in `best.seen` how
-        far the source and the prompt agree). Cells can be cut anywhere: the common
-        prefix. A whole-state memory cannot be cut: all of the source if it is a prefix
-        of the prompt no longer than `reuse_limit`, else nothing."""
-        tokens = seq.tokens
-        if not self.config.whole_state:
-            return lambda held, best: common_prefix(list(held), tokens)
-        limit = reuse_limit(len(tokens), self.config)
+    def _usable(self, seq: Sequence, best: _Prefix) -> Callable[..., int]:
+        """How many of a source's tokens `seq` may start from: their common prefix, if a
+        cut there (at most at `reuse_limit`, or `cap`) keeps at least `floor` of them, else
+        0. A whole-state memory cannot be cut at all: the source must be a prefix of the
+        prompt within the limit. Notes in `best.seen` how far sources and prompt agree."""
+        tokens, config = seq.tokens, self.config
+        limit = reuse_limit(len(tokens), config)
 
-        def whole(held: Tokens, best: _Prefix) -> int:
+        def usable(held: Tokens, floor: int, cap: int | None = None) -> int:
             shared = common_prefix(list(held), tokens)
             best.seen = max(best.seen, shared)
-            return shared if shared == len(held) and shared <= limit else 0
+            if config.whole_state:
+                floor = max(floor, len(held))
+            return shared if min(shared, limit if cap is None else cap) >= floor else 0
 
-        return whole
+        return usable
 
     def _checkpoint(self, seq: Sequence, keep: int, seen: int) -> int:
-        """Whole-state memories: where to save a state on the way through this prompt
-        (0: nowhere). Another prompt agreed with this one for `seen` tokens but could not
-        lend its state (it is longer): the next prompt with that head (agents on one
-        system prompt, tool catalogue) restores the saved state instead. On a block
+        """Whole states and sliding windows (ModelFamily.blob_bound): where to save a
+        state on the way through this prompt (0: nowhere). Another source agreed with this
+        prompt for `seen` tokens but could not lend its state (longer, and not to be cut
+        back): the next prompt with that head (agents on one system prompt, a tool
+        catalogue) restores the saved state instead. On a block
         boundary at or before what this prompt may reuse itself (`reuse_limit`), so that
         prompts diverging a few tokens apart share it; far enough from `keep` for exact
         mode's full-size chunks."""
@@ -180,6 +195,10 @@ class Placer:
         at = min(seen, reuse_limit(len(seq.tokens), self.config)) // align * align
         least = self.config.exact_min_rows if self.config.exact else 1
         return at if at - keep >= least else 0
+
+
+def _slot(seq: Sequence | None) -> int | None:
+    return seq.slot if seq is not None else None
 
 
 def _hit_kind(reused: int, found: int, num_prompt: int, own_session: bool) -> str:

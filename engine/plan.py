@@ -88,6 +88,9 @@ class SchedulerConfig:
     # prompt, and states are saved where prompts were seen to diverge (placement.py).
     whole_state: bool = False
     checkpoint_tokens: int = 0  # those saves land on multiples of this (the cache's block)
+    # The model's sliding window (0: none): a state that comes through a blob keeps only
+    # its last n_swa positions' window cells (slots.window_floor).
+    n_swa: int = 0
 
     @property
     def solo_rows(self) -> int:

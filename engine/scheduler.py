@@ -78,7 +78,9 @@ class Scheduler:
         # Shared with the worker, and with the scheduler that replaces this one after a
         # rebuild (engine/stats.py): its preemption and reclaim counts carry on.
         self.counters = counters if counters is not None else StepCounters()
-        self.slots = SlotTable(config.num_slots, config.keeps_prefixes, self.counters)
+        self.slots = SlotTable(
+            config.num_slots, config.keeps_prefixes, self.counters, config.n_swa, config.exact
+        )
         self._placer = Placer(config, self.slots)
         self._lora_turns: dict[tuple[tuple[str, float], ...], int] = {}  # set -> last step
         self._num_steps = 0
@@ -130,7 +132,8 @@ class Scheduler:
             assert slot is not None
             if keep_kv and self.config.keeps_prefixes:
                 tokens = self.reusable(seq)
-                self.slots.release(slot, Resident(tokens, seq.salt, saved))
+                floor = seq.kv_floor if tokens else 0
+                self.slots.release(slot, Resident(tokens, seq.salt, saved, floor))
                 if len(tokens) < seq.num_computed:
                     drop = Drop(slot, len(tokens))
             else:

@@ -45,6 +45,7 @@ class Sequence:
         "prompt_logprobs",
         "num_scored",
         "checkpoint",
+        "kv_floor",
         "leader",
         "cache_hit",
         "hit_kind",
@@ -95,6 +96,9 @@ class Sequence:
         # Whole-state memories: a prompt position to stop a chunk at and save the state
         # there (engine/placement.py `_checkpoint`); 0: none.
         self.checkpoint = 0
+        # The shortest prefix its slot's KV may be cut back to (slots.window_floor): above
+        # 0 once a sliding-window model's state came through a blob; 0: any.
+        self.kv_floor = 0
         # Stage stamps (time.monotonic()) for queue-wait and prefill metrics; set once.
         self.arrival = time.monotonic()
         self.t_scheduled: float | None = None

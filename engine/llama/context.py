@@ -27,6 +27,7 @@ class ContextParams:
     type_k: str = "f16"  # a KV_TYPES name
     type_v: str = "f16"
     n_ubatch: int = 0  # 0: n_batch (one ubatch per step)
+    swa_full: bool = True  # sliding-window layers keep every cell (see Context); bench only
 
 
 class Batch:
@@ -109,8 +110,9 @@ class Context:
         # Sliding-window layers keep every position's cells (llama.cpp's default, set here
         # so that it stays): a slot, a restored state or a fork can then be cut back to
         # any prefix, and a warm start never attends over cells that fell out of a
-        # window-sized ring. Measured in the README ("Model families"): the memory it costs.
-        cp.swa_full = True
+        # window-sized ring. bench/swa_memory.py measures what that costs (README
+        # "Model families"); the engine always keeps the default.
+        cp.swa_full = params.swa_full
         if params.embeddings:
             cp.embeddings = True
             # Mean pooling is done by the caller over per-token outputs, so that a long

@@ -123,6 +123,9 @@ def test_status_view_is_live(browser: Any, server: str) -> None:
     assert len(by_css(browser, f"{card} .slot")) == 2
     assert by_css(browser, f"{card} .chart.throughput svg polyline")
     assert by_css(browser, f"{card} .tiers")
+    family = one(browser, f"{card} p.family")  # the load's probe (issue 27)
+    assert family.get_attribute("data-memory") == "attention"
+    assert family.text.startswith("llama · attention memory") and "Q4_1" in family.text
     before = int(one(browser, f"{card} .requests-total").get_attribute("data-count"))
     sessions_before = {e.text for e in by_css(browser, f"{card} table.sessions td:first-child")}
 

@@ -40,6 +40,9 @@ class Memory:
     def seq_pos_max(self, slot: int) -> int:
         return self.cells[slot] - 1
 
+    def seq_pos_min(self, slot: int) -> int:
+        return 0 if self.cells[slot] else -1
+
     def clear(self) -> None:
         self.cells = [0] * len(self.cells)
 
