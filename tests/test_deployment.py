@@ -2,7 +2,7 @@
 
 The Dockerfile cannot be built here (no registry access for base images), so its
 structure is checked instead: a change that breaks one of these rules fails CI. The
-README's nginx example must be the config the nginx end-to-end test runs."""
+nginx example of docs/deployment.md must be the config the nginx end-to-end test runs."""
 
 from __future__ import annotations
 
@@ -134,8 +134,8 @@ def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
     assert not set(copied) & set(ignored)
 
 
-def test_readme_shows_the_tested_nginx_config_verbatim() -> None:
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```nginx\n(.*?)```", readme, re.DOTALL)
+def test_docs_show_the_tested_nginx_config_verbatim() -> None:
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    blocks = re.findall(r"```nginx\n(.*?)```", page, re.DOTALL)
     config = (ROOT / "tests" / "e2e" / "nginx" / "kvserve.conf").read_text()
     assert blocks == [config]
