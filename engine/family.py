@@ -7,9 +7,10 @@ the scheduler, the cache and the server ask one place what a model's memory perm
 Memory kinds (llama.cpp's memory modules):
 - "attention": a KV cell per position; a sequence can be cut back at any position.
 - "sliding_window": the same, with some layers attending only to the last n_swa
-  positions. kvserve keeps llama.cpp's full-size window cache (swa_full), so every cell
-  of a sequence stays and a cut anywhere is still valid: a warm reply never attends over
-  cells that are not there (README "Model families").
+  positions. kvserve keeps llama.cpp's full-size window cache (swa_full), so a slot's own
+  cells can be cut anywhere; a state that went through a blob holds only the window's
+  last cells (engine/slots.py window_floor): a warm reply never attends over cells that
+  are not there (docs/models.md "Model families").
 - "recurrent" (Mamba, RWKV): one state per sequence, the sum of every token so far. It
   cannot be cut back: a stored state is valid for exactly the tokens it was made from.
 - "hybrid" (LFM2, Granite 4, Qwen3.5, Jamba, Qwen3-Next): attention layers beside

@@ -110,7 +110,7 @@ class Context:
         # Sliding-window layers keep every position's cells (llama.cpp's default, set here
         # so that it stays): a slot, a restored state or a fork can then be cut back to
         # any prefix, and a warm start never attends over cells that fell out of a
-        # window-sized ring. bench/swa_memory.py measures what that costs (README
+        # window-sized ring. bench/swa_memory.py measures what that costs (docs/models.md
         # "Model families"); the engine always keeps the default.
         cp.swa_full = params.swa_full
         if params.embeddings:
