@@ -57,7 +57,7 @@ class _Prefix:
     length: int = 0
     copy_from: int | None = None
     restore: bool = False
-    seen: int = 0  # whole-state memories: the longest agreement with any source
+    seen: int = 0  # the longest agreement with any source (for checkpoints)
     floor: int = 0  # the shortest prefix the slot's KV may be cut to after this start
 
 
@@ -106,8 +106,7 @@ class Placer:
         elif had_resident or own:
             ops.append(Drop(slot, keep, seq))
         seq.kv_floor = prefix.floor if keep else 0
-        config = self.config  # checkpoints where blobs can serve (slots.window_floor)
-        if (config.whole_state or config.n_swa) and not (config.exact and config.n_swa):
+        if self.config.saves_checkpoints:
             seq.checkpoint = self._checkpoint(seq, keep, prefix.seen)
         if seq.num_output_tokens == 0:  # first admission (not a preempted sequence's)
             seq.num_cached = seq.num_saved = keep

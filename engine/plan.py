@@ -101,6 +101,13 @@ class SchedulerConfig:
         return self.exact_min_rows if self.exact and self.keeps_prefixes else 0
 
     @property
+    def saves_checkpoints(self) -> bool:
+        """States are saved where prompts diverge (placement.py `_checkpoint`): where a
+        state from a blob serves only prompts that extend it (a whole state, a window),
+        and can serve at all (under exact reuse a window's cannot: slots.window_floor)."""
+        return (self.whole_state or self.n_swa > 0) and not (self.exact and self.n_swa > 0)
+
+    @property
     def keeps_prefixes(self) -> bool:
         """Finished sequences leave their KV for reuse: with a stream per slot, or a
         single slot (in a unified pool shared by several, resident cells would compete
