@@ -215,7 +215,7 @@ async def cold_rates(base: str, model: str, args: argparse.Namespace) -> dict:
     }
 
 
-# The engine and cache counters that explain a run (see README "Metrics").
+# The engine and cache counters that explain a run (see docs/operations.md "Metrics").
 COUNTERS = (
     "kvserve_engine_steps_total",
     "kvserve_prefilled_tokens_total",

@@ -2,7 +2,7 @@
 
     python bench/batch_invariance.py [--lengths 512,2048,4000] [--fa on,off] [--seqs 4]
 
-Exact reuse (README "Reuse, and exact reuse") promises that a warm start gives the cold
+Exact reuse (docs/cache.md "Reuse, and exact reuse") promises that a warm start gives the cold
 greedy output. That holds only for KV positions and logits that do not depend on how
 many rows the step computing them held. This script measures that dependence on the
 bundled model with the engine's own context settings (a KV stream per sequence,

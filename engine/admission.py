@@ -2,7 +2,7 @@
 head another sequence is computing. Pure policy, no llama.cpp; engine thread only.
 
 Measured on the agents workload (bench/agents.py: 16 agents on 4 slots sharing one tool
-catalogue; README "Agents that outnumber slots"):
+catalogue; docs/benchmarks.md "Agents that outnumber slots"):
 - a cold burst sharing a head computed it once per slot (3 x 810 tokens again); now the
   followers wait for the one prefilling it and copy it (`waits_for_shared_head`);
 - a warm next turn waited in arrival order behind cold tasks; now the least prompt left

@@ -55,7 +55,7 @@ class KvPlan:
 # takes its tiled kernel (a small GEMM per tile) only for this many query rows of a KV
 # stream in one ubatch (GGML_FA_TILE_Q); fewer go row by row. That is why 64 is the
 # exact-reuse bound with flash attention, and why 63 rows over a 2k-token stream cost
-# 1.6x what 64 do (bench/step_cost.py, README "Where the rest of the time goes").
+# 1.6x what 64 do (bench/step_cost.py, docs/benchmarks.md "Where the rest of the time goes").
 FLASH_TILE_ROWS = 64
 
 

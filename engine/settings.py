@@ -36,7 +36,7 @@ class EngineSettings:
     embed_chunk: int = 256  # embedding tokens computed per engine step
     # True: reuse only KV that reproduces the cold output exactly, at the price of up to
     # 64 prompt tokens computed again (2 with flash_attn off) and decoded tokens never
-    # reused (scheduler.exact_min_rows). README "Exact reuse".
+    # reused (scheduler.exact_min_rows). docs/cache.md "Reuse, and exact reuse".
     exact_reuse: bool = False
     # Per-request time limits in seconds (0: none); past one the request ends with 504.
     prefill_timeout_s: float = 600.0
@@ -102,7 +102,7 @@ class EngineSettings:
         if self.n_gpu_layers > 0 and not gpu_offload_supported():
             raise ValueError(
                 "n_gpu_layers: this llama-cpp-python build cannot offload to a GPU "
-                "(reinstall it with CMAKE_ARGS, see the README)"
+                "(reinstall it with CMAKE_ARGS, see docs/engine.md)"
             )
 
     @property

@@ -220,7 +220,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tracing.start(settings.tracing)  # off: nothing (README "Tracing")
+        tracing.start(settings.tracing)  # off: nothing (docs/operations.md "Tracing")
         for model in served:
             if not model.on_demand:
                 model.engine.start()

@@ -5,7 +5,7 @@ OpenTelemetry before `start()` runs (the packages are the optional `kvserve[trac
 extra), `span()` hands back one shared no-op context manager and `outgoing_headers()` an
 empty dict, and the HTTP middleware (server/tracing_spans.py) is not even installed.
 
-On, each HTTP request is one trace (README "Tracing"): the server span, child of an
+On, each HTTP request is one trace (docs/operations.md "Tracing"): the server span, child of an
 incoming W3C `traceparent`, is the current span while the request runs, so
 `span("mcp.call", ...)` anywhere below it (event loop or `asyncio.to_thread`) makes a child
 span, and `outgoing_headers()` gives the `traceparent` to send on an outgoing call.
