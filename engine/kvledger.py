@@ -69,8 +69,11 @@ class KvLedger:
         (the whole slot dropped, counted) when llama.cpp refuses, or when the cells the next
         position attends to are not all there (a sliding-window state that came through a
         blob holds only its last n_swa positions' window cells: slots.window_floor)."""
-        if not self.remove_seq(slot, keep):
+        whole = keep >= len(self.slots[slot])  # nothing to cut: it goes on from its end,
+        if not self.remove_seq(slot, keep):  # where llama.cpp keeps what the next needs
             return False
+        if whole:  # (a recurrent memory's smallest position is its last: no window check)
+            return True
         window_start = max(0, keep - self.n_swa + 1)  # the first position keep attends to
         if self.n_swa <= 0 or keep == 0 or self.ctx.seq_pos_min(slot) <= window_start:
             return True

@@ -281,6 +281,10 @@ async def _part_of_a_longer_state(warm: Engine, cold: Engine, exact: bool) -> No
                                                     max_tokens=4))  # fmt: skip
     if exact:
         assert got == await cold_reply(world, third)
-    assert cached == (len(second) if exact else len(second) + len(results[1][0]) - 1)
+    # Exact mode restores the state saved at the prompt's end: a blob, which serves
+    # nothing where the attention layers have a window (lfm2's: slots.window_floor).
+    windowed = warm.info.family is not None and warm.info.family.n_swa > 0
+    expected = (0 if windowed else len(second)) if exact else len(second) + len(results[1][0]) - 1
+    assert cached == expected
     stats = warm.stats()
     assert stats is not None and stats.num_refused_drops == 0
