@@ -78,6 +78,12 @@ class ModelSection:
     idle_unload_s: Annotated[float, Field(ge=0)] = 0.0
     engine: EngineSettings = field(default_factory=EngineSettings)
 
+    def __post_init__(self) -> None:
+        # Another file than the bundled one is not called SmolLM2 unless so named: its
+        # file name is its name (llama-server's default too).
+        if self.id == DEFAULT_MODEL_ID and self.path and not _is_bundled(self.path):
+            object.__setattr__(self, "id", os.path.basename(self.path).removesuffix(".gguf"))
+
     @property
     def model_path(self) -> str:
         """The local GGUF; "" for a hub model (known once it is fetched)."""
@@ -88,6 +94,11 @@ class ModelSection:
     @property
     def names(self) -> tuple[str, ...]:
         return (self.id, *self.aliases)
+
+
+def _is_bundled(path: str) -> bool:
+    bundled = default_model_path()
+    return bool(bundled) and os.path.realpath(path) == os.path.realpath(bundled)
 
 
 def check_models(labels: list[str], models: tuple[ModelSection, ...], hub: HubSection) -> None:

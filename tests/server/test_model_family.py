@@ -52,3 +52,13 @@ async def test_a_model_refused_at_load_answers_400_naming_it(make_client: Client
     error = r.json()["error"]
     assert error["code"] == "model_not_supported" and error["param"] == "model"
     assert "diffusion model" in error["message"]
+
+
+def test_a_model_file_is_named_after_itself_unless_named() -> None:
+    from server.config import default_model_path
+    from server.config_models import DEFAULT_MODEL_ID, ModelSection
+
+    assert ModelSection(path="/models/gemma-3-270m-q4_k_m.gguf").id == "gemma-3-270m-q4_k_m"
+    assert ModelSection(path="/models/g.gguf", id="mine").id == "mine"
+    assert ModelSection().id == DEFAULT_MODEL_ID  # the bundled model, by default or by path
+    assert ModelSection(path=default_model_path()).id == DEFAULT_MODEL_ID
