@@ -35,6 +35,7 @@ from bench import llama_build  # noqa: E402
 from bench.loadgen import run_load  # noqa: E402
 from engine.llama import cpu_has_amx  # noqa: E402
 from server.config import default_model_path  # noqa: E402
+from server.config_models import ModelSection  # noqa: E402
 
 
 def free_port() -> int:
@@ -59,9 +60,16 @@ KVSERVE_VARIANTS = {
 }
 
 
+def bench_model() -> tuple[str, str]:
+    """The GGUF every server of a run loads, and the name kvserve serves it under:
+    $KVSERVE_BENCH_MODEL (e.g. Gemma 3 270M for the second family), else the bundled one."""
+    path = os.environ.get("KVSERVE_BENCH_MODEL") or default_model_path()
+    return path, ModelSection(path=path).id
+
+
 def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str, str]:
     port = free_port()
-    model = default_model_path()
+    model, kvserve_id = bench_model()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSERVE_ENGINE_")}
     if name in KVSERVE_VARIANTS:
         env.update(KVSERVE_VARIANTS[name])
@@ -78,8 +86,10 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             "--log-level",
             "warning",
             "--no-disk-cache",  # each run starts cold, not warm from the last run's disk
+            "--model",
+            model,
         ]
-        model_id = "SmolLM2-135M-Instruct"
+        model_id = kvserve_id
     elif name == "llama_cpp.server":
         peer = str(Path(__file__).resolve().parent / "peer_llama_cpp_server.py")
         cmd = [
