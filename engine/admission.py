@@ -55,6 +55,10 @@ def waits_for_shared_head(
     preempted or finished one no longer holds anyone back."""
     if not config.keeps_prefixes or seq.request.prompt_logprobs is not None:
         return False
+    if config.whole_state or config.n_swa:
+        # A copy of a running sequence's KV goes through a blob, which serves only prompts
+        # that extend it (slots.window_floor): waiting for a head to copy would gain nothing.
+        return False
     longest = max(
         (
             common_prefix(s.tokens[: s.num_prompt_tokens], seq.tokens)
