@@ -19,6 +19,9 @@ writer (host and pid): it is a leftover when that writer was on this host and is
 or when it is older than TMP_MAX_AGE_S; otherwise it may be another replica's write in
 flight, and is left alone.
 Each process keeps the budget over the files it knows of (all of them, once refreshed).
+What refresh() lists is older than this process's own bookkeeping of the keys it wrote
+or removed meanwhile (a write is renamed into place before it is counted), so it leaves
+those keys alone: it would otherwise adopt, evict or forget our own write in flight.
 The budget may be the process's (a `Pool` of cache/budget.py that every model's disk
 tier counts into, sharing its lock): then a write here may delete another model's file
 to keep it, and that tier hands the key to its cache with `take_lost`.
@@ -57,6 +60,9 @@ class DiskTier:
         self._infos: dict[str, EntryInfo] = {}
         self._policy = pool.share(self._evicted)
         self._lost: list[str] = []  # keys another tier's write evicted (see take_lost)
+        self._writing: set[str] = set()  # puts in flight (one writer thread per tier)
+        self._refreshes = 0  # refresh() calls between their snapshot and their count
+        self._changed: list[str] = []  # keys we added or removed meanwhile (see refresh)
         self._tmp_names = itertools.count()
         self.evictions = 0
         self.corrupt_removed = 0
@@ -91,8 +97,7 @@ class DiskTier:
                     found.append(item)
         with self._lock:
             for _, info, size in sorted(found, key=lambda item: item[0]):  # oldest first
-                self._infos[info.key] = info
-                self._policy.add(info.key, size)
+                self._track(info, size)
             for key in self._policy.victims():  # the budget may have shrunk since
                 self._unlink_tracked(key)
                 self.evictions += 1
@@ -125,34 +130,51 @@ class DiskTier:
     def refresh(self) -> tuple[list[EntryInfo], list[str]]:
         """Pick up what other processes did to the directory: (infos of files new to us,
         keys of files gone). Headers are read outside the lock; the budget is enforced
-        over everything known afterwards (victims are listed as gone)."""
+        over everything known afterwards (victims are listed as gone). Keys this process
+        wrote or removed since the snapshot are its own business (see the module)."""
         with contextlib.suppress(OSError):
             self._seen_mtime = os.stat(self.dir).st_mtime_ns  # before listing: none missed
         with self._lock:  # before listing: a file our own writer adds meanwhile is not "gone"
             known = set(self._infos)
+            self._refreshes += 1
+            mark = len(self._changed)
         try:
             names = {n for n in os.listdir(self.dir) if n.endswith(SUFFIX)}
         except OSError as e:
             log.warning("cache: cannot list %s: %s", self.dir, e)
-            return [], []
-        on_disk = {name[: -len(SUFFIX)] for name in names}
-        new = [item for key in on_disk - known if (item := self._read_info(key + SUFFIX))]
+            names = None
+        on_disk = {name[: -len(SUFFIX)] for name in names or ()}
+        try:
+            new = [item for key in on_disk - known if (item := self._read_info(key + SUFFIX))]
+        except BaseException:
+            with self._lock:
+                self._end_refresh(mark)
+            raise
         added: list[EntryInfo] = []
         with self._lock:
-            gone = [key for key in known - on_disk if key in self._infos]
+            ours = self._end_refresh(mark)
+            if names is None:
+                return [], []
+            gone = [key for key in known - on_disk - ours if key in self._infos]
             for key in gone:  # unlinked by another process: forget it, nothing to delete
-                self._infos.pop(key, None)
-                self._policy.remove(key)
+                self._untrack(key)
             for _, info, size in sorted(new, key=lambda item: item[0]):
-                if info.key not in self._infos:
-                    self._infos[info.key] = info
-                    self._policy.add(info.key, size)
+                if info.key not in self._infos and info.key not in ours:
+                    self._track(info, size)
                     added.append(info)
             victims = self._policy.victims()
             for key in victims:
                 self._unlink_tracked(key)
             self.evictions += len(victims)
         return added, gone + victims
+
+    def _end_refresh(self, mark: int) -> set[str]:
+        """The keys of ours to leave alone: written now, or changed since `mark`."""
+        ours = self._writing.union(self._changed[mark:])
+        self._refreshes -= 1
+        if not self._refreshes:
+            self._changed.clear()
+        return ours
 
     def _remove_corrupt(self, path: str, why: str) -> None:
         log.warning("cache: removing %s (%s)", path, why)
@@ -183,8 +205,7 @@ class DiskTier:
             return None
         except record.CorruptRecord as e:
             with self._lock:
-                if self._infos.pop(key, None) is not None:
-                    self._policy.remove(key)
+                if self._untrack(key):
                     self._remove_corrupt(self._path(key), str(e))
             return None
         self._count_io(start, read=len(state))
@@ -205,12 +226,19 @@ class DiskTier:
     def put(self, entry: Entry, protect: Collection[str] = ()) -> list[str]:
         """Write `entry` durably, then delete the least-used files over budget. An OSError
         (disk full, directory gone) propagates with the temporary file removed."""
-        start = time.perf_counter()
-        size = self._write(entry)
-        self._count_io(start, written=size)
+        with self._lock:  # its file appears before it is counted: refresh() must know
+            self._writing.add(entry.key)
+        try:
+            start = time.perf_counter()
+            size = self._write(entry)
+            self._count_io(start, written=size)
+        except BaseException:
+            with self._lock:
+                self._writing.discard(entry.key)
+            raise
         with self._lock:
-            self._infos[entry.key] = entry.info
-            self._policy.add(entry.key, size)
+            self._writing.discard(entry.key)
+            self._track(entry.info, size)
             victims = self._policy.victims({entry.key, *protect})
             for key in victims:
                 self._unlink_tracked(key)
@@ -253,10 +281,28 @@ class DiskTier:
         with self._lock:
             return self._unlink_tracked(key)
 
-    def _unlink_tracked(self, key: str) -> bool:
+    def _track(self, info: EntryInfo, size: int) -> None:
+        """Count a file of ours (lock held): every change of `_infos` goes through here
+        or `_untrack`, so that a refresh in progress hears of it."""
+        self._infos[info.key] = info
+        self._policy.add(info.key, size)
+        self._note(info.key)
+
+    def _untrack(self, key: str) -> bool:
+        """Forget a file (lock held); False if it was not counted."""
         if self._infos.pop(key, None) is None:
             return False
         self._policy.remove(key)
+        self._note(key)
+        return True
+
+    def _note(self, key: str) -> None:
+        if self._refreshes:  # nobody needs the log otherwise
+            self._changed.append(key)
+
+    def _unlink_tracked(self, key: str) -> bool:
+        if not self._untrack(key):
+            return False
         self._unlink_file(key)
         return True
 
@@ -274,8 +320,8 @@ class DiskTier:
             self._policy.touch(key)
 
     def _evicted(self, key: str) -> None:
-        """Another tier of the pool took this entry's room (lock held)."""
-        if self._infos.pop(key, None) is not None:
+        """Another tier of the pool took this entry's room (lock held; already uncounted)."""
+        if self._untrack(key):
             self._unlink_file(key)
             self.evictions += 1
             self._lost.append(key)
@@ -292,8 +338,7 @@ class DiskTier:
         with self._lock:
             keys = list(self._infos)
             for key in keys:
-                self._infos.pop(key, None)
-                self._policy.remove(key)
+                self._untrack(key)
         for key in keys:
             self._unlink_file(key)
         return len(keys)

@@ -23,7 +23,10 @@ Several models in one process (cache/budget.py): caches made with one CacheBudge
 their RAM and disk bytes in one budget each, and share one lock (the RAM pool's), so a
 save of one model may evict another's entry, in its index at once; its disk copies that
 another's write evicted it learns of at its next lookup (`_settle_disk`).
-"""
+
+An entry's `on_disk` is copied from the disk tier under the lock (`_sync_disk_copy`),
+never from a list of keys made outside it (a refresh's, a write's, another model's):
+the file may have come or gone again since."""
 
 from __future__ import annotations
 
@@ -153,11 +156,12 @@ class PrefixCache(Reports):
         added, removed = disk.refresh()
         with self._lock:
             for key in removed:
-                self._forget_disk_copy(key)
+                self._sync_disk_copy(key)
             for info in added:
-                indexed = self._index.get(info.key)
-                if indexed is not None:
-                    indexed.on_disk = True
+                if self._index.get(info.key) is not None:
+                    self._sync_disk_copy(info.key)
+                    continue
+                if not disk.contains(info.key):  # our writer's save evicted it meanwhile
                     continue
                 hashes = block_hashes(info.tokens, self._block, seed(self.namespace, info.salt))
                 if hashes:
@@ -169,7 +173,7 @@ class PrefixCache(Reports):
         if lost:
             with self._lock:
                 for key in lost:
-                    self._forget_disk_copy(key)
+                    self._sync_disk_copy(key)
 
     def _ram_evicted(self, key: str) -> None:
         """Another model's save took this entry's RAM (lock held: it is ours too)."""
@@ -213,8 +217,7 @@ class PrefixCache(Reports):
         with self._lock:
             if entry is None:  # deleted meanwhile, or found corrupt (and removed)
                 self._count_miss(ram=False)
-                if not disk.contains(key):
-                    self._forget_disk_copy(key)
+                self._sync_disk_copy(key)
                 return None
             self._counts.disk_hits += 1
             promote = self._index.get(key) is indexed and not self._ram.contains(key)
@@ -293,12 +296,11 @@ class PrefixCache(Reports):
                 if written and self._disk is not None:
                     self._disk.delete(entry.key)
                 return
-            if written:
-                indexed.on_disk = True
-                if self._index.get(entry.key) is None:
-                    self._index.add(indexed)
-            for key in evicted:
-                self._forget_disk_copy(key)
+            if written and self._index.get(entry.key) is None:
+                self._index.add(indexed)
+            # Another model's write may have evicted it already (cache/budget.py).
+            for key in (entry.key, *evicted):
+                self._sync_disk_copy(key)
             self._drop_ram_copies(self._ram.trim())  # the protected write may have overrun
             if self._index.get(entry.key) is not None:
                 self._counts.saves += 1
@@ -325,11 +327,13 @@ class PrefixCache(Reports):
             if indexed is not None and not indexed.on_disk:
                 self._index.remove(key)
 
-    def _forget_disk_copy(self, key: str) -> None:
+    def _sync_disk_copy(self, key: str) -> None:
+        """The indexed entry `key` is on disk if the disk tier has it now; one on no
+        tier leaves the index."""
         indexed = self._index.get(key)
         if indexed is not None:
-            indexed.on_disk = False
-            if not self._ram.contains(key):
+            indexed.on_disk = self._disk is not None and self._disk.contains(key)
+            if not indexed.on_disk and not self._ram.contains(key):
                 self._index.remove(key)
 
     def _remove(self, key: str) -> None:
