@@ -15,6 +15,7 @@ import numpy as np
 
 from cache import CacheBudget, redis_client, redis_peer
 from engine.engine import Engine
+from engine.family import ftype_name
 from engine.generation import Generation
 from engine.llama import KV_TYPES, gpu_offload_supported
 from engine.loading import CacheConfig, EngineConfig
@@ -93,6 +94,7 @@ __all__ = [
     "error_code",
     "exact_min_chunk",
     "exact_min_rows",
+    "ftype_name",
     "gpu_offload_supported",
     "least_prefill_chunk",
     "least_step_tokens",

@@ -33,8 +33,13 @@ _FTYPES = {
 GUESSED_FTYPE = 1024  # llama.h: LLAMA_FTYPE_GUESSED, or'ed in when the file did not say
 
 
+def ftype_name(ftype: int) -> str | None:
+    """llama.cpp's name of a general.file_type value, or None for one it does not define."""
+    return _FTYPES.get(ftype & ~GUESSED_FTYPE)
+
+
 def quantization_name(ftype: int) -> str:
-    name = _FTYPES.get(ftype & ~GUESSED_FTYPE)
+    name = ftype_name(ftype)
     return name if name is not None else f"ftype {ftype}"
 
 

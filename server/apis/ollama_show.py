@@ -30,7 +30,7 @@ from typing import Any
 from fastapi import Request
 
 from chat.reasoning import has_thinking
-from engine.client import EngineNotReadyError
+from engine.client import EngineNotReadyError, ftype_name
 from server.apis.ollama_common import ollama_model
 from server.deps import get_caller
 from server.errors import ServerError, ServiceUnavailable, Unsupported
@@ -39,15 +39,14 @@ from server.protocol_ollama import OllamaShowRequest
 from server.registry import ServedModel
 from server.routes.models import family_of
 
-# llama.cpp's llama_ftype values (general.file_type) as Ollama names them.
-FILE_TYPES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
-    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
-    29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
-    38: "MXFP4",
-}  # fmt: skip
+# Where Ollama's name of a general.file_type differs from llama.cpp's (engine/family.py).
+OLLAMA_FTYPE_NAMES = {"MXFP4_MOE": "MXFP4"}
+
+
+def quantization_level(file_type: object) -> str:
+    """general.file_type in Ollama's words; a value llama.cpp does not name, as it is."""
+    name = ftype_name(file_type) if isinstance(file_type, int) else None
+    return str(file_type) if name is None else OLLAMA_FTYPE_NAMES.get(name, name)
 
 
 def parameter_size(n: int) -> str:
@@ -167,7 +166,7 @@ async def serve_ollama_show(body: OllamaShowRequest, request: Request) -> dict[s
             "family": family,
             "families": [family] if family else None,
             "parameter_size": parameter_size(facts.n_params),
-            "quantization_level": FILE_TYPES.get(file_type, str(file_type)),
+            "quantization_level": quantization_level(file_type),
         },
         "model_info": model_info,
         "capabilities": capabilities,

@@ -33,13 +33,25 @@ def finish(s: Scheduler, seq: Sequence) -> None:
     s.remove(seq)
 
 
-def test_a_slot_holding_more_than_the_prompt_shares_is_not_cut_back() -> None:
-    s = whole()
+def holding_first(*, exact: bool = False) -> Scheduler:
+    """A scheduler whose one slot holds the state of a 100-token prompt, `first`."""
+    s = whole(exact=exact)
     first = seq_of("first", list(range(100)))
     s.add(first)
-    finish(s, first)
+    finish(s, first)  # the slot holds the 100 prompt tokens (the sampled one is not in)
+    return s
+
+
+def diverging(s: Scheduler) -> Sequence:
+    """A prompt sharing 70 tokens with `first`, queued."""
     second = seq_of("second", list(range(70)) + [500] * 30)
     s.add(second)
+    return second
+
+
+def test_a_slot_holding_more_than_the_prompt_shares_is_not_cut_back() -> None:
+    s = holding_first()
+    second = diverging(s)
     chunks, kv = s.schedule()
     # Attention would keep 70 cells and drop the rest; a whole state cannot be cut there.
     assert kv.ops == [Drop(0, 0, second)] and second.num_computed == 0
@@ -47,10 +59,7 @@ def test_a_slot_holding_more_than_the_prompt_shares_is_not_cut_back() -> None:
 
 
 def test_a_slot_holding_exactly_a_prefix_of_the_prompt_is_reused() -> None:
-    s = whole()
-    first = seq_of("first", list(range(100)))
-    s.add(first)
-    finish(s, first)  # the slot holds the 100 prompt tokens (the sampled one is not in)
+    s = holding_first()
     turn = seq_of("turn", list(range(100)) + [7, 8, 9])
     s.add(turn)
     _, kv = s.schedule()
@@ -75,14 +84,10 @@ def test_a_cache_hit_longer_than_the_reuse_limit_is_not_taken() -> None:
 
 
 def test_where_prompts_diverge_a_checkpoint_is_computed_to_and_saved() -> None:
-    s = whole()
-    first = seq_of("first", list(range(100)))
-    s.add(first)
-    finish(s, first)
+    s = holding_first()
     # Shares 70 tokens with the slot's state: the next prompt with this head restores
     # the state saved at the block boundary at or below 70 (32-token blocks: 64).
-    second = seq_of("second", list(range(70)) + [500] * 30)
-    s.add(second)
+    second = diverging(s)
     chunks, _ = s.schedule()
     assert second.checkpoint == 64
     assert [(c.start, c.length) for c in chunks] == [(0, 64)]  # stops at the checkpoint
@@ -101,10 +106,7 @@ def test_exact_mode_checkpoints_stay_within_what_the_prompt_may_reuse() -> None:
         (list(range(40)) + [600] * 5, 32),  # min(40, 45 - 8) rounds down to 32
         (list(range(30)) + [600] * 20, 0),  # below the first block boundary
     ):
-        s = whole(exact=True)
-        first = seq_of("first", list(range(100)))
-        s.add(first)
-        finish(s, first)
+        s = holding_first(exact=True)
         later = seq_of("later", tokens)
         s.add(later)
         s.schedule()
