@@ -28,17 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.client import (
-    CacheConfig,
-    Engine,
-    GenerateRequest,
-    NoSlotError,
-    SamplingParams,
-    SessionBusyError,
-    SessionNotFoundError,
-)
+from engine.client import CacheConfig, Engine, GenerateRequest, SamplingParams
 from tests.family_models import FAMILIES, HYBRID, RECURRENT, VOCAB, FamilyModel
 from tests.integration.test_engine import start_model
+from tests.integration.test_random_sessions import TURN_REFUSALS
 
 pytestmark = pytest.mark.model
 
@@ -118,7 +111,7 @@ async def converse(world: World, name: str, key: str, history: tuple[int, ...],
             branch = f"{session}-f{turn}"
             try:
                 await world.warm.fork_session(key, session, branch, ttl_s=60)
-            except (NoSlotError, SessionBusyError, SessionNotFoundError):
+            except TURN_REFUSALS:
                 continue
             figures.forks += 1
             rest = rng.sample(range(8), k=min(2, len(questions)))

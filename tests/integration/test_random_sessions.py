@@ -40,6 +40,9 @@ pytestmark = pytest.mark.model
 GREEDY = SamplingParams(temperature=0.0)
 LONG = os.environ.get("KVSERVE_RANDOM_LONG") == "1"
 SEEDS = range(int(os.environ.get("KVSERVE_RANDOM_SEEDS", "1")))
+# What a turn of the random world may meet and skip: all slots pinned, the session busy
+# with its previous turn, or expired.
+TURN_REFUSALS = (NoSlotError, SessionBusyError, SessionNotFoundError)
 SPECULATIVE = os.environ.get("KVSERVE_RANDOM_SPECULATIVE") == "1"
 FLASH_ATTN = os.environ.get("KVSERVE_RANDOM_FLASH_ATTN", "1") == "1"
 MEMOS = {
@@ -147,7 +150,7 @@ async def converse(
             branch = f"{session}-f{turn}"
             try:
                 await world.warm.fork_session(key, session, branch, ttl_s=60)
-            except (NoSlotError, SessionBusyError, SessionNotFoundError):  # (expired)
+            except TURN_REFUSALS:
                 figures.forks_refused += 1
             else:
                 figures.forks += 1
