@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.config import AuthSection, ServerSection, Settings
+from server.config.tree import AuthSection, ServerSection, Settings
 from tests.fakes import FakeEngine
 
 ClientFactory = Callable[..., httpx.AsyncClient]

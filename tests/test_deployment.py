@@ -114,14 +114,14 @@ def test_cache_directory_is_a_volume_owned_by_the_user() -> None:
 
 def test_exactly_one_server_process() -> None:
     (entrypoint,) = RUNTIME.args("ENTRYPOINT")
-    assert json.loads(entrypoint) == ["kvserve"]  # server.serve runs uvicorn, workers=1
+    assert json.loads(entrypoint) == ["kvserve"]  # server.process.serve runs uvicorn, workers=1
     text = DOCKERFILE.read_text()
     assert "--workers" not in text and "gunicorn" not in text
     assert not RUNTIME.args("CMD") or "workers" not in RUNTIME.args("CMD")[0]
 
 
 def test_the_server_runs_one_uvicorn_worker() -> None:
-    source = (ROOT / "server" / "serve.py").read_text()
+    source = (ROOT / "server" / "process" / "serve.py").read_text()
     assert re.search(r"workers=1\b", source)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from server.app import create_app
-from server.config import Settings
+from server.config.tree import Settings
 from tests.fakes import FakeEngine
 
 

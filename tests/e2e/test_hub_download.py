@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.config import default_model_path
+from server.config.tree import default_model_path
 from tests.hub_standin import HubFile, StandIn, serving
 from tests.kvserve_process import free_port, running
 

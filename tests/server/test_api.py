@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from server.config import LoadingSection, Settings
+from server.config.tree import LoadingSection, Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from cache import CacheConfig
 from engine.engine import Engine
 from server.app import create_app
-from server.config import HubSection, ModelSection, Settings
+from server.config.tree import HubSection, ModelSection, Settings
 
 ENTRY = 1000 + 4 * 8  # a state of 1000 bytes for 8 tokens
 

@@ -11,8 +11,8 @@ import httpx
 from cache import PrefixCache
 from engine.types import GenerateRequest, LoraAdapter
 from server.app import create_app
-from server.config import AuthSection, LoraSection, ModelSection, Settings
-from server.deps import Caller
+from server.config.tree import AuthSection, LoraSection, ModelSection, Settings
+from server.http.deps import Caller
 from tests.cache.util import config, saved
 from tests.fakes import FakeEngine
 

@@ -1,4 +1,4 @@
-"""`kvserve run` (server/chat_cli.py) against the app on the fake engine: a chat that
+"""`kvserve run` (server/cli/chat.py) against the app on the fake engine: a chat that
 outgrows the model's context goes on (Ollama's chat route drops the oldest turns), an
 error from the server ends a turn and not the chat, an unknown model fails first."""
 
@@ -13,9 +13,9 @@ from rich.console import Console
 from starlette.testclient import TestClient
 
 from server.app import create_app
-from server.chat_cli import run
-from server.cli_http import CommandError
-from server.config import Settings
+from server.cli.chat import run
+from server.cli.http import CommandError
+from server.config.tree import Settings
 from tests.fakes import FakeEngine
 
 MODEL = "fake-model"

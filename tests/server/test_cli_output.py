@@ -1,4 +1,4 @@
-"""What the model commands (server/commands.py, server/chat_cli.py) print of a server's
+"""What the model commands (server/cli/manage.py, server/cli/chat.py) print of a server's
 text, against the app on the fake engine: model names and error messages never as Rich
 markup, model output without the terminal's control and escape sequences."""
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from server import commands
 from server.app import create_app
-from server.cli_text import StreamFilter, printable
-from server.config import Settings
+from server.cli import manage
+from server.cli.text import StreamFilter, printable
+from server.config.tree import Settings
 from tests.fakes import FakeEngine
 
 HOSTILE = "x[/]y[bold]\x1b[2J\x1b]0;owned\x07"
@@ -31,9 +31,9 @@ def kvserve(argv: list[str], engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
         with TestClient(app) as client:
             yield client
 
-    monkeypatch.setattr(commands, "connect", connect)
+    monkeypatch.setattr(manage, "connect", connect)
     monkeypatch.setattr(sys.stdin, "isatty", lambda: False)
-    return commands.main(argv)
+    return manage.main(argv)
 
 
 def test_an_error_naming_a_model_with_markup_is_printed_as_text(

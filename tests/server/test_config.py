@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import (
+from server.config.tree import (
     SECTIONS,
     ConfigError,
     ModelSection,
@@ -212,19 +212,19 @@ def test_shared_tier_settings_are_checked() -> None:
 
 def _start_without_serving(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
     """`kvserve` up to the point where it would serve: what it would have served."""
-    import server.logs
-    import server.serve
+    import server.process.serve
+    import server.telemetry.logs
 
     served: list[Settings] = []
-    monkeypatch.setattr(server.serve, "serve", lambda s: served.append(s) or 0)
-    monkeypatch.setattr(server.logs, "setup_logging", lambda _: None)
+    monkeypatch.setattr(server.process.serve, "serve", lambda s: served.append(s) or 0)
+    monkeypatch.setattr(server.telemetry.logs, "setup_logging", lambda _: None)
     return served
 
 
 def test_start_probes_the_resolved_disk_dir_not_a_local_auto(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from server.cli import main
+    from server.cli.main import main
 
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
@@ -306,7 +306,7 @@ def test_config_accepts_exactly_the_batch_sizes_the_scheduler_accepts(
 def test_a_bad_cache_value_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from server.cli import main
+    from server.cli.main import main
 
     cfg = tmp_path / "k.toml"
     cfg.write_text("[cache]\nshared_ttl_s = 0.5\n")

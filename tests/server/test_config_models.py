@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
-from server.config import ConfigError, hub_source, load_settings
+from server.cli.main import main
+from server.config.tree import ConfigError, hub_source, load_settings
 
 
 def test_hf_repo_flag_names_the_model_after_the_repo() -> None:

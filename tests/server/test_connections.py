@@ -14,8 +14,8 @@ import pytest
 import uvicorn
 
 from server.app import create_app
-from server.config import AuthSection, ServerSection, Settings
-from server.serve import uvicorn_config
+from server.config.tree import AuthSection, ServerSection, Settings
+from server.process.serve import uvicorn_config
 from tests.fakes import FakeEngine
 
 HEAD_S = 1.0  # server.header_timeout_s

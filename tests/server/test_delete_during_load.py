@@ -15,7 +15,7 @@ import pytest
 
 from engine.engine import EngineState
 from server.app import create_app
-from server.config import HubSection, LoadingSection, ModelSection, Settings
+from server.config.tree import HubSection, LoadingSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 
 NAME = "hf.co/kvtest/tiny-GGUF:Q8_0"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import gpu_offload_supported
-from server.config import ConfigError, load_settings
+from server.config.tree import ConfigError, load_settings
 
 
 def settings(**env: str) -> object:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.hub import HubError, HubSource, choose_file, fetch
+from server.models.hub import HubError, HubSource, choose_file, fetch
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.hub_standin import HubFile, StandIn, fake_gguf, serving, start

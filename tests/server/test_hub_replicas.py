@@ -13,7 +13,7 @@ import pytest
 from huggingface_hub import constants
 
 from server.app import create_app
-from server.config import HubSection, ModelSection, Settings
+from server.config.tree import HubSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 from tests.hub_standin import HubFile, StandIn, fake_gguf, serving
 

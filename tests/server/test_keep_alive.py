@@ -1,4 +1,4 @@
-"""Ollama's keep_alive on a shared server (server/keep_alive.py): checked with the body,
+"""Ollama's keep_alive on a shared server (server/models/keep_alive.py): checked with the body,
 applied once the request has passed, bounded by the operator's settings, and changed
 for everyone only by a caller who may manage models."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from engine.client import EngineState
 from server.app import create_app
-from server.config import AuthSection, ModelSection, Settings
+from server.config.tree import AuthSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 
 ADMIN, USER, OTHER = "sk-admin", "sk-user", "sk-other"

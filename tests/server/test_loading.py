@@ -13,7 +13,7 @@ import pytest
 
 from engine.engine import EngineState
 from server.app import create_app
-from server.config import AuthSection, LoadingSection, ModelSection, Settings
+from server.config.tree import AuthSection, LoadingSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 
 KEY = "sk-load"
@@ -193,7 +193,7 @@ async def test_idle_unload() -> None:
 
 
 def test_bad_loading_config() -> None:
-    from server.config import ConfigError, load_settings
+    from server.config.tree import ConfigError, load_settings
 
     for overrides, message in (
         ({"model.load": "lazy"}, "load: one of startup, on_demand"),
@@ -279,7 +279,7 @@ async def test_a_failed_load_is_not_tried_again_by_every_request(
     assert a.num_starts == 1
     assert (await client.post("/v1/models/a/load")).status_code == 503  # by hand: at once
     assert a.num_starts == 2
-    monkeypatch.setattr("server.loading.RETRY_FAILED_S", 0.0)  # ... the Retry-After later
+    monkeypatch.setattr("server.models.loader.RETRY_FAILED_S", 0.0)  # ... the Retry-After later
     a.fail = ""
     assert (await client.post("/v1/chat/completions", json=_chat("a"))).status_code == 200
     assert a.num_starts == 3

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from server.access import _logfmt
-from server.config import LoggingSection
-from server.logs import escape_controls, setup_logging
+from server.config.tree import LoggingSection
+from server.telemetry.access import _logfmt
+from server.telemetry.logs import escape_controls, setup_logging
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 

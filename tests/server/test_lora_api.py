@@ -9,7 +9,7 @@ import pytest
 
 from engine.types import LoraAdapter
 from server.app import create_app
-from server.config import LoraSection, ModelSection, Settings
+from server.config.tree import LoraSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 
 ADAPTERS = (LoraAdapter("pirate", "/x/p.gguf", 0.0), LoraAdapter("poet", "/x/q.gguf", 0.5))

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server.config import ConfigError, load_settings
+from server.config.tree import ConfigError, load_settings
 from tests.fakes import FakeEngine
 from tests.mcp.servers import HttpMcp
 from tests.server.mcp_app import mcp_client, mcp_fixtures, servers

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from server import tracing
-from server.config import TracingSection
+from server.config.tree import TracingSection
+from server.telemetry import tracing
 from tests.fakes import FakeEngine
 from tests.mcp.servers import HttpMcp, http_mcp
 from tests.otlp_receiver import Receiver, Span, running_receiver

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server.protocol_messages import MessagesRequest
+from server.api.messages.protocol import MessagesRequest
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.server.test_api import MODEL, REPLY

@@ -55,8 +55,8 @@ async def test_a_model_refused_at_load_answers_400_naming_it(make_client: Client
 
 
 def test_a_model_file_is_named_after_itself_unless_named() -> None:
-    from server.config import default_model_path
-    from server.config_models import DEFAULT_MODEL_ID, ModelSection
+    from server.config.model_entries import DEFAULT_MODEL_ID, ModelSection
+    from server.config.tree import default_model_path
 
     assert ModelSection(path="/models/gemma-3-270m-q4_k_m.gguf").id == "gemma-3-270m-q4_k_m"
     assert ModelSection(path="/models/g.gguf", id="mine").id == "mine"

@@ -1,4 +1,4 @@
-"""The names of pulled models, copies and configured files (server/hub_models.py,
+"""The names of pulled models, copies and configured files (server/models/hub_models.py,
 /api/copy, /api/delete): a delete removes what its name means, a copy never takes a
 hub name, and what the configuration owns in the hub cache is neither listed as
 pulled nor deleted. Fake engines, a hub stand-in on loopback, a real hub cache."""
@@ -14,7 +14,7 @@ import pytest
 from huggingface_hub import hf_hub_download
 
 from server.app import create_app
-from server.config import HubSection, LoraSection, ModelSection, Settings
+from server.config.tree import HubSection, LoraSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 from tests.hub_standin import HubFile, StandIn, fake_gguf, point_hub_at, serving
 

@@ -9,13 +9,10 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    EmbeddingRequest,
-    TokenizeRequest,
-)
+from server.api.chat.protocol import ChatCompletionRequest
+from server.api.completions.protocol import CompletionRequest
+from server.api.embeddings.protocol import EmbeddingRequest
+from server.api.kvserve.protocol import DetokenizeRequest, TokenizeRequest
 from tests.server.test_api import MODEL, assert_error
 
 BASES: list[tuple[str, type[BaseModel], dict[str, Any]]] = [

@@ -15,10 +15,10 @@ import ollama
 import pytest
 
 from engine.client import EngineState
-from server.apis.ollama_common import resolve_ollama_model
-from server.apis.ollama_show import parameter_size
-from server.errors import BadRequest
-from server.keep_alive import parse_keep_alive
+from server.api.ollama.common import resolve_ollama_model
+from server.api.ollama.show import parameter_size
+from server.http.errors import BadRequest
+from server.models.keep_alive import parse_keep_alive
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 

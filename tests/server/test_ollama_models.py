@@ -13,7 +13,7 @@ import pytest
 
 from engine.engine import EngineState
 from server.app import create_app
-from server.config import AuthSection, HubSection, ModelSection, Settings
+from server.config.tree import AuthSection, HubSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 from tests.hub_standin import HubFile, StandIn, fake_gguf, point_hub_at, serving
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from engine.client import EngineNotReadyError, EngineState, ModelInfo
-from server.apis import ollama_models
+from server.api.ollama import models as ollama_models
 from server.app import create_app
-from server.config import ModelSection, Settings, default_model_path
-from server.gguf_header import GgufError, read_header
+from server.config.tree import ModelSection, Settings, default_model_path
+from server.models.gguf_header import GgufError, read_header
 from tests.fakes import FakeEngine
 
 MODEL = "fake-model"

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from huggingface_hub import constants
 
-import server.pulls as pulls_module
+import server.models.pulls as pulls_module
 from server.app import create_app
-from server.config import ConfigError, HubSection, ModelSection, Settings, load_settings
+from server.config.tree import ConfigError, HubSection, ModelSection, Settings, load_settings
 from tests.fakes import FakeEngine
 from tests.hub_standin import HubFile, StandIn, fake_gguf, serving
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server.protocol_responses import ResponsesRequest
+from server.api.responses.protocol import ResponsesRequest
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.server.test_api import MODEL, REPLY, assert_error

@@ -14,8 +14,8 @@ import pytest
 from engine import CacheConfig
 from engine.sessions import SessionLimits
 from engine.types import SessionPool
-from server.apis.responses_store import ResponseStore, Stored
-from server.config import AuthSection, ResponsesSection, Settings
+from server.api.responses.store import ResponseStore, Stored
+from server.config.tree import AuthSection, ResponsesSection, Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.redis_process import Redis, running_redis

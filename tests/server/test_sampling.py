@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.types import ModelInfo, SamplingParams
-from server.errors import BadRequest
-from server.protocol import ChatCompletionRequest
-from server.sampling import generate_requests, sampling_params
+from server.api.chat.protocol import ChatCompletionRequest
+from server.http.errors import BadRequest
+from server.http.sampling import generate_requests, sampling_params
 
 INFO = ModelInfo("m", "/m.gguf", 512, 512, 100, 8, 4, None, "", "", False)
 

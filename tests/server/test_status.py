@@ -7,7 +7,7 @@ import httpx
 
 from cache.types import CacheStats, TierStats
 from engine.engine import EngineState
-from server.recent import KEEP, RecentTraffic
+from server.telemetry.recent import KEEP, RecentTraffic
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 

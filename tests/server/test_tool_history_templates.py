@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.config import ModelSection, Settings
+from server.config.tree import ModelSection, Settings
 from tests.fakes import FakeEngine
 from tests.server.test_api import MODEL
 

@@ -261,7 +261,7 @@ async def test_configured_template_override_inline_and_file(
     tmp_path: Any, fake: FakeEngine, as_file: bool
 ) -> None:
     from server.app import create_app
-    from server.config import ModelSection, Settings
+    from server.config.tree import ModelSection, Settings
 
     source = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
     value = source

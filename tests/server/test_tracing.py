@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from engine.client import CacheConfig
-from server import tracing
 from server.app import create_app
-from server.config import Settings, TracingSection
+from server.config.tree import Settings, TracingSection
+from server.telemetry import tracing
 from tests.fakes import FakeEngine
 from tests.otlp_receiver import Receiver, Span, running_receiver
 from tests.redis_process import Redis, running_redis
@@ -200,7 +200,7 @@ async def test_stored_responses_in_redis_are_spans_of_the_request(
 REQUEST = """
 from fastapi.testclient import TestClient
 from server.app import create_app
-from server.config import load_settings
+from server.config.tree import load_settings
 from tests.fakes import FakeEngine
 app = create_app(load_settings(env={}), engine=FakeEngine())
 with TestClient(app) as client:
@@ -227,7 +227,7 @@ def test_tracing_off_loads_no_sdk() -> None:
     loaded = REQUEST + """
 import sys
 heavy = ("opentelemetry.sdk.trace", "opentelemetry.exporter", "opentelemetry.proto",
-         "google.protobuf", "server.tracing_spans")
+         "google.protobuf", "server.telemetry.spans")
 print(sorted(m for m in sys.modules if m.startswith(heavy)))
 """
     assert run_python(loaded) == "[]"
@@ -260,11 +260,11 @@ def test_only_the_tracing_modules_import_opentelemetry() -> None:
     for package in ("server", "engine", "chat", "cache"):
         for path in (ROOT / package).rglob("*.py"):
             name = path.relative_to(ROOT).as_posix()
-            if name not in ("server/tracing.py", "server/tracing_spans.py"):
+            if name not in ("server/telemetry/tracing.py", "server/telemetry/spans.py"):
                 assert "opentelemetry" not in imports(path), name
     top_level = {
         line.split()[1].split(".")[0]
-        for line in (ROOT / "server/tracing.py").read_text().splitlines()
+        for line in (ROOT / "server/telemetry/tracing.py").read_text().splitlines()
         if line.startswith(("import ", "from "))
     }
     assert "opentelemetry" not in top_level

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import TracingSection, load_settings
+from server.config.tree import TracingSection, load_settings
 from tests.server.test_config import config_error, kvserve
 
 

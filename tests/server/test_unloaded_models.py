@@ -13,11 +13,11 @@ import httpx
 from cache import CacheConfig
 from engine.engine import Engine, EngineConfig, EngineState
 from server.app import create_app
-from server.config import AuthSection, ModelSection, Settings
+from server.config.tree import AuthSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 
 A, ROOT = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer root"}
-TENANT = hashlib.sha256(b"key-a").hexdigest()[:16]  # server.deps.get_caller's digest
+TENANT = hashlib.sha256(b"key-a").hexdigest()[:16]  # server.http.deps.get_caller's digest
 TOKENS = [5, 6, 7, 8, 9]
 
 
