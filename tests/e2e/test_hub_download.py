@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from server.config.tree import default_model_path
-from tests.hub_standin import HubFile, StandIn, serving
+from tests.helpers.hub_standin import HubFile, StandIn, serving
 from tests.kvserve_process import free_port, running
 
 pytestmark = pytest.mark.model

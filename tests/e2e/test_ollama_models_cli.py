@@ -19,7 +19,7 @@ import ollama
 import pytest
 
 from server.config.tree import default_model_path
-from tests.hub_standin import HubFile, StandIn, serving
+from tests.helpers.hub_standin import HubFile, StandIn, serving
 from tests.kvserve_process import MODEL, Server, free_port, running
 
 pytestmark = pytest.mark.model

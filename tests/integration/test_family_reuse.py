@@ -13,7 +13,7 @@ model, a prompt that shares only part of a longer state gets the cold answer.
 
     KVSERVE_FAMILY_LONG=1 pytest -s tests/integration/test_family_reuse.py
 
-runs the long variant on every family tests/family_models.py writes (and prints the
+runs the long variant on every family tests/helpers/family_models.py writes (and prints the
 figures); KVSERVE_FAMILY_FLASH_ATTN=0 runs without flash attention.
 """
 
@@ -39,7 +39,7 @@ from engine.types import (
     SessionBusyError,
     SessionNotFoundError,
 )
-from tests.family_models import FAMILIES, HYBRID, RECURRENT, VOCAB, FamilyModel
+from tests.helpers.family_models import FAMILIES, HYBRID, RECURRENT, VOCAB, FamilyModel
 
 pytestmark = pytest.mark.model
 

@@ -12,8 +12,8 @@ from cache import CacheConfig
 from engine.engine import Engine, EngineConfig
 from engine.types import InvalidRequestError, LoraAdapter
 from server.config.tree import default_model_path
+from tests.helpers.lora_gguf import write_lora
 from tests.integration.test_engine import QUESTIONS, chat_prompt, request, run, start
-from tests.lora_gguf import write_lora
 
 pytestmark = pytest.mark.model
 
@@ -106,8 +106,8 @@ async def test_an_adapter_from_the_hub(adapters: tuple[LoraAdapter, ...], tmp_pa
     from functools import partial
 
     from server.models.hub import HubSource, fetch
-    from tests.hub_standin import HubFile, StandIn
-    from tests.hub_standin import start as start_hub
+    from tests.helpers.hub_standin import HubFile, StandIn
+    from tests.helpers.hub_standin import start as start_hub
 
     stand_in, server = start_hub(
         StandIn({"kv/one-lora": {"one.gguf": HubFile(Path(adapters[0].path))}})
