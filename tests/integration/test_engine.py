@@ -31,8 +31,12 @@ QUESTIONS = [
 async def start(**overrides: object) -> Engine:
     """An engine on the default model; exact reuse on (not the default) unless overridden:
     these tests check that warm and batched outputs equal cold, unbatched ones."""
-    overrides = {"exact_reuse": True, **overrides}
-    config = dataclasses.replace(EngineConfig(default_model_path(), "smol"), **overrides)  # type: ignore[arg-type]
+    return await start_model(default_model_path(), "smol", **{"exact_reuse": True, **overrides})
+
+
+async def start_model(path: str, model_id: str, **overrides: object) -> Engine:
+    """An engine on `path`, started and loaded (EngineConfig's fields overridden)."""
+    config = dataclasses.replace(EngineConfig(path, model_id), **overrides)  # type: ignore[arg-type]
     engine = Engine(config)
     engine.start()
     while engine.state.value == "loading":

@@ -20,7 +20,6 @@ figures); KVSERVE_FAMILY_FLASH_ATTN=0 runs without flash attention.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import random
 import uuid
@@ -29,10 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from cache import CacheConfig
-from engine.engine import Engine
-from engine.loading import EngineConfig
-from engine.types import (
+from engine.client import (
+    CacheConfig,
+    Engine,
     GenerateRequest,
     NoSlotError,
     SamplingParams,
@@ -40,6 +38,7 @@ from engine.types import (
     SessionNotFoundError,
 )
 from tests.helpers.family_models import FAMILIES, HYBRID, RECURRENT, VOCAB, FamilyModel
+from tests.integration.test_engine import start_model
 
 pytestmark = pytest.mark.model
 
@@ -76,13 +75,7 @@ class World:
 async def start(path: Path, **overrides: object) -> Engine:
     settings = {"exact_reuse": True, "n_ctx": 1024, "embeddings": False, "n_threads": 2,
                 "flash_attn": FLASH_ATTN, **overrides}  # fmt: skip
-    config = dataclasses.replace(EngineConfig(str(path), path.stem), **settings)  # type: ignore[arg-type]
-    engine = Engine(config)
-    engine.start()
-    while engine.state.value == "loading":
-        await asyncio.sleep(0.02)
-    assert engine.ready, engine.load_error
-    return engine
+    return await start_model(str(path), path.stem, **settings)
 
 
 async def reply(engine: Engine, request: GenerateRequest) -> tuple[tuple[int, ...], int]:
