@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.llama import Batch, Context, ContextParams, Model  # noqa: E402
-from server.config import default_model_path  # noqa: E402
+from server.config.tree import default_model_path  # noqa: E402
 
 SPLIT_ROWS = (1, 2, 4, 16, 63, 64)
 REUSE_ROWS = (1, 2, 16, 32)

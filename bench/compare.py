@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import llama_build  # noqa: E402
 from bench.loadgen import run_load  # noqa: E402
 from engine.llama import cpu_has_amx  # noqa: E402
-from server.config import default_model_path  # noqa: E402
-from server.config_models import ModelSection  # noqa: E402
+from server.config.model_entries import ModelSection  # noqa: E402
+from server.config.tree import default_model_path  # noqa: E402
 
 
 def free_port() -> int:

@@ -3,7 +3,7 @@ loop over HTTP.
 
     python bench/mcp_loop.py [--repeats 3] [--calls 3]
 
-Starts the test MCP server (tests/mcp/tool_server.py, streamable HTTP on loopback) and a
+Starts the test MCP server (tests/helpers/mcp/tool_server.py, streamable HTTP on loopback) and a
 kvserve configured with it, then, for each repeat and a fresh question each time:
 
 - server loop: one POST /v1/responses with the `mcp` tool, `tool_choice: "required"` and
@@ -139,7 +139,7 @@ def main() -> None:
         config = Path(tmp) / "kvserve.toml"
         config.write_text(f"[mcp]\nmax_tool_iterations = {args.calls}\n\n"
                           f'[[mcp_servers]]\nlabel = "bench"\nurl = "{mcp_url}"\n')  # fmt: skip
-        script = str(ROOT / "tests" / "mcp" / "tool_server.py")
+        script = str(ROOT / "tests" / "helpers" / "mcp" / "tool_server.py")
         procs = [
             subprocess.Popen([sys.executable, script, "http", str(mcp_port),
                               str(Path(tmp) / "mcp.log")], stderr=subprocess.DEVNULL),

@@ -3,7 +3,7 @@ short conversation (two turns on one session, the second warm), then the server 
 
     python -m bench.page_screenshots [--out bench/charts]
 
-Uses the page tests' headless Chromium (tests/browser.py: Debian's chromium and
+Uses the page tests' headless Chromium (tests/helpers/browser.py: Debian's chromium and
 chromium-driver)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.browser import chromium, wait_for  # noqa: E402
+from tests.helpers.browser import chromium, wait_for  # noqa: E402
 from tests.kvserve_process import MODEL, running  # noqa: E402
 
 TURNS = (

@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.llama import Batch, Context, ContextParams, Model  # noqa: E402
-from server.config import default_model_path  # noqa: E402
+from server.config.tree import default_model_path  # noqa: E402
 
 N_SEQ = 4
 N_CTX_SEQ = 4096

@@ -72,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     path = args.model
     if path is None:
-        from tests.family_models import assemble_gemma3_270m
+        from tests.helpers.family_models import assemble_gemma3_270m
 
         path = str(assemble_gemma3_270m())
     model = Model(path)

@@ -60,7 +60,7 @@ def in_process(tool_list: list[dict[str, Any]]) -> None:
     from chat.tools import Tool, ToolChoice
     from engine.llama import Model, Sampler
     from engine.types import SamplingParams
-    from server.config import default_model_path
+    from server.config.tree import default_model_path
 
     specs = [Tool(t["function"]["name"], "", t["function"]["parameters"]) for t in tool_list]
     t0 = time.perf_counter()

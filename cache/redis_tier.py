@@ -43,7 +43,7 @@ ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError)  # store d
 def redis_client(url: str, timeout_s: float) -> redis.Redis:
     """A client for the store every replica shares: each call bounded by `timeout_s`,
     never retried (a down store costs one timeout, not several). The responses store
-    (server/apis/responses_shared.py) uses the same."""
+    (server/api/responses/shared_store.py) uses the same."""
     return redis.Redis.from_url(
         url,
         socket_timeout=timeout_s,

@@ -12,7 +12,7 @@ Threads: lookup() runs where PrefixCache.lookup runs (a worker thread of the eve
 loop, never the engine thread); save() only queues. The lock covers the counters.
 
 Traces: inside `recording_calls()` every store call is also noted as a `StoreCall` (the
-engine records a lookup's calls, and server/tracing_spans.py makes them spans); a
+engine records a lookup's calls, and server/telemetry/spans.py makes them spans); a
 context variable, so the writer thread's saves and other lookups are never mixed in.
 """
 

@@ -74,7 +74,7 @@ class CacheHit:
 @dataclass(frozen=True, slots=True)
 class StoreCall:
     """One call a lookup made to the shared store, for the request's trace
-    (server/tracing_spans.py): which, when (time.monotonic() seconds), to which store
+    (server/telemetry/spans.py): which, when (time.monotonic() seconds), to which store
     (host or unix socket path, never credentials), and why it failed (None: it did not)."""
 
     operation: str  # find, get, touch or delete

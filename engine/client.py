@@ -143,7 +143,7 @@ class EngineLike(Protocol):
     def tenant_cache_view(self, tenant: str, owns: Callable[[str], bool]) -> TenantCacheView: ...
     def purge_cache(self, owns: Callable[[str], bool] | None = ...) -> int: ...
 
-    # On-demand loading (server/loading.py)
+    # On-demand loading (server/models/loader.py)
     load_seconds: float
 
     @property

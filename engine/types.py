@@ -108,7 +108,7 @@ class GenerateRequest:
     # Prefixes are shared only between requests with the same salt (slots and the cache).
     cache_salt: str = ""
     # LoRA adapters applied, as (adapter id, scale) sorted by id, no zero scales: the
-    # effective set (see server/lora.py). Part of the prefix namespace (`prefix_salt`).
+    # effective set (see server/models/lora.py). Part of the prefix namespace (`prefix_salt`).
     lora: tuple[tuple[str, float], ...] = ()
     # Speculative decoding by prompt lookup; None: the model's default.
     speculative: bool | None = None
@@ -163,7 +163,7 @@ class Timings:
 
     arrival: submitted to the engine; scheduled: first in a step; prompt_done: its whole
     prompt in the KV cache; first_token: its first token sampled. The rest are for traces
-    (server/tracing_spans.py): admitted: given a slot; lookup: (start, end) of the
+    (server/telemetry/spans.py): admitted: given a slot; lookup: (start, end) of the
     prefix-cache lookup, which runs before arrival, and what it found (lookup_tier: ram,
     disk or shared, "" for none; lookup_tokens: prompt tokens matched; lookup_calls: the
     calls it made to the shared store); restore: (start, end) of loading that state into

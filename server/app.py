@@ -26,11 +26,28 @@ from engine.client import (
     SessionBusyError,
     SessionNotFoundError,
 )
-from server import errors, hub, tracing
-from server.apis import ollama_models, ollama_pull
-from server.apis.responses_shared import RedisResponses
-from server.apis.responses_store import ResponseStore
-from server.config import (
+from server.api.chat.router import router as chat_router
+from server.api.completions.router import router as completions_router
+from server.api.embeddings.router import router as embeddings_router
+from server.api.kvserve import (
+    cache,
+    docs,
+    health,
+    metrics,
+    models,
+    page,
+    sessions,
+    status,
+    tokenize,
+)
+from server.api.messages.router import router as messages_router
+from server.api.ollama import models as ollama_models
+from server.api.ollama import pull as ollama_pull
+from server.api.ollama.router import router as ollama_router
+from server.api.responses.router import router as responses_router
+from server.api.responses.shared_store import RedisResponses
+from server.api.responses.store import ResponseStore
+from server.config.tree import (
     LoraSection,
     ModelSection,
     Settings,
@@ -38,36 +55,22 @@ from server.config import (
     hub_source,
     lora_source,
 )
-from server.deps import EngineLike, require_api_key
-from server.drain import Lifecycle
-from server.hub_models import Configured, HubModels
-from server.loading import ModelLoader
+from server.http import errors
+from server.http.deps import EngineLike, require_api_key
+from server.http.middleware import AccessMiddleware, BodyLimit
+from server.http.origins import OriginGuard
 from server.mcp.manager import McpManager
-from server.metrics import make_registry
-from server.metrics import router as metrics_router
-from server.middleware import AccessMiddleware, BodyLimit
-from server.model_gate import ModelGate
-from server.origins import OriginGuard
-from server.pulls import Pulls
-from server.registry import ModelRegistry, ServedModel
-from server.routes import (
-    cache,
-    chat,
-    completions,
-    docs,
-    embeddings,
-    health,
-    messages,
-    models,
-    ollama,
-    page,
-    responses,
-    sessions,
-    status,
-    tokenize,
-)
+from server.models import hub
+from server.models.gate import ModelGate
+from server.models.hub_models import Configured, HubModels
+from server.models.loader import ModelLoader
+from server.models.pulls import Pulls
+from server.models.served import ModelRegistry, ServedModel
+from server.process.drain import Lifecycle
+from server.telemetry import tracing
+from server.telemetry.metrics import make_registry
 
-log = logging.getLogger("kvserve.server")
+log = logging.getLogger("server")
 
 
 def engine_config(
@@ -246,14 +249,14 @@ def create_app(
         summary="OpenAI-compatible inference server on llama.cpp",
         version="0.1.0",
         lifespan=lifespan,
-        # FastAPI's /docs, /redoc and /openapi.json are public: server/routes/docs.py's
+        # FastAPI's /docs, /redoc and /openapi.json are public: server/api/kvserve/docs.py's
         # take the API key when keys are configured.
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
         # FastAPI's own OpenTelemetry (on whenever some code in the process sets a global
         # provider, or FASTAPI_OTEL_AUTO_CONFIGURE is set) stays off: kvserve's traces are
-        # its own, from [tracing] (server/tracing.py), and off means no spans at all.
+        # its own, from [tracing] (server/telemetry/tracing.py), and off means no spans at all.
         telemetry={"tracing": False, "metrics": False, "logs": False, "auto_configure": False},
     )
     app.state.settings = settings
@@ -278,18 +281,18 @@ def create_app(
     authed = [Depends(require_api_key)]
     app.include_router(health.router)
     if settings.metrics.enabled:
-        app.include_router(metrics_router)
+        app.include_router(metrics.router)
     for router in (
-        chat.router,
-        completions.router,
-        responses.router,
-        messages.router,
-        embeddings.router,
+        chat_router,
+        completions_router,
+        responses_router,
+        messages_router,
+        embeddings_router,
         models.router,
         tokenize.router,
         sessions.router,
         cache.router,
-        ollama.router,
+        ollama_router,
         status.router,
         ollama_models.router,
         ollama_pull.router,
@@ -318,7 +321,7 @@ def create_app(
     )
     if settings.tracing.enabled:  # the server span; its trace id in the access line
         # Here, not at the top: it imports OpenTelemetry, the optional [tracing] extra.
-        from server.tracing_spans import TracingMiddleware
+        from server.telemetry.spans import TracingMiddleware
 
         app.add_middleware(TracingMiddleware)
     app.add_middleware(  # outermost: sees every answer, 413s and CORS included

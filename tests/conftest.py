@@ -9,13 +9,13 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.config import AuthSection, ServerSection, Settings
+from server.config.tree import AuthSection, ServerSection, Settings
 from tests.fakes import FakeEngine
 
 ClientFactory = Callable[..., httpx.AsyncClient]
 
 # Session fixtures with models of other families (family_models, gemma3_270m).
-pytest_plugins = ["tests.family_models"]
+pytest_plugins = ["tests.helpers.family_models"]
 
 # The layers a quick loop can leave out by marker (`pytest -m "not e2e"`, `-m "not model"`):
 # every test under a layer's directory carries its marker.

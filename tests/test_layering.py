@@ -1,6 +1,7 @@
 """The dependency direction of ARCHITECTURE.md, checked by walking imports: packages
-import only downwards, the server sees the engine through one seam, no module takes
-part in an import circle, and no code file grows past 400 lines."""
+import only downwards, the server sees the engine through one seam, each API the server
+speaks is one package under server/api/ that no other API's package imports, no module
+takes part in an import circle, and no code file grows past 400 lines."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ ENGINE_SEAM = {"engine.client"}
 KNOWN_CIRCLES: list[set[str]] = []
 MAX_LINES = 400
 KNOWN_LONG: set[str] = set()  # code files allowed past MAX_LINES: none since issue 19
+API = ROOT / "server" / "api"
+# What every API package may share: the request models several APIs read.
+API_SHARED = {"server.api", "server.api.common"}
+# Modules outside server/api/ that import API packages: the app mounts their routers, and
+# the model gate parses each gated route's body with that route's model (and resolves
+# Ollama's names) before a load.
+API_USERS = {"server.app", "server.models.gate"}
 
 
 def code_files(package: str) -> Iterator[Path]:
@@ -164,3 +172,46 @@ def test_no_code_file_over_400_lines() -> None:
             name = path.relative_to(ROOT).as_posix()
             num_lines = len(path.read_text().splitlines())
             assert num_lines <= MAX_LINES or name in KNOWN_LONG, f"{name}: {num_lines} lines"
+
+
+def api_packages() -> list[str]:
+    return sorted(p.name for p in API.iterdir() if (p / "__init__.py").is_file())
+
+
+def api_package_of(module: str) -> str | None:
+    """The API package a module belongs to ("server.api.chat.router" -> "chat")."""
+    parts = module.split(".")
+    if parts[:2] != ["server", "api"] or len(parts) < 3 or module in API_SHARED:
+        return None
+    return parts[2]
+
+
+def test_the_api_packages_are_found() -> None:
+    assert api_packages() == [
+        "chat", "completions", "embeddings", "kvserve", "messages", "ollama", "responses"
+    ]
+    assert api_package_of("server.api.ollama.chat") == "ollama"
+    assert api_package_of("server.api.common") is None
+    assert api_package_of("server.serving.drive") is None
+
+
+@pytest.mark.parametrize("package", api_packages())
+def test_an_api_package_imports_no_other_api_package(package: str) -> None:
+    for path in (API / package).rglob("*.py"):
+        others = {api_package_of(m) for m in imported_modules(path)} - {None, package}
+        assert not others, f"{path.relative_to(ROOT)} imports the API packages {others}"
+
+
+def test_only_the_app_and_the_gate_import_api_packages_from_outside() -> None:
+    for path in code_files("server"):
+        name = module_name(path)
+        if api_package_of(name) is not None or name in API_USERS:
+            continue
+        used = sorted(m for m in imported_modules(path) if api_package_of(m) is not None)
+        assert not used, f"{path.relative_to(ROOT)} imports {used}"
+
+
+def test_every_router_lives_in_its_api_package() -> None:
+    for path in code_files("server"):
+        if "APIRouter(" in path.read_text():
+            assert API in path.parents, f"{path.relative_to(ROOT)} defines a router"

@@ -27,9 +27,9 @@ from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from server import tracing
+from server.mcp.config import McpServerSection
 from server.mcp.outcome import CallOutcome, McpTool, McpUnavailable
-from server.mcp.settings import McpServerSection
+from server.telemetry import tracing
 
 log = logging.getLogger("kvserve.mcp")
 

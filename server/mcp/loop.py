@@ -30,13 +30,13 @@ from chat.callstream import Delta
 from chat.plan import ChatOptions
 from chat.tools import Tool, ToolChoice
 from engine.client import FinishReason, GenerateRequest, Generation
-from server import tracing
+from server.mcp.config import McpSection
 from server.mcp.outcome import CallOutcome
-from server.mcp.settings import McpSection
 from server.mcp.toolset import Toolset
 from server.serving.drive import steps
 from server.serving.prepare import Prepared
 from server.serving.state import Choice
+from server.telemetry import tracing
 
 Prepare = Callable[[list[dict[str, Any]], ChatOptions], Awaitable[Prepared]]
 Generate = Callable[[list[GenerateRequest]], Awaitable[Generation]]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from server.mcp.config import McpSection, McpServerSection
 from server.mcp.outcome import McpBusy
-from server.mcp.settings import McpSection, McpServerSection
 
 if TYPE_CHECKING:
     from server.mcp.connection import McpConnection

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from chat.tools import Tool
-from server import tracing
+from server.mcp.config import McpServerSection
 from server.mcp.manager import McpManager
 from server.mcp.outcome import CallOutcome, McpTool, McpUnavailable
-from server.mcp.settings import McpServerSection
+from server.telemetry import tracing
 
 if TYPE_CHECKING:
     from server.mcp.connection import McpConnection  # the SDK, opened by the manager

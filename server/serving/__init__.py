@@ -9,5 +9,5 @@
 - `sse`: the wire framing of every stream (data lines, named events, [DONE], error tail).
 - `prompts`: raw prompts (strings, token ids) -> token lists, for completions/embeddings.
 
-The API adapters (`server/apis/`) and the thin routes (`server/routes/`) sit on top.
+The API packages (`server/api/<api>/`: router, protocol, serving) sit on top.
 """

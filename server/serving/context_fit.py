@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chat import ChatOptions, ChatPlan, ChatTemplate, plan_chat
-from server.deps import EngineLike
+from server.http.deps import EngineLike
 from server.serving.drive import TOKENIZE_INLINE_CHARS
 
 DROPPED_HEADER = "X-Kvserve-Dropped-Messages"

@@ -18,9 +18,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from engine.client import EngineLike, FinishReason, Generation, SeqOutput
-from server.access import current_record
-from server.errors import APIError, BadRequest, generation_failure
+from server.http.errors import APIError, BadRequest, generation_failure
 from server.serving.state import Choice, ChoiceState, Step
+from server.telemetry.access import current_record
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 def engine_failure(error: str | None) -> APIError:
     """The error for a sequence the engine failed: 504 naming a time limit, else 500
-    naming the cause (server/errors.py decides which)."""
+    naming the cause (server/http/errors.py decides which)."""
     return generation_failure(error)
 
 

@@ -14,10 +14,10 @@ from chat.plan import ChatOptions, ChatPlan, plan_chat
 from chat.template import ChatTemplate, TemplateError
 from chat.tools import ChatInputError
 from engine.client import GenerateRequest
-from server.deps import Caller, EngineLike
-from server.errors import BadRequest
-from server.protocol import SamplingExtras
-from server.sampling import generate_requests
+from server.api.common import SamplingExtras
+from server.http.deps import Caller, EngineLike
+from server.http.errors import BadRequest
+from server.http.sampling import generate_requests
 from server.serving.context_fit import plan_within_context
 from server.serving.drive import tokenize
 from server.serving.state import ChoiceState

@@ -16,7 +16,7 @@ import redis
 from cache import PrefixCache, recording_calls
 from cache.keys import entry_key, seed
 from tests.cache.util import config, saved, state_for
-from tests.redis_process import Redis, running_redis
+from tests.helpers.redis_process import Redis, running_redis
 
 PROMPT = [7, 7, 7, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # three full blocks of 4, and one token
 ASK = [*PROMPT, 10, 11, 12]  # the next turn: extends it

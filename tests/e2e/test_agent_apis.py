@@ -142,7 +142,7 @@ def test_messages_tool_any_and_result_round_trip(claude: anthropic.Anthropic) ->
                                       "content": "Sunny, 21 C"}]},
     ]  # fmt: skip
     # Room for a whole answer or call: a call cut by max_tokens is not returned, which
-    # would leave the content empty (tests/server/test_truncated_calls.py).
+    # would leave the content empty (tests/server/api/test_truncated_calls.py).
     second = claude.messages.create(model=MODEL, max_tokens=120, tools=tools, messages=messages,
                                     extra_body={"temperature": 0})  # fmt: skip
     assert second.content and second.stop_reason in ("end_turn", "max_tokens", "tool_use")

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
+from tests.helpers.mcp.servers import HttpMcp, http_mcp, stdio_command
 from tests.kvserve_process import running
-from tests.mcp.servers import HttpMcp, http_mcp, stdio_command
 
 pytestmark = pytest.mark.model
 

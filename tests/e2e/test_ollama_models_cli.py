@@ -18,8 +18,8 @@ import httpx
 import ollama
 import pytest
 
-from server.config import default_model_path
-from tests.hub_standin import HubFile, StandIn, serving
+from server.config.tree import default_model_path
+from tests.helpers.hub_standin import HubFile, StandIn, serving
 from tests.kvserve_process import MODEL, Server, free_port, running
 
 pytestmark = pytest.mark.model

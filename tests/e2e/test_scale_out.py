@@ -25,8 +25,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.test_nginx_affinity import NGINX, start_nginx
+from tests.helpers.redis_process import Redis, running_redis
 from tests.kvserve_process import MODEL, Server, metrics, running, wait_ready
-from tests.redis_process import Redis, running_redis
 
 pytestmark = pytest.mark.model
 

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers.redis_process import running_redis
 from tests.kvserve_process import MODEL, running
 from tests.otlp_receiver import Receiver, Span, running_receiver
-from tests.redis_process import running_redis
 
 pytestmark = pytest.mark.model
 

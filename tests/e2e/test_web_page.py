@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser import AVAILABLE, chromium, console_errors, wait_for
 from tests.e2e.shared import keyed_server
 from tests.fakes import FakeEngine
+from tests.helpers.browser import AVAILABLE, chromium, console_errors, wait_for
+from tests.helpers.threaded_server import serving
 from tests.kvserve_process import MODEL
-from tests.threaded_server import serving
 
 pytestmark = [
     pytest.mark.browser,

@@ -32,7 +32,7 @@ def test_quantization_names() -> None:
 
 
 def test_ollama_names_the_quantization_as_ollama_does() -> None:
-    from server.apis.ollama_show import quantization_level
+    from server.api.ollama.show import quantization_level
 
     assert quantization_level(38) == "MXFP4"  # llama.cpp: MXFP4_MOE
     assert quantization_level(7) == "Q8_0" and quantization_level(999) == "999"

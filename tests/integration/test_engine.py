@@ -13,7 +13,7 @@ import pytest
 
 from engine.engine import Engine, EngineConfig
 from engine.types import FinishReason, GenerateRequest, InvalidRequestError, SamplingParams
-from server.config import default_model_path
+from server.config.tree import default_model_path
 
 pytestmark = pytest.mark.model
 

@@ -19,7 +19,7 @@ from engine.engine import Engine, EngineConfig, EngineState
 from engine.llama import Context, Sampler
 from engine.runner import DecodeError
 from engine.types import EngineNotReadyError, EngineStats, FinishReason, SamplingParams
-from server.config import default_model_path
+from server.config.tree import default_model_path
 from tests.integration.test_engine import chat_prompt, request, start
 from tests.integration.test_speculation import TASKS
 

@@ -1,7 +1,7 @@
 """The models of other families load and decode through engine.llama (issue 27's smoke test).
 
 The equality tests of warm and cold answers on sliding-window, recurrent and hybrid
-memory build on these fixtures (tests/family_models.py); this checks only that each
+memory build on these fixtures (tests/helpers/family_models.py); this checks only that each
 model is what its fixture says it is and that 300 ids decode on one and two sequences.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from engine.llama import Batch, Context, ContextParams, Model
-from tests.family_models import FAMILIES, VOCAB, FamilyModel
+from tests.helpers.family_models import FAMILIES, VOCAB, FamilyModel
 
 pytestmark = pytest.mark.model
 

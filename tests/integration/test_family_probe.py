@@ -14,12 +14,12 @@ import pytest
 
 from engine.engine import Engine
 from engine.loading import EngineConfig
-from tests.family_models import FamilyModel
+from tests.helpers.family_models import FamilyModel
 from tests.kvserve_process import free_port
 
 pytestmark = pytest.mark.model
 
-# Memory kind as engine/family.py names it, per tests/family_models.py's kind.
+# Memory kind as engine/family.py names it, per tests/helpers/family_models.py's kind.
 KINDS = {"attention": "attention", "sliding-window": "sliding_window",
          "recurrent": "recurrent", "hybrid": "hybrid"}  # fmt: skip
 

@@ -13,7 +13,7 @@ model, a prompt that shares only part of a longer state gets the cold answer.
 
     KVSERVE_FAMILY_LONG=1 pytest -s tests/integration/test_family_reuse.py
 
-runs the long variant on every family tests/family_models.py writes (and prints the
+runs the long variant on every family tests/helpers/family_models.py writes (and prints the
 figures); KVSERVE_FAMILY_FLASH_ATTN=0 runs without flash attention.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from engine.client import CacheConfig, Engine, GenerateRequest, SamplingParams
-from tests.family_models import FAMILIES, HYBRID, RECURRENT, VOCAB, FamilyModel
+from tests.helpers.family_models import FAMILIES, HYBRID, RECURRENT, VOCAB, FamilyModel
 from tests.integration.test_engine import start_model
 from tests.integration.test_random_sessions import TURN_REFUSALS
 

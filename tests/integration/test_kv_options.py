@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.llama import Batch, Context, ContextParams, Model
-from server.config import default_model_path
+from server.config.tree import default_model_path
 from tests.integration.test_engine import chat_prompt, request, run, start
 
 pytestmark = pytest.mark.model

@@ -12,12 +12,7 @@ import pytest
 from engine import CacheConfig
 from engine.settings import EngineSettings
 from server.app import create_app
-from server.config import (
-    LoadingSection,
-    ModelSection,
-    Settings,
-    default_model_path,
-)
+from server.config.tree import LoadingSection, ModelSection, Settings, default_model_path
 
 pytestmark = pytest.mark.model
 

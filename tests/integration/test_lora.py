@@ -11,9 +11,9 @@ import pytest
 from cache import CacheConfig
 from engine.engine import Engine, EngineConfig
 from engine.types import InvalidRequestError, LoraAdapter
-from server.config import default_model_path
+from server.config.tree import default_model_path
+from tests.helpers.lora_gguf import write_lora
 from tests.integration.test_engine import QUESTIONS, chat_prompt, request, run, start
-from tests.lora_gguf import write_lora
 
 pytestmark = pytest.mark.model
 
@@ -105,9 +105,9 @@ async def test_a_broken_adapter_fails_the_load(tmp_path: Path) -> None:
 async def test_an_adapter_from_the_hub(adapters: tuple[LoraAdapter, ...], tmp_path: Path) -> None:
     from functools import partial
 
-    from server.hub import HubSource, fetch
-    from tests.hub_standin import HubFile, StandIn
-    from tests.hub_standin import start as start_hub
+    from server.models.hub import HubSource, fetch
+    from tests.helpers.hub_standin import HubFile, StandIn
+    from tests.helpers.hub_standin import start as start_hub
 
     stand_in, server = start_hub(
         StandIn({"kv/one-lora": {"one.gguf": HubFile(Path(adapters[0].path))}})

@@ -11,7 +11,7 @@ import pytest
 
 from engine.engine import Engine, EngineConfig
 from engine.types import GenerateRequest, SamplingParams
-from server.config import default_model_path
+from server.config.tree import default_model_path
 
 pytestmark = pytest.mark.model
 

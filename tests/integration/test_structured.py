@@ -20,7 +20,7 @@ from engine.engine import Engine
 from engine.llama import Model, Sampler
 from engine.types import SamplingParams
 from server.app import create_app
-from server.config import Settings, default_model_path
+from server.config.tree import Settings, default_model_path
 from tests.chat.test_schema import PYDANTIC_SCHEMA, SCHEMAS
 from tests.chat.test_tools import HERMES_TEMPLATE
 from tests.integration.test_engine import start

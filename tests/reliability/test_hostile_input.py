@@ -16,12 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingRequest,
-    SamplingExtras,
-)
+from server.api.chat.protocol import ChatCompletionRequest
+from server.api.common import SamplingExtras
+from server.api.completions.protocol import CompletionRequest
+from server.api.embeddings.protocol import EmbeddingRequest
 from tests.kvserve_process import MODEL, Server, running
 
 pytestmark = pytest.mark.model
@@ -134,7 +132,7 @@ NON_FINITE = {"NaN", "Infinity", "-Infinity"}
 NOT_INTEGERS = NON_FINITE | {"1.5", "1e308"}
 SAMPLING = set(SamplingExtras.model_fields)
 # The sampling fields are shared by chat and completions and go through the same code
-# (server/sampling.py), so they are attacked once, on the cheaper completions endpoint;
+# (server/http/sampling.py), so they are attacked once, on the cheaper completions endpoint;
 # chat gets its own fields.
 CASES = [
     (path, base, field, kind)

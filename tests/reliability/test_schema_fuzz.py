@@ -21,7 +21,7 @@ import schemathesis
 from schemathesis import Case
 
 from server.app import create_app
-from server.config import Settings
+from server.config.tree import Settings
 from tests.fakes import FakeEngine
 from tests.kvserve_process import MODEL, Server
 from tests.reliability.conftest import assert_serves

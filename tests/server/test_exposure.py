@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
-from server.config_mask import mask_command, mask_text, masked
+from server.cli.main import main
+from server.config.mask import mask_command, mask_text, masked
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 

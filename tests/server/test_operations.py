@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.engine import EngineState
 from server.app import create_app
-from server.config import LoadingSection, ModelSection, Settings
-from server.logs import JsonFormatter
+from server.config.tree import LoadingSection, ModelSection, Settings
+from server.telemetry.logs import JsonFormatter
 from tests.fakes import FakeEngine
 
 REPLY = "hello"  # five tokens, one output each; the fake counts its EOS as a sixth
@@ -219,7 +219,7 @@ async def test_drain_lets_requests_within_the_grace_finish() -> None:
 
 
 async def test_metrics_can_be_switched_off() -> None:
-    from server.config import MetricsSection
+    from server.config.tree import MetricsSection
 
     app = create_app(Settings(metrics=MetricsSection(enabled=False)), engine=FakeEngine())
     transport = httpx.ASGITransport(app=app)

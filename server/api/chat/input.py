@@ -1,0 +1,108 @@
+"""OpenAI chat requests -> chat/ messages and options; parsed output -> message / delta shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chat.callstream import Delta
+from chat.plan import ChatOptions, OutputParser
+from chat.tools import tool_choice
+from server.api.chat.protocol import ChatCompletionRequest
+from server.api.common import function_tool
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    out = []
+    for message in body.messages:
+        content = message.content
+        if isinstance(content, list):
+            content = "".join(part.text or "" for part in content)
+        # Templates written before the 'developer' role know it as 'system'.
+        role = "system" if message.role == "developer" else message.role
+        item: dict[str, Any] = {"role": role, "content": content}
+        if content is None and not message.tool_calls:
+            item["content"] = ""
+        if message.name is not None:
+            item["name"] = message.name
+        if message.tool_calls:
+            item["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": c.function.model_dump()}
+                for c in message.tool_calls
+            ]
+        if message.tool_call_id is not None:
+            item["tool_call_id"] = message.tool_call_id
+        out.append(item)
+    return out
+
+
+def chat_options(body: ChatCompletionRequest) -> ChatOptions:
+    tools = tuple(
+        function_tool(t.function)
+        for t in body.tools or []
+        if t.function is not None  # (mcp entries: server/api/chat/mcp.py)
+    )
+    fmt = body.response_format
+    return ChatOptions(
+        tools=tools,
+        tool_choice=tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls,
+        response_format=fmt.type if fmt else "text",
+        json_schema=fmt.json_schema.schema_ if fmt and fmt.json_schema else None,
+        reasoning_format="none" if body.reasoning_format == "none" else "auto",
+        template_kwargs=dict(body.chat_template_kwargs or {}),
+    )
+
+
+def stream_deltas(deltas: list[Delta]) -> list[dict[str, Any]]:
+    """OpenAI chunk deltas from the parsed pieces of one increment. A call's first
+    chunk carries only its id, type and name (arguments ""); fragments follow."""
+    out: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    for d in deltas:
+        if d.kind == "start":
+            if current:
+                out.append(current)
+            out.append({"tool_calls": [{
+                "index": d.index,
+                "id": d.call_id,
+                "type": "function",
+                "function": {"name": d.text, "arguments": ""},
+            }]})  # fmt: skip
+            current = {}
+        elif d.kind == "args":
+            calls = current.setdefault("tool_calls", [])
+            if calls and calls[-1]["index"] == d.index:
+                calls[-1]["function"]["arguments"] += d.text
+            else:
+                calls.append({"index": d.index, "function": {"arguments": d.text}})
+        else:
+            key = "content" if d.kind == "content" else "reasoning_content"
+            current[key] = current.get(key, "") + d.text
+    if current:
+        out.append(current)
+    return out
+
+
+def message(parser: OutputParser, text: str) -> dict[str, Any]:
+    """The full assistant message of one choice (same parser as the stream)."""
+    deltas = parser.feed(text) + parser.finish()
+    content = "".join(d.text for d in deltas if d.kind == "content")
+    reasoning = "".join(d.text for d in deltas if d.kind == "reasoning")
+    calls: list[dict[str, Any]] = []
+    for d in deltas:
+        if d.kind == "start":
+            calls.append(
+                {"id": d.call_id, "type": "function", "function": {"name": d.text, "arguments": ""}}
+            )
+        elif d.kind == "args":
+            calls[d.index]["function"]["arguments"] += d.text
+    out: dict[str, Any] = {
+        "role": "assistant",
+        "content": None if calls and not content else content,
+        "refusal": None,
+    }
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    if calls:
+        out["tool_calls"] = calls
+    return out

@@ -1,0 +1,160 @@
+"""OpenAI Chat Completions' request model: messages, tools, tool_choice,
+response_format, and the rules that tie them together (checked as the request is parsed)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from server.api.common import (
+    FunctionDef,
+    McpToolChoice,
+    RequestModel,
+    SamplingExtras,
+)
+from server.http.errors import BadRequest, Unsupported
+
+
+class TextPart(RequestModel):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(RequestModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(RequestModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(RequestModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class ToolDef(RequestModel):
+    type: str
+    function: FunctionDef | None = None  # required for "function"; an "mcp" entry has none
+
+
+class NamedFunction(RequestModel):
+    name: str
+
+
+class NamedToolChoice(RequestModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+    @property
+    def name(self) -> str:  # the Responses API's flat spelling, for chat.tools.tool_choice
+        return self.function.name
+
+
+class JsonSchemaFormat(RequestModel):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
+    strict: bool | None = None
+
+
+# Defined by OpenAI for chat, not implemented here: refused when set.
+CHAT_UNSUPPORTED = (
+    "functions",
+    "function_call",
+    "audio",
+    "prediction",
+    "web_search_options",
+    "reasoning_effort",
+    "metadata",
+)
+
+
+class ResponseFormat(RequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatCompletionRequest(SamplingExtras):
+    model: str
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | McpToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # llama.cpp's: "none" leaves thinking inline; "auto"/"deepseek" split it out.
+    reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
+
+    def refuse_unsupported(self) -> None:
+        extra = self.model_extra or {}
+        for name in CHAT_UNSUPPORTED:
+            if extra.get(name) not in (None, [], {}):
+                raise Unsupported(name, "not implemented yet")
+        if extra.get("store") not in (None, False):
+            raise Unsupported("store", "completions are never stored")
+        modalities = extra.get("modalities")
+        if modalities not in (None, ["text"]):
+            raise Unsupported("modalities", "only ['text'] is available")
+        self._check_constraints()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BadRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+        for i, message in enumerate(self.messages):
+            where = f"messages[{i}]"
+            if message.role == "tool" and not message.tool_call_id:
+                raise BadRequest(
+                    "a tool message needs 'tool_call_id'", param=f"{where}.tool_call_id"
+                )
+            if message.tool_calls and message.role != "assistant":
+                raise BadRequest(
+                    "only assistant messages have tool_calls", param=f"{where}.tool_calls"
+                )
+            if isinstance(message.content, list):
+                for j, part in enumerate(message.content):
+                    if part.type != "text":
+                        raise Unsupported(
+                            f"{where}.content[{j}].type",
+                            f"content parts of type '{part.type}' are not supported; only 'text'",
+                        )
+                    if part.text is None:
+                        raise BadRequest(
+                            "a text content part needs 'text'", param=f"{where}.content[{j}].text"
+                        )
+            elif message.content is None and message.role not in ("assistant", "tool"):
+                raise BadRequest(f"{where}.content is required", param=f"{where}.content")
+
+    def _check_constraints(self) -> None:
+        """Tools, response_format and raw grammar: which may go together."""
+        fmt = self.response_format.type if self.response_format else "text"
+        if fmt == "json_schema" and (
+            self.response_format is None or self.response_format.json_schema is None
+        ):
+            raise BadRequest(
+                "response_format json_schema needs 'json_schema'",
+                param="response_format.json_schema",
+            )
+        for i, tool in enumerate(self.tools or []):
+            if tool.type == "mcp":  # kvserve's extension: server/api/chat/mcp.py reads it
+                continue
+            if tool.type != "function":
+                raise BadRequest(f"unknown tool type '{tool.type}'; only 'function' and 'mcp'",
+                                 param=f"tools[{i}].type")  # fmt: skip
+            if tool.function is None:
+                raise BadRequest("a function tool needs 'function'", param=f"tools[{i}].function")
+        has_tools = bool(self.tools) and self.tool_choice != "none"
+        if self.grammar is not None and (has_tools or fmt != "text"):
+            raise BadRequest(
+                "'grammar' cannot be combined with tools or a JSON response_format",
+                param="grammar",
+            )

@@ -1,0 +1,24 @@
+"""POST /v1/chat/completions"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from server.api.chat.mcp import chat_has_mcp, serve_chat_mcp
+from server.api.chat.protocol import ChatCompletionRequest
+from server.api.chat.serving import serve_chat
+from server.http.deps import CallerDep
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(
+    body: ChatCompletionRequest, request: Request, response: Response, caller: CallerDep
+) -> Any:
+    """Create a model response for the given chat conversation."""
+    if chat_has_mcp(body):  # kvserve's extension: MCP tools run by the server
+        return await serve_chat_mcp(body, request, caller)
+    return await serve_chat(body, request, response, caller)

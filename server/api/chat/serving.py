@@ -1,0 +1,168 @@
+"""OpenAI Chat Completions on the serving core: the response object and its stream."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request, Response
+
+from engine.client import EngineLike, Generation, TokenLogprob
+from server.api.chat.input import chat_messages, chat_options, message, stream_deltas
+from server.api.chat.protocol import ChatCompletionRequest
+from server.http.deps import Caller, resolve_model
+from server.http.errors import APIError
+from server.serving import sse
+from server.serving.context_fit import DROPPED_HEADER
+from server.serving.drive import (
+    ClientDisconnected,
+    check_n,
+    client_gone,
+    collect,
+    new_id,
+    now,
+    steps,
+    until_disconnect,
+)
+from server.serving.prepare import Prepared, prepare_chat
+from server.serving.state import Choice, chat_finish_text, usage
+
+log = logging.getLogger("kvserve.server")
+
+
+def logprob_entry(engine: EngineLike, lp: TokenLogprob) -> dict[str, Any]:
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        raw = engine.token_bytes(token)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+    entry = one(lp.token_id, lp.logprob)
+    entry["top_logprobs"] = [one(t.token_id, t.logprob) for t in lp.top]
+    return entry
+
+
+def _logprobs(engine: EngineLike, lps: list[TokenLogprob]) -> dict[str, Any]:
+    return {"content": [logprob_entry(engine, lp) for lp in lps], "refusal": None}
+
+
+async def serve_chat(
+    body: ChatCompletionRequest, request: Request, response: Response, caller: Caller
+) -> Any:
+    body.log_unknown("chat.completions")
+    served = resolve_model(request, body.model)
+    engine = served.engine
+    check_n(body.n, engine.info.n_seq_max)
+    prepared = await prepare_chat(
+        engine,
+        served.template,
+        chat_messages(body),
+        chat_options(body),
+        body,
+        caller,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        overflow=served.context_overflow,
+    )
+    generation = await engine.generate(prepared.requests)
+    response_id, created = new_id("chatcmpl"), now()
+    log.info(
+        "chat.completion %s: %d prompt tokens, n=%d, stream=%s, user=%s",
+        response_id, len(prepared.prompt), body.n, body.stream, body.user,
+    )  # fmt: skip
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        events = _stream(engine, generation, prepared, response_id, created, include_usage)
+        stream = sse.event_stream(events, on_close=generation.abort)
+        stream.headers[DROPPED_HEADER] = str(prepared.dropped)
+        return stream
+    response.headers[DROPPED_HEADER] = str(prepared.dropped)
+    try:
+        choices = await until_disconnect(request, collect(generation, body.n))
+    except ClientDisconnected:
+        return client_gone()
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": engine.info.model_id,
+        "system_fingerprint": None,
+        "choices": [
+            _choice(engine, prepared, i, c, body.logprobs) for i, c in enumerate(choices)
+        ],
+        "usage": usage(choices, len(prepared.prompt)),
+    }
+
+
+def _choice(
+    engine: EngineLike, prepared: Prepared, index: int, choice: Choice, logprobs: bool
+) -> dict[str, Any]:
+    parser = prepared.plan.parser()
+    msg = message(parser, "".join(choice.text))
+    return {
+        "index": index,
+        "message": msg,
+        "logprobs": _logprobs(engine, choice.logprobs) if logprobs else None,
+        "finish_reason": chat_finish_text(choice.finish_reason, len(msg.get("tool_calls", []))),
+    }
+
+
+async def _stream(
+    engine: EngineLike,
+    generation: Generation,
+    prepared: Prepared,
+    response_id: str,
+    created: int,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """Text and call deltas, then each choice's finish_reason in a chunk of its own with
+    an empty delta (as OpenAI sends it: a client that stops reading at the finish has
+    everything by then), then the usage chunk and [DONE]."""
+    model = engine.info.model_id
+    head, tail = sse.chunk_framing("chat.completion.chunk", response_id, created, model,
+                                   include_usage)  # fmt: skip
+
+    def chunk(choices: list[dict[str, Any]]) -> str:
+        return head + json.dumps(choices, ensure_ascii=False) + tail
+
+    def part(index: int, delta: dict[str, Any], lps: Any = None, finish: Any = None) -> Any:
+        return {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
+
+    states = prepared.states()
+    yield chunk([part(s.index, {"role": "assistant", "content": ""}) for s in states])
+    try:
+        async for increment in steps(generation, states):
+            parts: list[dict[str, Any]] = []
+            finals: list[dict[str, Any]] = []
+            for step in increment:
+                deltas = stream_deltas(step.deltas)
+                lps = _logprobs(engine, step.logprobs) if step.logprobs else None
+                if lps is not None and not deltas:
+                    deltas = [{}]
+                for extra in deltas[:-1]:  # a call's opening chunk goes on its own
+                    yield chunk([*parts, part(step.index, extra)])
+                    parts = []
+                if deltas:
+                    parts.append(part(step.index, deltas[-1], lps))
+                finish = chat_finish_text(step.finish, step.num_calls)
+                if finish is not None:
+                    finals.append(part(step.index, {}, None, finish))
+            if parts:
+                yield chunk(parts)
+            if finals:
+                yield chunk(finals)
+    except APIError as err:
+        yield sse.openai_error_tail(err)
+        return
+    if include_usage:
+        totals = [s.total for s in states]
+        yield sse.data({
+            "id": response_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+            "choices": [],
+            "usage": usage(totals, len(prepared.prompt)),
+        })  # fmt: skip
+    yield sse.DONE

@@ -1,0 +1,32 @@
+"""OpenAI legacy Completions' request model."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from server.api.common import Prompt, SamplingExtras
+from server.http.errors import BadRequest, Unsupported
+
+
+class CompletionRequest(SamplingExtras):
+    model: str
+    prompt: Prompt
+    max_tokens: Annotated[int, Field(ge=0)] | None = 16
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool = False
+
+    def refuse_unsupported(self) -> None:
+        extra = self.model_extra or {}
+        if extra.get("suffix") not in (None, ""):
+            raise Unsupported("suffix", "insertion is not implemented")
+        best_of = extra.get("best_of")
+        if best_of is not None and best_of != self.n:
+            raise Unsupported("best_of", "only best_of equal to n is available")
+        if self.echo and self.logprobs is not None and self.stream:
+            raise Unsupported("echo", "echo with logprobs is not implemented for streams yet")
+        if self.max_tokens == 0 and not self.echo:
+            raise BadRequest(
+                "'max_tokens' must be at least 1 unless echo is true", param="max_tokens"
+            )

@@ -1,0 +1,1 @@
+"""OpenAI Embeddings: POST /v1/embeddings."""

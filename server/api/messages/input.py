@@ -1,0 +1,170 @@
+"""An Anthropic Messages request -> chat messages, tools and options for the serving core.
+
+Blocks map onto chat turns: `text` blocks join into a turn's content; an assistant's
+`tool_use` blocks become its tool calls (`input` as the arguments); a user's
+`tool_result` blocks become tool turns (before the user's own text, in order);
+`thinking` blocks sent back are dropped (templates do not render past reasoning).
+`cache_control` is accepted anywhere: kvserve reuses every shared prefix by itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from chat.plan import ChatOptions
+from chat.tools import Tool, ToolChoice
+from server.api.messages.protocol import CountTokensRequest
+from server.http.errors import BadRequest, Unsupported
+
+_REFUSED_BLOCKS = ("image", "document", "search_result", "server_tool_use", "container_upload")
+
+
+def _block_type(block: Any, where: str) -> str:
+    kind = block.get("type") if isinstance(block, dict) else None
+    if not isinstance(kind, str):
+        raise BadRequest(f"'{where}' must be a content block with a 'type'", param=f"{where}.type")
+    return kind
+
+
+def _text(block: dict[str, Any], where: str) -> str:
+    if not isinstance(block.get("text"), str):
+        raise BadRequest(f"'{where}.text' must be a string", param=f"{where}.text")
+    return block["text"]  # type: ignore[no-any-return]
+
+
+def _texts(content: Any, where: str) -> str:
+    """A string, or text blocks joined (system prompts, tool_result content)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"'{where}' must be a string or a list of blocks", param=where)
+    out = []
+    for j, block in enumerate(content):
+        at = f"{where}[{j}]"
+        kind = _block_type(block, at)
+        if kind != "text":
+            raise Unsupported(f"{at}.type", f"'{kind}' blocks are not supported here; only text")
+        out.append(_text(block, at))
+    return "\n".join(out) if where.endswith("system") else "".join(out)
+
+
+def system_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
+    if body.system is None:
+        return []
+    text = _texts(body.system, "system")
+    return [{"role": "system", "content": text}] if text else []
+
+
+def _turn(role: str, content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise BadRequest(f"'{where}' must be a string or a list of blocks", param=where)
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        at = f"{where}[{j}]"
+        kind = _block_type(block, at)
+        if kind == "text":
+            texts.append(_text(block, at))
+        elif kind == "tool_use" and role == "assistant":
+            for key in ("id", "name"):
+                if not isinstance(block.get(key), str) or not block[key]:
+                    raise BadRequest(f"'{at}.{key}' must be a non-empty string",
+                                     param=f"{at}.{key}")  # fmt: skip
+            if not isinstance(block.get("input"), dict):
+                raise BadRequest(f"'{at}.input' must be an object", param=f"{at}.input")
+            calls.append({"id": block["id"], "type": "function", "function": {
+                "name": block["name"], "arguments": json.dumps(block["input"])}})  # fmt: skip
+        elif kind == "tool_result" and role == "user":
+            if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
+                raise BadRequest(f"'{at}.tool_use_id' must be a non-empty string",
+                                 param=f"{at}.tool_use_id")  # fmt: skip
+            if block.get("is_error") not in (None, True, False):
+                raise BadRequest(f"'{at}.is_error' must be a boolean", param=f"{at}.is_error")
+            text = _texts(block.get("content", ""), f"{at}.content")
+            if block.get("is_error"):  # the model reads that the call failed
+                text = f"Error: {text}"
+            results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                            "content": text})  # fmt: skip
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            continue
+        elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
+            owner = "user" if kind == "tool_result" else "assistant"
+            raise BadRequest(f"'{kind}' blocks belong in {owner} turns", param=f"{at}.type")
+        else:
+            raise Unsupported(f"{at}.type", f"'{kind}' blocks are not supported; only text, "
+                              "tool_use, tool_result and thinking")  # fmt: skip
+    out = list(results)
+    if texts or (not results and not calls):
+        out.append({"role": role, "content": "".join(texts)})
+    if calls:
+        if out and out[-1]["role"] == "assistant":
+            out[-1]["tool_calls"] = calls
+        else:
+            out.append({"role": "assistant", "content": None, "tool_calls": calls})
+    return out
+
+
+def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
+    out = system_messages(body)
+    for i, message in enumerate(body.messages):
+        where = f"messages[{i}]"
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            raise BadRequest(f"'{where}.role' must be 'user' or 'assistant'", param=f"{where}.role")
+        if "content" not in message:
+            raise BadRequest(f"'{where}.content' is required", param=f"{where}.content")
+        out += _turn(role, message["content"], f"{where}.content")
+    return out
+
+
+def message_tools(body: CountTokensRequest) -> tuple[Tool, ...]:
+    tools = []
+    for i, tool in enumerate(body.tools or []):
+        where = f"tools[{i}]"
+        kind = tool.get("type", "custom")
+        if kind != "custom":
+            raise Unsupported(f"{where}.type", f"'{kind}' tools are not available; only "
+                              "custom tools with an input_schema")  # fmt: skip
+        name, description = tool.get("name"), tool.get("description") or ""
+        if not isinstance(name, str):
+            raise BadRequest(f"'{where}.name' must be a string", param=f"{where}.name")
+        if not isinstance(description, str):
+            raise BadRequest(f"'{where}.description' must be a string",
+                             param=f"{where}.description")  # fmt: skip
+        schema = tool.get("input_schema")
+        if not isinstance(schema, dict):
+            raise BadRequest(f"'{where}.input_schema' must be a JSON schema object",
+                             param=f"{where}.input_schema")  # fmt: skip
+        tools.append(Tool(name, description, schema))
+    return tuple(tools)
+
+
+def message_options(body: CountTokensRequest) -> ChatOptions:
+    choice = body.tool_choice
+    mode = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
+    tool_choice = ToolChoice("auto") if choice is None else ToolChoice(
+        mode[choice.type], choice.name if choice.type == "tool" else None)  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    if body.thinking is not None:  # templates that can think take this switch (Qwen 3)
+        kwargs["enable_thinking"] = body.thinking.type == "enabled"
+    fmt = body.output_config.format if body.output_config else None
+    return ChatOptions(
+        tools=message_tools(body),
+        tool_choice=tool_choice,
+        parallel_tool_calls=not (choice is not None and choice.disable_parallel_tool_use),
+        response_format="json_schema" if fmt is not None else "text",
+        json_schema=fmt.schema_ if fmt is not None else None,
+        template_kwargs=kwargs,
+    )
+
+
+def chat_param(param: str | None) -> str | None:
+    """A chat-layer field name as this API spells it."""
+    if param is None:
+        return None
+    param = param.replace(".function.parameters", ".input_schema").replace(".function.", ".")
+    return param.replace("response_format.json_schema.schema", "output_config.format.schema")

@@ -1,0 +1,93 @@
+"""Anthropic Messages API request models (POST /v1/messages, /v1/messages/count_tokens).
+
+Scalars are validated here; `system`, `messages` and `tools` content blocks are read by
+`server/api/messages/input.py`, which names the exact block and field it refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from server.api.common import Probability, RequestModel
+from server.http.errors import BadRequest, Unsupported
+
+
+class ToolChoice(RequestModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class Thinking(RequestModel):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class OutputFormat(RequestModel):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] | bool = Field(alias="schema")
+
+
+class OutputConfig(RequestModel):
+    effort: str | None = None
+    format: OutputFormat | None = None
+
+
+class Metadata(RequestModel):
+    user_id: Annotated[str, Field(max_length=256)] | None = None
+
+
+# Defined by Anthropic, not implemented here: refused when set.
+# (mcp_servers is read by server/api/messages/mcp.py)
+MESSAGES_UNSUPPORTED = ("container", "context_management")
+
+
+class CountTokensRequest(RequestModel):
+    model: str
+    messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict[str, Any] | None = None  # a caching hint: kvserve caches every prefix
+
+    def refuse_unsupported(self) -> None:
+        extra = self.model_extra or {}
+        if self.output_config is not None and self.output_config.effort is not None:
+            raise Unsupported("output_config.effort", "the effort of local models is fixed")
+        if extra.get("speed") not in (None, "standard"):
+            raise Unsupported("speed", "only 'standard'")
+        for name in MESSAGES_UNSUPPORTED:
+            if extra.get(name) not in (None, [], {}):
+                raise Unsupported(name, "not implemented by this server")
+        choice = self.tool_choice
+        if choice is not None and choice.type == "tool" and not choice.name:
+            raise BadRequest("a 'tool' tool_choice needs 'name'", param="tool_choice.name")
+        if self.thinking is not None and self.thinking.type == "adaptive":
+            raise Unsupported("thinking.type", "only 'enabled' or 'disabled'")
+        thinking = self.thinking
+        if thinking is not None and thinking.type == "enabled" and thinking.budget_tokens is None:
+            raise BadRequest("enabled thinking needs 'budget_tokens'",
+                             param="thinking.budget_tokens")  # fmt: skip
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: Annotated[int, Field(ge=1)]
+    stop_sequences: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]],
+                              Field(max_length=16)] | None = None  # fmt: skip
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    metadata: Metadata | None = None
+    stream: bool = False
+    service_tier: Literal["auto", "standard_only"] | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        budget = self.thinking.budget_tokens if self.thinking else None
+        if budget is not None and budget >= self.max_tokens:
+            raise BadRequest("'thinking.budget_tokens' must be less than 'max_tokens'",
+                             param="thinking.budget_tokens")  # fmt: skip

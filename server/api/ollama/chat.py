@@ -1,0 +1,116 @@
+"""POST /api/chat (Ollama) on the serving core: messages, tools, format, think, options.
+
+Ollama's messages map onto chat turns: an assistant's `tool_calls` (arguments as an
+object) get ids, and each later `tool` message answers the first open call of its
+`tool_name` (or the first open call at all), which is how the chat layer pairs them.
+`thinking` sent back in an assistant turn goes to the template as `reasoning_content`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from typing import Any
+
+from fastapi import Request
+
+from chat.plan import ChatOptions
+from chat.reasoning import has_thinking
+from server.api.common import function_tool
+from server.api.ollama.answer import Piece, answer
+from server.api.ollama.common import kept_model, load_answer, options, within_window
+from server.api.ollama.protocol import OllamaChatRequest
+from server.http.deps import Caller
+from server.http.errors import BadRequest
+from server.models.keep_alive import apply_keep_alive
+from server.serving.prepare import prepare_chat
+
+
+def chat_messages(body: OllamaChatRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    open_calls: list[tuple[str, str]] = []  # (id, name) of calls not answered yet
+    for i, message in enumerate(body.messages):
+        item: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.role == "assistant" and message.thinking:
+            item["reasoning_content"] = message.thinking
+        if message.tool_calls:
+            item["tool_calls"] = []
+            for j, call in enumerate(message.tool_calls):
+                call_id = call.id or f"call_{i}_{j}"
+                fn = call.function
+                item["tool_calls"].append({"id": call_id, "type": "function", "function": {
+                    "name": fn.name, "arguments": json.dumps(fn.arguments)}})  # fmt: skip
+                open_calls.append((call_id, fn.name))
+        if message.role == "tool":
+            match = [c for c in open_calls if c[1] == message.tool_name] or open_calls
+            if match:
+                call_id, name = match[0]
+                open_calls.remove(match[0])
+            else:  # a result with no call in the history: named by itself
+                call_id, name = f"result_{i}", message.tool_name or ""
+            item["tool_call_id"], item["name"] = call_id, message.tool_name or name
+        out.append(item)
+    return out
+
+
+def chat_options(body: OllamaChatRequest, template_source: str, model: str) -> ChatOptions:
+    tools = tuple(function_tool(t.function) for t in body.tools or [])
+    kwargs: dict[str, Any] = {}
+    if isinstance(body.think, bool):
+        if body.think and not has_thinking(template_source):
+            raise BadRequest(f'"{model}" does not support thinking', param="think")
+        kwargs["enable_thinking"] = body.think  # templates that can think take this switch
+    return ChatOptions(
+        tools=tools,
+        response_format=body.response_format,  # type: ignore[arg-type]
+        json_schema=body.format if isinstance(body.format, dict) else None,
+        template_kwargs=kwargs,
+    )
+
+
+def _param(param: str | None) -> str | None:
+    """A chat-layer field name as Ollama spells it."""
+    if param is None:
+        return None
+    return param.replace("response_format.json_schema.schema", "format")
+
+
+def message(part: Piece) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": part.content}
+    if part.thinking:
+        out["thinking"] = part.thinking
+    if part.calls:
+        out["tool_calls"] = part.calls
+    return out
+
+
+async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: Caller) -> Any:
+    started = time.monotonic()
+    body.log_unknown("ollama.chat")
+    body.refuse_unsupported()
+    served = kept_model(request, body.model, body.keep_alive)
+    if not body.messages:
+        return await load_answer(request, served, body.model, body.keep_alive,
+                           {"message": {"role": "assistant", "content": ""}})  # fmt: skip
+    engine = served.engine
+    opts = options(body.options, engine.info.n_ctx)
+    template = served.template
+    overflow = served.context_overflow
+    if body.truncate is not None:
+        overflow = "drop_oldest" if body.truncate else "error"
+    try:
+        prepared = await prepare_chat(
+            engine, template, chat_messages(body), chat_options(body, template.source, body.model),
+            opts.sampling, caller, max_tokens=opts.max_tokens, overflow=overflow,
+        )  # fmt: skip
+    except BadRequest as err:
+        err.param = _param(err.param)
+        raise
+    limit = within_window(opts, len(prepared.prompt))
+    requests = [replace(r, max_tokens=limit) for r in prepared.requests]
+    apply_keep_alive(served, body.keep_alive)  # the request passed every check
+    generation = await engine.generate(requests)
+    return await answer(request, generation, prepared.plan.parser(), model=body.model,
+                        started=started, stream=body.stream,
+                        shape=lambda part: {"message": message(part)})  # fmt: skip

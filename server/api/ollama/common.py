@@ -1,0 +1,207 @@
+"""What Ollama's `/api/*` routes share: model names, keep_alive, options, timings.
+
+- Names: Ollama's `name:tag` forms resolve to a configured id or alias
+  (`resolve_ollama_model`); an unknown one is a 404 in Ollama's words.
+- keep_alive: parsed with the body, checked here, applied by the route once the request
+  has passed every other check (server/models/keep_alive.py: who may set it).
+- options: every option Ollama defines is either mapped onto the sampler or refused
+  by name (400); so is any name Ollama does not define.
+- Timings: the final object's durations, in nanoseconds, from the engine's own stage
+  times of the sequence (queued, prefilled, finished) and the model gate's load wait.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from engine.client import FinishReason
+from server.api.common import SamplingExtras
+from server.http.deps import claim, ready_engine, registry
+from server.http.errors import BadRequest, NotFound, Unsupported, generation_failure
+from server.models.keep_alive import apply_keep_alive, check_keep_alive
+from server.models.served import ModelRegistry, ServedModel
+from server.serving.state import Choice
+
+
+def matching_names(models: ModelRegistry, name: str) -> list[str]:
+    """The served names an Ollama name means. Tried in order: the name as it is (an id or
+    alias, `smollm2:135m` included); without a `:latest` tag (`SmolLM2-135M-Instruct:latest`);
+    with `:latest` added (`smollm2` for an alias `smollm2:latest`): the first that is a
+    name. Else every name equal to one of those ignoring case (Ollama's names are lower
+    case, Hugging Face's are not): more than one when only case tells them apart."""
+    base = name.removesuffix(":latest")
+    candidates = [name, base, f"{base}:latest"]
+    for candidate in candidates:
+        if models.find(candidate) is not None:  # a miss looks at a shared hub cache again
+            return [candidate]
+    folded = {c.lower() for c in candidates}
+    return [n for n in models.names() if n.lower() in folded]
+
+
+def resolve_ollama_model(models: ModelRegistry, name: str) -> ServedModel | None:
+    """The served model an Ollama name means (`matching_names`' first), or None."""
+    names = matching_names(models, name)
+    return models.get(names[0]) if names else None
+
+
+def ollama_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
+    """The served model a request names: 404 in Ollama's words if none."""
+    served = resolve_ollama_model(registry(request), name)
+    if served is None:
+        raise NotFound(f'model "{name}" not found, try pulling it first', param="model")
+    return claim(served, require_ready=require_ready)
+
+
+def kept_model(request: Request, name: str, keep_alive: float | None) -> ServedModel:
+    """The model a generating or embedding request names, once its `keep_alive` (seconds,
+    parsed with the body) is one this caller may set (403: server/models/keep_alive.py). The
+    route applies it (`apply_keep_alive`) once the rest of the request has passed."""
+    served = ollama_model(request, name, require_ready=False)
+    check_keep_alive(request, served, keep_alive)  # its 403 before any 503 (not loaded)
+    ready_engine(served.engine)
+    return served
+
+
+# -- options -----------------------------------------------------------------------------
+
+# Ollama's options that map one to one onto a sampler field of the same name.
+_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+             "repeat_last_n", "presence_penalty", "frequency_penalty", "mirostat",
+             "mirostat_tau", "mirostat_eta", "stop")  # fmt: skip
+# Ollama's defaults where they differ from the engine's (its api.DefaultOptions).
+_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1,
+             "repeat_last_n": 64}  # fmt: skip
+# Ollama's options that kvserve does not implement, and why.
+_REFUSED = {
+    **dict.fromkeys(("num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap",
+                     "use_mlock", "numa", "low_vram", "f16_kv", "vocab_only", "logits_all",
+                     "embedding_only"),  # fmt: skip
+                    "a load-time setting; it is set in the server's configuration"),
+    "num_keep": "kvserve does not shift the context (a prompt that does not fit is refused)",
+    "tfs_z": "tail-free sampling is not in llama.cpp's sampler any more",
+    "penalize_newline": "llama.cpp's sampler no longer has it",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    sampling: SamplingExtras
+    max_tokens: int | None  # num_predict; None: until the end or the context is full
+    num_ctx: int | None
+
+
+def options(raw: dict[str, Any] | None, n_ctx: int) -> Options:
+    """Ollama's `options` -> sampler fields, the token limit and the context window."""
+    raw = dict(raw or {})
+    for name in raw:
+        if name in _REFUSED:
+            raise Unsupported(f"options.{name}", _REFUSED[name])
+        if name not in (*_SAMPLING, "seed", "num_predict", "num_ctx"):
+            raise BadRequest(f"unknown option 'options.{name}'", param=f"options.{name}")
+    fields: dict[str, Any] = {**_DEFAULTS}
+    fields.update({k: v for k, v in raw.items() if k in _SAMPLING and v is not None})
+    seed = raw.get("seed")
+    if seed is not None:
+        _int(seed, "seed")
+        if seed >= 0:  # Ollama: -1 (or any negative) draws a random seed
+            fields["seed"] = seed
+    try:
+        sampling = SamplingExtras.model_validate(fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0]) if error["loc"] else "options"
+        raise BadRequest(f"invalid value for 'options.{name}': {error['msg']}",
+                         param=f"options.{name}") from None  # fmt: skip
+    num_predict = raw.get("num_predict")
+    if num_predict is not None:
+        _int(num_predict, "num_predict")
+        if num_predict < -2:
+            raise BadRequest("'options.num_predict' must be -1 (no limit), -2 (fill the "
+                             "context) or a count", param="options.num_predict")  # fmt: skip
+    num_ctx = raw.get("num_ctx")
+    if num_ctx is not None:
+        _int(num_ctx, "num_ctx")
+        if not 1 <= num_ctx <= n_ctx:
+            raise BadRequest(f"'options.num_ctx' must be between 1 and this model's context "
+                             f"of {n_ctx} tokens", param="options.num_ctx")  # fmt: skip
+    # Ollama: 0 and negative counts mean no limit (the context bounds the answer).
+    limit = num_predict if num_predict is not None and num_predict > 0 else None
+    return Options(sampling, limit, num_ctx)
+
+
+def _int(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'options.{name}' must be an integer", param=f"options.{name}")
+
+
+def within_window(opts: Options, num_prompt: int) -> int | None:
+    """The token limit once `num_ctx` is honoured: the prompt must fit the window, and
+    the answer ends where the window does."""
+    if opts.num_ctx is None:
+        return opts.max_tokens
+    room = opts.num_ctx - num_prompt
+    if room < 1:
+        raise BadRequest(f"the prompt has {num_prompt} tokens; options.num_ctx is "
+                         f"{opts.num_ctx}", param="options.num_ctx",
+                         code="context_length_exceeded")  # fmt: skip
+    return room if opts.max_tokens is None else min(room, opts.max_tokens)
+
+
+# -- the final object --------------------------------------------------------------------
+
+
+def created_at() -> str:
+    """Ollama's timestamps: RFC 3339 in UTC with fractional seconds."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def load_wait_s(request: Request) -> float:
+    """How long the model gate waited for this request's model to load (0: it was)."""
+    return float(request.scope.get("state", {}).get("load_wait_s", 0.0))
+
+
+def done_fields(total: Choice, started: float, load_s: float) -> dict[str, Any]:
+    """The final object's reason and counts. `started`: time.monotonic() when the route
+    began; `prompt_eval_count` counts the prompt tokens evaluated, not those whose KV
+    was reused (a session, the prefix cache, a warm slot)."""
+    if total.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
+        raise generation_failure(total.error or "the sequence was aborted")
+    t = total.timings
+    end = total.finished_at or time.monotonic()
+    scheduled = t.scheduled if t and t.scheduled is not None else started
+    prompt_done = t.prompt_done if t and t.prompt_done is not None else end
+    return {
+        "done": True,
+        "done_reason": "length" if total.finish_reason is FinishReason.LENGTH else "stop",
+        "total_duration": _ns(end - started + load_s),
+        "load_duration": _ns(load_s),
+        "prompt_eval_count": max(0, total.num_prompt_tokens - total.num_cached_tokens),
+        "prompt_eval_duration": _ns(prompt_done - scheduled),
+        "eval_count": total.num_output_tokens,
+        "eval_duration": _ns(end - prompt_done),
+    }
+
+
+async def load_answer(
+    request: Request, served: ServedModel, model: str, keep_alive: float | None,
+    extra: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """An empty prompt only loads the model (the model gate did that before the route
+    ran) or, with keep_alive 0, unloads it before answering, as Ollama does. A model
+    still busy with other requests goes once idle (its keep-alive is 0 now)."""
+    apply_keep_alive(served, keep_alive)
+    unload = keep_alive == 0
+    if unload:
+        await request.app.state.loader.unload(served, own=1)
+    return {"model": model, "created_at": created_at(), **extra, "done": True,
+            "done_reason": "unload" if unload else "load"}  # fmt: skip

@@ -1,0 +1,35 @@
+"""POST /v1/responses, GET and DELETE /v1/responses/{id} (OpenAI Responses API)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from server.api.responses.mcp import has_mcp, serve_mcp_response
+from server.api.responses.protocol import ResponsesRequest
+from server.api.responses.serving import delete_response, get_response, serve_response
+from server.http.deps import CallerDep
+
+router = APIRouter()
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request, caller: CallerDep) -> Any:
+    """Create a model response (text, function calls, MCP tools run by the server),
+    optionally continuing a stored one."""
+    if has_mcp(body):
+        return await serve_mcp_response(body, request, caller)
+    return await serve_response(body, request, caller)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request, caller: CallerDep) -> Any:
+    """A stored response of this API key."""
+    return await get_response(request, caller, response_id)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def remove_response(response_id: str, request: Request, caller: CallerDep) -> Any:
+    """Delete a stored response of this API key."""
+    return await delete_response(request, caller, response_id)

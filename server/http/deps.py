@@ -1,0 +1,153 @@
+"""Request-scoped dependencies: the model a request names (its engine and template), the
+API-key check."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from chat.template import ChatTemplate
+from engine.client import EngineLike, EngineState, check_session_id, salt_of_prefix
+from server.http.errors import BadRequest, NotFound, ServerError, ServiceUnavailable, Unauthorized
+from server.models.served import ModelRegistry, ServedModel
+from server.telemetry.access import current_record
+
+
+def registry(request: Request) -> ModelRegistry:
+    return request.app.state.models  # type: ignore[no-any-return]
+
+
+def ready_engine(engine: EngineLike) -> EngineLike:
+    """`engine`, or 503 while its model loads (500 if the load failed)."""
+    if not engine.ready:
+        if engine.state is EngineState.FAILED and engine.load_refused:  # loading cannot help
+            raise BadRequest(engine.load_error or "the model cannot be served", param="model",
+                             code="model_not_supported")  # fmt: skip
+        if engine.state is EngineState.FAILED:
+            raise ServerError(f"the model failed to load: {engine.load_error}")
+        if engine.state is EngineState.UNLOADED:  # loaded again by a generation request
+            raise ServiceUnavailable(
+                "the model is not loaded", code="model_unloaded", headers={"Retry-After": "5"}
+            )
+        raise ServiceUnavailable(
+            f"the model is loading ({engine.load_progress:.0%})",
+            code="model_loading",
+            headers={"Retry-After": "1"},
+        )
+    return engine
+
+
+def resolve_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
+    """The served model a request names (by id or alias): 404 if none, 503 while loading."""
+    served = registry(request).find(name)
+    if served is None:
+        known = ", ".join(repr(i) for i in registry(request).ids)
+        raise NotFound(
+            f"The model '{name}' does not exist; this server serves {known}.",
+            param="model",
+            code="model_not_found",
+        )
+    return claim(served, require_ready=require_ready)
+
+
+def claim(served: ServedModel, *, require_ready: bool = True) -> ServedModel:
+    """The model this request is for: named in its access record, and (with
+    `require_ready`) its engine ready, else 503 while it loads."""
+    record = current_record()
+    if record is not None:
+        record.model = served.id
+    if require_ready:
+        ready_engine(served.engine)
+    return served
+
+
+def resolve_engine(request: Request, name: str) -> EngineLike:
+    return resolve_model(request, name).engine
+
+
+def resolve_template(request: Request, name: str) -> ChatTemplate:
+    return resolve_model(request, name).template
+
+
+def get_engine(request: Request) -> EngineLike:
+    """The default (first) model's engine, for endpoints that name no model."""
+    return claim(registry(request).default).engine
+
+
+def presented_key(request: Request) -> str:
+    """The API key a request carries: `Authorization: Bearer <key>`, or Anthropic's
+    `x-api-key: <key>` ("" if neither)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key", "").strip()
+
+
+def require_api_key(request: Request) -> None:
+    keys: tuple[str, ...] = request.app.state.settings.auth.all_keys
+    if not keys:
+        return
+    token = presented_key(request)
+    if not token:
+        raise Unauthorized()
+    presented = token.encode()
+    # Compare against every key, without an early exit, in constant time per key.
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(presented, key.encode())
+    if not matched:
+        raise Unauthorized()
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is asking: `tenant` is a digest of their API key ("" without auth). Sessions
+    belong to a tenant, and prefixes are only shared within one (see `salt`). An admin
+    (an [auth] admin_api_keys key, or anyone on a server without auth) sees and purges
+    the whole cache; a tenant only its own share."""
+
+    tenant: str
+    session_header: str | None  # X-Session-Id
+    admin: bool = False
+
+    def owns(self, salt: str) -> bool:
+        """True for the salts of this caller's stored prefixes: made by `salt`, with or
+        without an adapter set after it (`GenerateRequest.prefix_salt`)."""
+        base = salt_of_prefix(salt)
+        return base == self.tenant or base.startswith(self.tenant + "/")
+
+    def salt(self, cache_salt: str | None) -> str:
+        return self.tenant if not cache_salt else f"{self.tenant}/{cache_salt}"
+
+
+def session_header(request: Request) -> str | None:
+    """X-Session-Id, checked by the engine's rule for session ids where every route that
+    reads it gets its caller: a bad one is a 400 naming the header, before the route
+    opens anything (a value longer than the 128 characters of `session_id` was a 500)."""
+    value = request.headers.get("x-session-id")
+    return None if value is None else check_session_id(value, param="X-Session-Id")
+
+
+def get_caller(request: Request) -> Caller:
+    auth = request.app.state.settings.auth
+    session = session_header(request)
+    if not auth.enabled:
+        return Caller("", session, admin=True)
+    token = presented_key(request)
+    tenant = hashlib.sha256(token.encode()).hexdigest()[:16]
+    admin = False
+    for key in auth.admin_api_keys:  # (already authenticated: no timing to hide here)
+        admin |= hmac.compare_digest(token.encode(), key.encode())
+    record = current_record()
+    if record is not None:
+        record.tenant = tenant  # the status page's recent traffic is kept per key
+    return Caller(tenant, session, admin)
+
+
+EngineDep = Annotated[EngineLike, Depends(get_engine)]
+CallerDep = Annotated[Caller, Depends(get_caller)]
+

@@ -1,0 +1,3 @@
+"""What the server tells about itself: the access log (`access`), Prometheus metrics
+(`metrics`), OpenTelemetry tracing (`tracing`, `spans`), log set-up (`logs`), and the
+recent traffic the page shows (`recent`)."""
