@@ -26,6 +26,7 @@ from server.errors import BadRequest, NotFound, Unsupported, generation_failure
 from server.keep_alive import apply_keep_alive, check_keep_alive
 from server.protocol import SamplingExtras
 from server.registry import ModelRegistry, ServedModel
+from server.serving.request_sampling import RequestSampling
 from server.serving.state import Choice
 
 
@@ -91,7 +92,7 @@ _REFUSED = {
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    sampling: SamplingExtras
+    sampling: RequestSampling
     max_tokens: int | None  # num_predict; None: until the end or the context is full
     num_ctx: int | None
 
@@ -112,7 +113,8 @@ def options(raw: dict[str, Any] | None, n_ctx: int) -> Options:
         if seed >= 0:  # Ollama: -1 (or any negative) draws a random seed
             fields["seed"] = seed
     try:
-        sampling = SamplingExtras.model_validate(fields)
+        # options is a free-form object: the chat fields' own validation checks it
+        sampling = SamplingExtras.model_validate(fields).sampling_record()
     except ValidationError as exc:
         error = exc.errors()[0]
         name = str(error["loc"][0]) if error["loc"] else "options"
