@@ -3,7 +3,6 @@ API-key check."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from dataclasses import dataclass
 from typing import Annotated
@@ -15,6 +14,7 @@ from engine.client import EngineLike, EngineState, check_session_id, salt_of_pre
 from server.access import current_record
 from server.errors import BadRequest, NotFound, ServerError, ServiceUnavailable, Unauthorized
 from server.registry import ModelRegistry, ServedModel
+from server.tenant import tenant_of
 
 
 def registry(request: Request) -> ModelRegistry:
@@ -138,7 +138,7 @@ def get_caller(request: Request) -> Caller:
     if not auth.enabled:
         return Caller("", session, admin=True)
     token = presented_key(request)
-    tenant = hashlib.sha256(token.encode()).hexdigest()[:16]
+    tenant = tenant_of(token)
     admin = False
     for key in auth.admin_api_keys:  # (already authenticated: no timing to hide here)
         admin |= hmac.compare_digest(token.encode(), key.encode())
