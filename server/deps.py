@@ -41,9 +41,22 @@ def ready_engine(engine: EngineLike) -> EngineLike:
     return engine
 
 
+# Where the model gate leaves the model it resolved: (the name as the body gave it, model).
+GATED_MODEL = "gated_model"
+
+
+def gated_model(request: Request, name: str) -> ServedModel | None:
+    """The model the gate (server/model_gate.py) already resolved for this request's
+    `name`, so the route does not look it up again; None where the gate did not."""
+    found = request.scope.get("state", {}).get(GATED_MODEL)
+    if found is not None and found[0] == name:
+        return found[1]  # type: ignore[no-any-return]
+    return None
+
+
 def resolve_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
     """The served model a request names (by id or alias): 404 if none, 503 while loading."""
-    served = registry(request).find(name)
+    served = gated_model(request, name) or registry(request).find(name)
     if served is None:
         known = ", ".join(repr(i) for i in registry(request).ids)
         raise NotFound(

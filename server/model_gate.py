@@ -26,10 +26,10 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.apis.ollama_common import resolve_ollama_model
-from server.deps import require_api_key
+from server.deps import GATED_MODEL, require_api_key
 from server.errors import APIError, Unauthorized
 from server.keep_alive import keep_alive_refusal
+from server.model_names import resolve_ollama_model
 from server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -106,6 +106,7 @@ class ModelGate:
         except (ValueError, RecursionError):  # the route answers bad JSON with a 400
             fields = None
         served: ServedModel | None
+        name: Any = None  # the model's name in the body (none for the default model's paths)
         if path in DEFAULT_MODEL_PATHS:
             served = self.loader.models.default
         elif ollama:
@@ -115,6 +116,9 @@ class ModelGate:
         else:
             name = fields.get("model") if isinstance(fields, dict) else None
             served = self.loader.models.find(name) if isinstance(name, str) else None
+        if served is not None and isinstance(name, str):
+            # the route reads it (deps.gated_model) instead of looking the name up again
+            scope.setdefault("state", {})[GATED_MODEL] = (name, served)
         if served is None or not _authorized(scope):
             # The route answers: 400 for bad JSON, 404 for a bad model, 401 for a bad key
             # (an anonymous request must not get a model loaded).

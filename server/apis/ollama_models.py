@@ -25,10 +25,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from server.apis.ollama_common import matching_names, resolve_ollama_model
 from server.errors import BadRequest, NotFound
 from server.hub_models import PREFIXES, HubModelError, HubModels, quant_of
 from server.management import require_manager
+from server.model_names import matching_names, resolve_ollama_model
 from server.registry import ModelRegistry, ServedModel
 
 router = APIRouter()
