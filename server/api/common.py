@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from chat.tools import Tool
 from server.models.lora import LoraField
+from server.serving.request_sampling import RequestSampling
 
 log = logging.getLogger("kvserve.server")
 
@@ -141,6 +142,25 @@ class SamplingExtras(RequestModel):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def sampling_record(self) -> RequestSampling:
+        """The sampler fields as the plain record the serving core reads."""
+        fields = {name: getattr(self, name) for name in _RECORD_AS_IS}
+        breakers = self.dry_sequence_breakers
+        return RequestSampling(
+            **fields,
+            dry_sequence_breakers=None if breakers is None else tuple(breakers),
+            logit_bias=tuple((self.logit_bias or {}).items()),
+            stop=self.stop_list,
+            lora=None if self.lora is None else tuple((r.id, r.scale) for r in self.lora),
+        )
+
+
+# The record's fields that SamplingExtras holds with the same name and type.
+_RECORD_AS_IS = tuple(
+    name for name in RequestSampling.__dataclass_fields__
+    if name not in ("dry_sequence_breakers", "logit_bias", "stop", "lora")
+)  # fmt: skip
 
 
 class FunctionDef(RequestModel):

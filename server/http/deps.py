@@ -3,7 +3,6 @@ API-key check."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from dataclasses import dataclass
 from typing import Annotated
@@ -13,6 +12,7 @@ from fastapi import Depends, Request
 from chat.template import ChatTemplate
 from engine.client import EngineLike, EngineState, check_session_id, salt_of_prefix
 from server.http.errors import BadRequest, NotFound, ServerError, ServiceUnavailable, Unauthorized
+from server.http.tenant import tenant_of
 from server.models.served import ModelRegistry, ServedModel
 from server.telemetry.access import current_record
 
@@ -41,9 +41,22 @@ def ready_engine(engine: EngineLike) -> EngineLike:
     return engine
 
 
+# Where the model gate leaves the model it resolved: (the name as the body gave it, model).
+GATED_MODEL = "gated_model"
+
+
+def gated_model(request: Request, name: str) -> ServedModel | None:
+    """The model the gate (server/models/gate.py) already resolved for this request's
+    `name`, so the route does not look it up again; None where the gate did not."""
+    found = request.scope.get("state", {}).get(GATED_MODEL)
+    if found is not None and found[0] == name:
+        return found[1]  # type: ignore[no-any-return]
+    return None
+
+
 def resolve_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
     """The served model a request names (by id or alias): 404 if none, 503 while loading."""
-    served = registry(request).find(name)
+    served = gated_model(request, name) or registry(request).find(name)
     if served is None:
         known = ", ".join(repr(i) for i in registry(request).ids)
         raise NotFound(
@@ -138,7 +151,7 @@ def get_caller(request: Request) -> Caller:
     if not auth.enabled:
         return Caller("", session, admin=True)
     token = presented_key(request)
-    tenant = hashlib.sha256(token.encode()).hexdigest()[:16]
+    tenant = tenant_of(token)
     admin = False
     for key in auth.admin_api_keys:  # (already authenticated: no timing to hide here)
         admin |= hmac.compare_digest(token.encode(), key.encode())

@@ -8,7 +8,8 @@ anything unexpected (logged with its traceback, answered 500)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -158,6 +159,27 @@ class GatewayTimeout(APIError):
     type = "timeout"
 
 
+class ClientDisconnected(Exception):
+    """The client went away before its answer; raised where a handler waits for one
+    (`until_disconnect`) and answered once, by the handler `install` registers."""
+
+
+def client_gone() -> JSONResponse:
+    """The answer to a client that disconnected: nobody reads it (nginx's 499)."""
+    return JSONResponse({}, status_code=499)
+
+
+@contextmanager
+def params_renamed(rename: Callable[[str | None], str | None]) -> Iterator[None]:
+    """A refusal raised inside the block names its field in the caller's API: the shared
+    checks name the chat-completions field, each API spells it its own way."""
+    try:
+        yield
+    except BadRequest as err:
+        err.param = rename(err.param)
+        raise
+
+
 def generation_failure(error: str | None) -> APIError:
     """The error for a sequence the engine ended with an error: 504 naming the time
     limit it ran past, else 500 naming the cause (`engine_restarted` when the engine
@@ -278,6 +300,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         return render(request, _validation_error(exc))
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(request: Request, exc: ClientDisconnected) -> JSONResponse:
+        return client_gone()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

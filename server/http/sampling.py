@@ -1,4 +1,4 @@
-"""Request fields -> engine values (SamplingParams, GenerateRequest)."""
+"""A request's sampling record -> engine values (SamplingParams, GenerateRequest)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import uuid
 from dataclasses import replace
 
 from engine.client import GenerateRequest, ModelInfo, SamplingParams
-from server.api.common import SamplingExtras
 from server.http.deps import Caller
 from server.http.errors import BadRequest
 from server.models.lora import lora_set
+from server.serving.request_sampling import RequestSampling
 
 # Request field -> SamplingParams field, for the fields that map one to one.
 _DIRECT = (
@@ -40,7 +40,7 @@ _DIRECT = (
 )
 
 
-def sampling_params(body: SamplingExtras, info: ModelInfo) -> SamplingParams:
+def sampling_params(body: RequestSampling, info: ModelInfo) -> SamplingParams:
     """Build the sampler settings of a request; unset fields keep the engine defaults."""
     values: dict[str, object] = {}
     for name in _DIRECT:
@@ -53,7 +53,7 @@ def sampling_params(body: SamplingExtras, info: ModelInfo) -> SamplingParams:
         if window is not None:
             values[name] = min(window, info.n_ctx)
     if body.dry_sequence_breakers is not None:
-        values["dry_sequence_breakers"] = tuple(body.dry_sequence_breakers)
+        values["dry_sequence_breakers"] = body.dry_sequence_breakers
     if body.logit_bias:
         values["logit_bias"] = tuple(_logit_bias(body.logit_bias, info.n_vocab))
     if body.seed is not None:
@@ -62,9 +62,9 @@ def sampling_params(body: SamplingExtras, info: ModelInfo) -> SamplingParams:
     return SamplingParams(**values)  # type: ignore[arg-type]
 
 
-def _logit_bias(raw: dict[str, float], n_vocab: int) -> list[tuple[int, float]]:
+def _logit_bias(raw: tuple[tuple[str, float], ...], n_vocab: int) -> list[tuple[int, float]]:
     out = []
-    for key, bias in raw.items():
+    for key, bias in raw:
         try:
             token = int(key)
         except ValueError:
@@ -81,7 +81,7 @@ def _logit_bias(raw: dict[str, float], n_vocab: int) -> list[tuple[int, float]]:
 
 def generate_requests(
     prompt: list[int],
-    body: SamplingExtras,
+    body: RequestSampling,
     info: ModelInfo,
     *,
     max_tokens: int | None,
@@ -117,7 +117,7 @@ def generate_requests(
                 prompt_tokens=tuple(prompt),
                 sampling=sampling,
                 max_tokens=max_tokens,
-                stop=body.stop_list,
+                stop=body.stop,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 session_id=session_id,

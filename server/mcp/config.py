@@ -6,13 +6,13 @@ its URL), never by an address of its own choosing.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from server.config.values import ConfigError, coerce
+from server.http.tenant import tenant_of
 
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
@@ -62,11 +62,6 @@ class McpServerSection:
 
     def usable_by(self, tenant: str) -> bool:
         return not self.api_keys or tenant in self.tenants
-
-
-def tenant_of(api_key: str) -> str:
-    """The tenant digest of an API key (server/http/deps.py's `get_caller` computes the same)."""
-    return hashlib.sha256(api_key.encode()).hexdigest()[:16]
 
 
 _SCALARS = {"label": str, "url": str, "transport": str, "command": str, "args": tuple[str, ...],

@@ -34,6 +34,7 @@ from server.mcp.config import McpSection
 from server.mcp.outcome import CallOutcome
 from server.mcp.toolset import Toolset
 from server.serving.drive import steps
+from server.serving.output import ParsedCall, ParsedOutput
 from server.serving.prepare import Prepared
 from server.serving.state import Choice
 from server.telemetry import tracing
@@ -198,19 +199,12 @@ async def run_loop(spec: LoopSpec) -> AsyncIterator[LoopEvent]:
             prepared = await spec.prepare(messages, options)
             generation = await spec.generate(prepared.requests)
             (state,) = prepared.states()
-            calls: dict[int, list[str]] = {}  # index -> [call id, name, arguments]
-            text: list[str] = []
+            output = ParsedOutput()
             async for increment in steps(generation, [state]):
                 for step in increment:
-                    shown = []
-                    for d in step.deltas:
-                        if d.kind == "start":
-                            calls[d.index] = [d.call_id, d.text, ""]
-                        elif d.kind == "args":
-                            calls[d.index][2] += d.text
-                        else:
-                            shown.append(d)
-                            text.append(d.text if d.kind == "content" else "")
+                    output.add(step.deltas)
+                    # calls are shown once the round is over: only the client's own
+                    shown = [d for d in step.deltas if d.kind in ("content", "reasoning")]
                     if shown:
                         yield Output(shown)
             rounds += 1
@@ -219,18 +213,20 @@ async def run_loop(spec: LoopSpec) -> AsyncIterator[LoopEvent]:
             total = _summed(total, round_total)
             yield RoundDone(round_total, len(prepared.prompt))
             ours = [
-                McpCall(f"mcp_{secrets.token_hex(16)}", c[0], owner.ref.label, c[1], c[2])
-                for c in calls.values()
-                if (owner := spec.toolset.owner(c[1])) is not None
-            ]
-            theirs = [(i, c) for i, c in calls.items() if spec.toolset.owner(c[1]) is None]
+                McpCall(f"mcp_{secrets.token_hex(16)}", c.call_id, owner.ref.label, c.name,
+                        c.arguments)
+                for c in output.calls
+                if (owner := spec.toolset.owner(c.name)) is not None
+            ]  # fmt: skip
+            theirs = [c for c in output.calls if spec.toolset.owner(c.name) is None]
             _trace_round(round_span, round_total, len(ours))
             if theirs:
                 deltas = []
-                for i, (call_id, name, args) in theirs:
-                    deltas += [Delta("start", name, i, call_id), Delta("args", args, i)]
+                for c in theirs:
+                    deltas += [Delta("start", c.name, c.index, c.call_id),
+                               Delta("args", c.arguments, c.index)]  # fmt: skip
                 yield Output(deltas)
-            turn = _assistant_turn("".join(text), list(calls.values()))
+            turn = _assistant_turn(output.content, output.calls)
             if not ours or round_total.finish_reason is not FinishReason.STOP:
                 final = turn
                 break
@@ -270,11 +266,11 @@ def _trace_round(span: Any, counts: Choice, mcp_calls: int) -> None:
         })  # fmt: skip
 
 
-def _assistant_turn(text: str, calls: list[list[str]]) -> dict[str, Any]:
+def _assistant_turn(text: str, calls: list[ParsedCall]) -> dict[str, Any]:
     turn: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:
-        turn["tool_calls"] = [{"id": c[0], "type": "function",
-                               "function": {"name": c[1], "arguments": c[2] or "{}"}}
+        turn["tool_calls"] = [{"id": c.call_id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments or "{}"}}
                               for c in calls]  # fmt: skip
     return turn
 

@@ -17,9 +17,9 @@ from sse_starlette import EventSourceResponse
 
 from chat.plan import ChatOptions
 from engine.client import SessionBusyError, SessionPool, check_session_id
-from server.api.common import McpToolChoice, SamplingExtras
+from server.api.common import McpToolChoice
 from server.http.deps import Caller, EngineLike
-from server.http.errors import BadRequest, TooManyRequests
+from server.http.errors import BadRequest, TooManyRequests, params_renamed
 from server.mcp.loop import Prepare
 from server.mcp.manager import McpManager
 from server.mcp.outcome import McpBusy
@@ -27,6 +27,7 @@ from server.mcp.toolset import McpRef, Toolset, list_tools, resolve
 from server.models.served import ServedModel
 from server.serving import sse
 from server.serving.prepare import Prepared, prepare_chat
+from server.serving.request_sampling import RequestSampling
 
 log = logging.getLogger("kvserve.mcp")
 
@@ -121,7 +122,7 @@ def loop_session(given: str | None) -> tuple[str, SessionPool, bool]:
 
 def loop_prepare(
     served: ServedModel,
-    sampling: SamplingExtras,
+    sampling: RequestSampling,
     caller: Caller,
     pool: SessionPool,
     *,
@@ -135,15 +136,11 @@ def loop_prepare(
     `param_name` into the API's own spelling."""
 
     async def prepare(messages: list[dict[str, Any]], opts: ChatOptions) -> Prepared:
-        try:
+        with params_renamed(param_name or (lambda param: param)):
             prepared = await prepare_chat(
                 served.engine, served.template, [*head, *messages], opts, sampling, caller,
                 max_tokens=max_tokens, overflow=overflow,
             )  # fmt: skip
-        except BadRequest as err:
-            if param_name is not None:
-                err.param = param_name(err.param)
-            raise
         return replace(prepared, requests=[replace(r, session_pool=pool)
                                            for r in prepared.requests])  # fmt: skip
 

@@ -33,7 +33,6 @@ from server.api.embeddings.protocol import EmbeddingRequest
 from server.api.kvserve.cache import CacheWarmRequest
 from server.api.kvserve.protocol import DetokenizeRequest, TokenizeRequest
 from server.api.messages.protocol import CountTokensRequest, MessagesRequest
-from server.api.ollama.common import resolve_ollama_model
 from server.api.ollama.protocol import (
     OllamaChatRequest,
     OllamaEmbeddingsRequest,
@@ -41,9 +40,10 @@ from server.api.ollama.protocol import (
     OllamaGenerateRequest,
 )
 from server.api.responses.protocol import ResponsesRequest
-from server.http.deps import require_api_key
+from server.http.deps import GATED_MODEL, require_api_key
 from server.http.errors import APIError, Unauthorized
 from server.models.keep_alive import keep_alive_refusal
+from server.models.names import resolve_ollama_model
 
 if TYPE_CHECKING:
     from server.models.loader import ModelLoader
@@ -103,6 +103,7 @@ class ModelGate:
         except (ValueError, RecursionError):  # the route answers bad JSON with a 400
             fields = None
         served: ServedModel | None
+        name: Any = None  # the model's name in the body (none for the default model's paths)
         if path in DEFAULT_MODEL_PATHS:
             served = self.loader.models.default
         elif ollama:
@@ -112,6 +113,9 @@ class ModelGate:
         else:
             name = fields.get("model") if isinstance(fields, dict) else None
             served = self.loader.models.find(name) if isinstance(name, str) else None
+        if served is not None and isinstance(name, str):
+            # the route reads it (deps.gated_model) instead of looking the name up again
+            scope.setdefault("state", {})[GATED_MODEL] = (name, served)
         if served is None or not _authorized(scope):
             # The route answers: 400 for bad JSON, 404 for a bad model, 401 for a bad key
             # (an anonymous request must not get a model loaded).

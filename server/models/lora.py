@@ -1,12 +1,14 @@
 """The `lora` request field (llama-server's name): which adapters apply, at what scale.
 
 Shared by every generating route (chat, completions, responses, messages): a route's
-request model declares `lora: list[LoraRef] | None`, and `lora_set` turns it into the
-engine's effective set against the model's configured adapters.
+request model declares `lora: list[LoraRef] | None` and hands it on as (id, scale)
+pairs, and `lora_set` turns those into the engine's effective set against the model's
+configured adapters.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,7 +32,9 @@ class LoraRef(BaseModel):
 LoraField = Annotated[list[LoraRef], Field(max_length=64)] | None
 
 
-def lora_set(refs: list[LoraRef] | None, info: ModelInfo) -> tuple[tuple[str, float], ...]:
+def lora_set(
+    refs: Sequence[tuple[str | int, float]] | None, info: ModelInfo
+) -> tuple[tuple[str, float], ...]:
     """The adapters a request runs with, as (id, scale) sorted by id, without zero scales.
 
     No `lora` field: each configured adapter at its configured scale. A `lora` list: the
@@ -41,23 +45,23 @@ def lora_set(refs: list[LoraRef] | None, info: ModelInfo) -> tuple[tuple[str, fl
         return tuple(sorted((a.id, a.scale) for a in info.loras if a.scale != 0.0))
     ids = [a.id for a in info.loras]
     chosen: dict[str, float] = {}
-    for i, ref in enumerate(refs):
-        if isinstance(ref.id, int):
-            if ref.id >= len(ids):
+    for i, (ref, scale) in enumerate(refs):
+        if isinstance(ref, int):
+            if ref >= len(ids):
                 raise BadRequest(
-                    f"lora[{i}].id: no adapter number {ref.id} (this model has {len(ids)})",
+                    f"lora[{i}].id: no adapter number {ref} (this model has {len(ids)})",
                     param="lora",
                 )
-            adapter_id = ids[ref.id]
-        elif ref.id in ids:
-            adapter_id = ref.id
+            adapter_id = ids[ref]
+        elif ref in ids:
+            adapter_id = ref
         else:
             known = ", ".join(repr(a) for a in ids) or "none"
             raise BadRequest(
-                f"lora[{i}].id: unknown LoRA adapter '{ref.id}' (this model has {known})",
+                f"lora[{i}].id: unknown LoRA adapter '{ref}' (this model has {known})",
                 param="lora",
             )
         if adapter_id in chosen:
             raise BadRequest(f"lora[{i}].id: adapter '{adapter_id}' named twice", param="lora")
-        chosen[adapter_id] = ref.scale
+        chosen[adapter_id] = scale
     return tuple(sorted((i, s) for i, s in chosen.items() if s != 0.0))

@@ -15,18 +15,14 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 
 from engine.client import EngineLike, FinishReason, Generation, SeqOutput
-from server.http.errors import APIError, BadRequest, generation_failure
+from server.http.errors import APIError, BadRequest, ClientDisconnected, generation_failure
 from server.serving.state import Choice, ChoiceState, Step
 from server.telemetry.access import current_record
 
 T = TypeVar("T")
 
-
-class ClientDisconnected(Exception):
-    pass
 
 
 # Texts longer than this are tokenized on a worker thread, so that one huge prompt does
@@ -60,7 +56,8 @@ async def _watch_disconnect(request: Request) -> None:
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`; cancel it (aborting its sequences) if the client disconnects."""
+    """Await `work`; cancel it (aborting its sequences) if the client disconnects, then
+    raise ClientDisconnected (server/http/errors.py answers it, for every API)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_watch_disconnect(request))
     try:
@@ -87,11 +84,6 @@ def engine_failure(error: str | None) -> APIError:
 def check_n(n: int, n_seq_max: int) -> None:
     if n > n_seq_max:
         raise BadRequest(f"'n' must be at most {n_seq_max} on this server", param="n")
-
-
-def client_gone() -> JSONResponse:
-    """What a handler returns when its client disconnected: nobody reads it."""
-    return JSONResponse({}, status_code=499)
 
 
 async def collect(generation: Generation, n: int) -> list[Choice]:

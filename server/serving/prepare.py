@@ -14,12 +14,12 @@ from chat.plan import ChatOptions, ChatPlan, plan_chat
 from chat.template import ChatTemplate, TemplateError
 from chat.tools import ChatInputError
 from engine.client import GenerateRequest
-from server.api.common import SamplingExtras
 from server.http.deps import Caller, EngineLike
 from server.http.errors import BadRequest
 from server.http.sampling import generate_requests
 from server.serving.context_fit import plan_within_context
 from server.serving.drive import tokenize
+from server.serving.request_sampling import RequestSampling
 from server.serving.state import ChoiceState
 
 # The most messages one chat request may render (its history included): every render
@@ -68,7 +68,7 @@ async def prepare_chat(
     template: ChatTemplate,
     messages: list[dict[str, Any]],
     options: ChatOptions,
-    sampling: SamplingExtras,
+    sampling: RequestSampling,
     caller: Caller,
     *,
     max_tokens: int | None,

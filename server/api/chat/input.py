@@ -9,6 +9,7 @@ from chat.plan import ChatOptions, OutputParser
 from chat.tools import tool_choice
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.common import function_tool
+from server.serving.output import ParsedOutput, openai_calls, parsed
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -85,17 +86,12 @@ def stream_deltas(deltas: list[Delta]) -> list[dict[str, Any]]:
 
 def message(parser: OutputParser, text: str) -> dict[str, Any]:
     """The full assistant message of one choice (same parser as the stream)."""
-    deltas = parser.feed(text) + parser.finish()
-    content = "".join(d.text for d in deltas if d.kind == "content")
-    reasoning = "".join(d.text for d in deltas if d.kind == "reasoning")
-    calls: list[dict[str, Any]] = []
-    for d in deltas:
-        if d.kind == "start":
-            calls.append(
-                {"id": d.call_id, "type": "function", "function": {"name": d.text, "arguments": ""}}
-            )
-        elif d.kind == "args":
-            calls[d.index]["function"]["arguments"] += d.text
+    return chat_message(parsed(parser.feed(text) + parser.finish()))
+
+
+def chat_message(result: ParsedOutput) -> dict[str, Any]:
+    """OpenAI chat's assistant message from a choice's parsed output."""
+    content, reasoning, calls = result.content, result.reasoning, openai_calls(result.calls)
     out: dict[str, Any] = {
         "role": "assistant",
         "content": None if calls and not content else content,

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
 
-from server.api.chat.input import chat_messages, chat_options, stream_deltas
+from server.api.chat.input import chat_message, chat_messages, chat_options, stream_deltas
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.common import McpToolChoice
 from server.http.deps import Caller, resolve_model
@@ -25,7 +26,8 @@ from server.mcp.refs import openai_ref
 from server.mcp.toolset import McpRef, Toolset
 from server.mcp.turn import check_mcp_choice, loop_prepare, loop_session, mcp_turn
 from server.serving import sse
-from server.serving.drive import ClientDisconnected, client_gone, new_id, now, until_disconnect
+from server.serving.drive import new_id, now, until_disconnect
+from server.serving.output import ParsedOutput
 from server.serving.state import chat_finish_text
 
 
@@ -64,7 +66,6 @@ def call_report(event: CallDone) -> dict[str, Any]:
 
 async def serve_chat_mcp(body: ChatCompletionRequest, request: Request, caller: Caller) -> Any:
     body.log_unknown("chat.completions")
-    body.refuse_unsupported()
     if body.n != 1:
         raise BadRequest("with mcp tools 'n' must be 1", param="n")
     if body.logprobs:
@@ -75,7 +76,7 @@ async def serve_chat_mcp(body: ChatCompletionRequest, request: Request, caller: 
     engine = served.engine
     given = body.session_id or caller.session_header
     session_id, pool, internal = loop_session(given)
-    sampling = body.model_copy(update={"session_id": session_id})
+    sampling = replace(body.sampling_record(), session_id=session_id)
     max_tokens = body.max_completion_tokens or body.max_tokens
     messages, options = chat_messages(body), chat_options(body)
     prepare = loop_prepare(served, sampling, caller, pool, max_tokens=max_tokens,
@@ -88,10 +89,7 @@ async def serve_chat_mcp(body: ChatCompletionRequest, request: Request, caller: 
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return turn.stream(_stream(spec, response_id, created, model, include_usage))
-        try:
-            return await until_disconnect(request, _complete(spec, response_id, created, model))
-        except ClientDisconnected:
-            return client_gone()
+        return await until_disconnect(request, _complete(spec, response_id, created, model))
 
 
 def _usage(event: Finished) -> dict[str, Any]:
@@ -103,36 +101,16 @@ def _usage(event: Finished) -> dict[str, Any]:
 
 
 async def _complete(spec: LoopSpec, response_id: str, created: int, model: str) -> Any:
-    content: list[str] = []
-    reasoning: list[str] = []
-    calls: list[dict[str, Any]] = []
+    output = ParsedOutput()
     report: list[dict[str, Any]] = []
     async for event in run_loop(spec):
         if isinstance(event, Output):
-            for d in event.deltas:
-                if d.kind == "content":
-                    content.append(d.text)
-                elif d.kind == "reasoning":
-                    reasoning.append(d.text)
-                elif d.kind == "start":
-                    calls.append({"id": d.call_id, "type": "function",
-                                  "function": {"name": d.text, "arguments": ""}})  # fmt: skip
-                elif d.kind == "args":
-                    calls[-1]["function"]["arguments"] += d.text
+            output.add(event.deltas)
         elif isinstance(event, CallDone):
             report.append(call_report(event))
         elif isinstance(event, Finished):
-            text = "".join(content)
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "refusal": None,
-                "content": None if calls and not text else text,
-            }
-            if reasoning:
-                message["reasoning_content"] = "".join(reasoning)
-            if calls:
-                message["tool_calls"] = calls
-            finish = chat_finish_text(event.total.finish_reason, len(calls))
+            message = chat_message(output)
+            finish = chat_finish_text(event.total.finish_reason, len(output.calls))
             return {
                 "id": response_id, "object": "chat.completion", "created": created,
                 "model": model, "system_fingerprint": None,

@@ -17,9 +17,7 @@ from server.http.errors import APIError
 from server.serving import sse
 from server.serving.context_fit import DROPPED_HEADER
 from server.serving.drive import (
-    ClientDisconnected,
     check_n,
-    client_gone,
     collect,
     new_id,
     now,
@@ -58,7 +56,7 @@ async def serve_chat(
         served.template,
         chat_messages(body),
         chat_options(body),
-        body,
+        body.sampling_record(),
         caller,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
@@ -77,10 +75,7 @@ async def serve_chat(
         stream.headers[DROPPED_HEADER] = str(prepared.dropped)
         return stream
     response.headers[DROPPED_HEADER] = str(prepared.dropped)
-    try:
-        choices = await until_disconnect(request, collect(generation, body.n))
-    except ClientDisconnected:
-        return client_gone()
+    choices = await until_disconnect(request, collect(generation, body.n))
     return {
         "id": response_id,
         "object": "chat.completion",

@@ -18,9 +18,7 @@ from server.http.errors import BadRequest
 from server.http.sampling import generate_requests
 from server.serving import sse
 from server.serving.drive import (
-    ClientDisconnected,
     check_n,
-    client_gone,
     collect,
     engine_failure,
     increments,
@@ -120,8 +118,6 @@ async def serve_completion(body: CompletionRequest, request: Request, caller: Ca
 
     try:
         results = await until_disconnect(request, run_all())
-    except ClientDisconnected:
-        return client_gone()
     finally:
         for generation in generations:
             generation.abort()
@@ -147,7 +143,7 @@ async def _start(
         for prompt in prompts:
             requests = generate_requests(
                 prompt,
-                body,
+                body.sampling_record(),
                 engine.info,
                 max_tokens=body.max_tokens,
                 logprobs=body.logprobs,

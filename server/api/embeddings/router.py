@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from server.api.embeddings.protocol import EmbeddingRequest
 from server.http.deps import resolve_engine
 from server.http.errors import BadRequest
-from server.serving.drive import ClientDisconnected, client_gone, until_disconnect
+from server.serving.drive import until_disconnect
 from server.serving.prompts import prompt_token_lists
 
 router = APIRouter()
@@ -28,10 +28,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> Any:
             f"'dimensions' must be at most {n_embd} for this model", param="dimensions"
         )
     inputs = await prompt_token_lists(engine, body.input, param="input")
-    try:
-        vectors = await until_disconnect(request, engine.embed(inputs))
-    except ClientDisconnected:
-        return client_gone()
+    vectors = await until_disconnect(request, engine.embed(inputs))
     data = []
     for i, vector in enumerate(vectors):
         if body.dimensions is not None:

@@ -16,7 +16,6 @@ from typing import Any
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
-from server.api.common import SamplingExtras
 from server.api.messages.input import chat_messages, chat_param, message_options
 from server.api.messages.protocol import MessagesRequest
 from server.api.messages.serving import Blocks, _stop, _usage
@@ -26,7 +25,7 @@ from server.mcp.loop import CallDone, CallStarted, Finished, LoopEvent, LoopSpec
 from server.mcp.refs import anthropic_ref
 from server.mcp.turn import loop_prepare, loop_session, mcp_turn
 from server.serving import sse
-from server.serving.drive import ClientDisconnected, client_gone, until_disconnect
+from server.serving.drive import until_disconnect
 from server.serving.state import Choice
 
 BETA = "mcp-client-2025-04-04"
@@ -45,17 +44,12 @@ async def serve_messages_mcp(body: MessagesRequest, request: Request, caller: Ca
     if not isinstance(servers, list):
         raise BadRequest("'mcp_servers' must be a list", param="mcp_servers")
     body.log_unknown("messages")
-    body.refuse_unsupported()
     # Everything that can be refused without the MCP servers, before any is contacted.
     refs = [anthropic_ref(s, f"mcp_servers[{i}]") for i, s in enumerate(servers)]
     served = resolve_model(request, body.model)
     engine = served.engine
     session_id, pool, internal = loop_session(caller.session_header)
-    sampling = SamplingExtras.model_validate({
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-        "stop": body.stop_sequences, "user": body.metadata.user_id if body.metadata else None,
-        "session_id": session_id,
-    })  # fmt: skip
+    sampling = body.sampling_record(session_id)
     messages, options = chat_messages(body), message_options(body)
     prepare = loop_prepare(served, sampling, caller, pool, max_tokens=body.max_tokens,
                            param_name=chat_param)  # fmt: skip
@@ -69,10 +63,7 @@ async def serve_messages_mcp(body: MessagesRequest, request: Request, caller: Ca
         spec = LoopSpec(turn.toolset, messages, options, prepare, engine.generate, limits)
         if body.stream:
             return turn.stream(_stream(spec, message))
-        try:
-            return await until_disconnect(request, _complete(spec, message))
-        except ClientDisconnected:
-            return client_gone()
+        return await until_disconnect(request, _complete(spec, message))
 
 
 def _apply(blocks: Blocks, event: LoopEvent, num_calls: list[int]) -> None:

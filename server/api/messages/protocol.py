@@ -12,6 +12,7 @@ from pydantic import Field
 
 from server.api.common import Probability, RequestModel
 from server.http.errors import BadRequest, Unsupported
+from server.serving.request_sampling import RequestSampling
 
 
 class ToolChoice(RequestModel):
@@ -84,6 +85,11 @@ class MessagesRequest(CountTokensRequest):
     metadata: Metadata | None = None
     stream: bool = False
     service_tier: Literal["auto", "standard_only"] | None = None
+
+    def sampling_record(self, session_id: str | None) -> RequestSampling:
+        """The sampler fields Anthropic defines, as the serving core reads them."""
+        return RequestSampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                               stop=tuple(self.stop_sequences or ()), session_id=session_id)
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()

@@ -19,14 +19,14 @@ from sse_starlette import ServerSentEvent
 
 from chat.callstream import Delta
 from engine.client import FinishReason, Generation
-from server.api.common import SamplingExtras
 from server.api.messages.input import chat_messages, chat_param, message_options
 from server.api.messages.protocol import CountTokensRequest, MessagesRequest
 from server.http.deps import Caller, resolve_model
-from server.http.errors import APIError, BadRequest
+from server.http.errors import APIError, params_renamed
 from server.serving import sse
-from server.serving.drive import ClientDisconnected, client_gone, collect, until_disconnect
+from server.serving.drive import collect, until_disconnect
 from server.serving.events import NamedEvent, named_events
+from server.serving.output import ParsedOutput
 from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens
 from server.serving.state import Choice, coalesced
 
@@ -41,11 +41,8 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     """The prompt's length, rendered exactly as /v1/messages would render it."""
     body.log_unknown("messages.count_tokens")
     served = resolve_model(request, body.model)
-    try:
+    with params_renamed(chat_param):
         plan = make_plan(served.template, chat_messages(body), message_options(body))
-    except BadRequest as err:
-        err.param = chat_param(err.param)
-        raise
     return {"input_tokens": len(await prompt_tokens(served.engine, plan))}
 
 
@@ -53,17 +50,11 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
     body.log_unknown("messages")
     served = resolve_model(request, body.model)
     engine = served.engine
-    sampling = SamplingExtras.model_validate({
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-        "stop": body.stop_sequences, "user": body.metadata.user_id if body.metadata else None,
-    })  # fmt: skip
-    try:
+    sampling = body.sampling_record(session_id=None)
+    with params_renamed(chat_param):
         prepared = await prepare_chat(engine, served.template, chat_messages(body),
                                       message_options(body), sampling, caller,
                                       max_tokens=body.max_tokens)  # fmt: skip
-    except BadRequest as err:
-        err.param = chat_param(err.param)
-        raise
     generation = await engine.generate(prepared.requests)
     message: dict[str, Any] = {
         "id": _id("msg"), "type": "message", "role": "assistant", "content": [],
@@ -75,10 +66,7 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
     if body.stream:
         return sse.event_stream(_stream(generation, prepared, message),
                                 on_close=generation.abort)  # fmt: skip
-    try:
-        (choice,) = await until_disconnect(request, collect(generation, 1))
-    except ClientDisconnected:
-        return client_gone()
+    (choice,) = await until_disconnect(request, collect(generation, 1))
     parser = prepared.plan.parser()
     blocks = Blocks()
     blocks.feed(parser.feed("".join(choice.text)) + parser.finish())
@@ -109,15 +97,17 @@ class Blocks:
         self.blocks: list[dict[str, Any]] = []
         self.events: list[NamedEvent] = []
         self._open: str | None = None  # the kind of the open block
-        self._args = ""
+        self._output = ParsedOutput()  # where an open tool_use block reads its input
+        self._call = 0  # the open tool_use block's call
 
     def feed(self, deltas: list[Delta]) -> None:
+        self._output.add(deltas)
         for d in coalesced(deltas):
             if d.kind == "start":
+                self._call = d.index
                 self._begin("tool_use", {"type": "tool_use", "id": _id("toolu"),
                                          "name": d.text, "input": {}})  # fmt: skip
             elif d.kind == "args":
-                self._args += d.text
                 self._delta({"type": "input_json_delta", "partial_json": d.text})
             elif d.text and d.kind == "content":
                 if self._open != "text":
@@ -134,9 +124,10 @@ class Blocks:
         if self._open is None:
             return
         if self._open == "tool_use":
-            self.blocks[-1]["input"] = json.loads(self._args) if self._args.strip() else {}
+            args = self._output.call(self._call).arguments
+            self.blocks[-1]["input"] = json.loads(args) if args.strip() else {}
         self.events.append(("content_block_stop", {"index": len(self.blocks) - 1}))
-        self._open, self._args = None, ""
+        self._open = None
 
     def server_block(self, block: dict[str, Any], partial_json: str | None = None) -> None:
         """A block the server made whole (MCP tool use and result): start, the input as

@@ -24,13 +24,12 @@ from engine.client import FinishReason, Generation
 from server.api.ollama.common import created_at, done_fields, load_wait_s
 from server.http.errors import APIError, ServerError
 from server.serving.drive import (
-    ClientDisconnected,
-    client_gone,
     collect,
     engine_failure,
     increments,
     until_disconnect,
 )
+from server.serving.output import parsed
 from server.serving.state import Choice, ChoiceState
 
 NDJSON = "application/x-ndjson"
@@ -49,22 +48,11 @@ class Piece:
 
 
 def piece(deltas: list[Delta]) -> Piece:
-    out = Piece()
-    args: dict[int, list[str]] = {}
-    for d in deltas:
-        if d.kind == "content":
-            out.content += d.text
-        elif d.kind == "reasoning":
-            out.thinking += d.text
-        elif d.kind == "start":
-            args[d.index] = []
-            out.calls.append({"id": d.call_id, "function": {"index": d.index, "name": d.text}})
-        elif d.kind == "args":
-            args.setdefault(d.index, []).append(d.text)
-    for call in out.calls:
-        fn = call["function"]
-        fn["arguments"] = _arguments("".join(args.get(fn["index"], [])))
-    return out
+    result = parsed(deltas)
+    calls = [{"id": c.call_id, "function": {"index": c.index, "name": c.name,
+                                            "arguments": _arguments(c.arguments)}}
+             for c in result.calls]  # fmt: skip
+    return Piece(result.content, result.reasoning, calls)
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -113,10 +101,7 @@ async def answer(
     if stream:
         return StreamingResponse(_lines(generation, parser, chunk, final), media_type=NDJSON,
                                  background=BackgroundTask(generation.abort))  # fmt: skip
-    try:
-        (choice,) = await until_disconnect(request, collect(generation, 1))
-    except ClientDisconnected:
-        return client_gone()
+    (choice,) = await until_disconnect(request, collect(generation, 1))
     return final(choice, piece(parser.feed("".join(choice.text)) + parser.finish()))
 
 

@@ -22,7 +22,7 @@ from server.api.ollama.answer import Piece, answer
 from server.api.ollama.common import kept_model, load_answer, options, within_window
 from server.api.ollama.protocol import OllamaChatRequest
 from server.http.deps import Caller
-from server.http.errors import BadRequest
+from server.http.errors import BadRequest, params_renamed
 from server.models.keep_alive import apply_keep_alive
 from server.serving.prepare import prepare_chat
 
@@ -88,7 +88,6 @@ def message(part: Piece) -> dict[str, Any]:
 async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: Caller) -> Any:
     started = time.monotonic()
     body.log_unknown("ollama.chat")
-    body.refuse_unsupported()
     served = kept_model(request, body.model, body.keep_alive)
     if not body.messages:
         return await load_answer(request, served, body.model, body.keep_alive,
@@ -99,14 +98,11 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
     overflow = served.context_overflow
     if body.truncate is not None:
         overflow = "drop_oldest" if body.truncate else "error"
-    try:
+    with params_renamed(_param):
         prepared = await prepare_chat(
             engine, template, chat_messages(body), chat_options(body, template.source, body.model),
             opts.sampling, caller, max_tokens=opts.max_tokens, overflow=overflow,
         )  # fmt: skip
-    except BadRequest as err:
-        err.param = _param(err.param)
-        raise
     limit = within_window(opts, len(prepared.prompt))
     requests = [replace(r, max_tokens=limit) for r in prepared.requests]
     apply_keep_alive(served, body.keep_alive)  # the request passed every check

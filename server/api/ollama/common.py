@@ -1,7 +1,7 @@
 """What Ollama's `/api/*` routes share: model names, keep_alive, options, timings.
 
 - Names: Ollama's `name:tag` forms resolve to a configured id or alias
-  (`resolve_ollama_model`); an unknown one is a 404 in Ollama's words.
+  (`resolve_ollama_model`, server/models/names.py); an unknown one is a 404 in Ollama's words.
 - keep_alive: parsed with the body, checked here, applied by the route once the request
   has passed every other check (server/models/keep_alive.py: who may set it).
 - options: every option Ollama defines is either mapped onto the sampler or refused
@@ -22,37 +22,18 @@ from pydantic import ValidationError
 
 from engine.client import FinishReason
 from server.api.common import SamplingExtras
-from server.http.deps import claim, ready_engine, registry
+from server.http.deps import claim, gated_model, ready_engine, registry
 from server.http.errors import BadRequest, NotFound, Unsupported, generation_failure
 from server.models.keep_alive import apply_keep_alive, check_keep_alive
-from server.models.served import ModelRegistry, ServedModel
+from server.models.names import resolve_ollama_model
+from server.models.served import ServedModel
+from server.serving.request_sampling import RequestSampling
 from server.serving.state import Choice
-
-
-def matching_names(models: ModelRegistry, name: str) -> list[str]:
-    """The served names an Ollama name means. Tried in order: the name as it is (an id or
-    alias, `smollm2:135m` included); without a `:latest` tag (`SmolLM2-135M-Instruct:latest`);
-    with `:latest` added (`smollm2` for an alias `smollm2:latest`): the first that is a
-    name. Else every name equal to one of those ignoring case (Ollama's names are lower
-    case, Hugging Face's are not): more than one when only case tells them apart."""
-    base = name.removesuffix(":latest")
-    candidates = [name, base, f"{base}:latest"]
-    for candidate in candidates:
-        if models.find(candidate) is not None:  # a miss looks at a shared hub cache again
-            return [candidate]
-    folded = {c.lower() for c in candidates}
-    return [n for n in models.names() if n.lower() in folded]
-
-
-def resolve_ollama_model(models: ModelRegistry, name: str) -> ServedModel | None:
-    """The served model an Ollama name means (`matching_names`' first), or None."""
-    names = matching_names(models, name)
-    return models.get(names[0]) if names else None
 
 
 def ollama_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
     """The served model a request names: 404 in Ollama's words if none."""
-    served = resolve_ollama_model(registry(request), name)
+    served = gated_model(request, name) or resolve_ollama_model(registry(request), name)
     if served is None:
         raise NotFound(f'model "{name}" not found, try pulling it first', param="model")
     return claim(served, require_ready=require_ready)
@@ -91,7 +72,7 @@ _REFUSED = {
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    sampling: SamplingExtras
+    sampling: RequestSampling
     max_tokens: int | None  # num_predict; None: until the end or the context is full
     num_ctx: int | None
 
@@ -112,7 +93,8 @@ def options(raw: dict[str, Any] | None, n_ctx: int) -> Options:
         if seed >= 0:  # Ollama: -1 (or any negative) draws a random seed
             fields["seed"] = seed
     try:
-        sampling = SamplingExtras.model_validate(fields)
+        # options is a free-form object: the chat fields' own validation checks it
+        sampling = SamplingExtras.model_validate(fields).sampling_record()
     except ValidationError as exc:
         error = exc.errors()[0]
         name = str(error["loc"][0]) if error["loc"] else "options"

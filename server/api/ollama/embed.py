@@ -19,7 +19,7 @@ from server.api.ollama.protocol import OllamaEmbeddingsRequest, OllamaEmbedReque
 from server.http.errors import BadRequest, Unsupported
 from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel
-from server.serving.drive import ClientDisconnected, client_gone, tokenize, until_disconnect
+from server.serving.drive import tokenize, until_disconnect
 
 
 def _limit(served: ServedModel, model: str, raw: dict[str, Any] | None) -> int:
@@ -37,8 +37,8 @@ def _limit(served: ServedModel, model: str, raw: dict[str, Any] | None) -> int:
 async def _vectors(
     request: Request, served: ServedModel, texts: list[str], limit: int, truncate: bool,
     keep_alive: float | None,
-) -> tuple[list[np.ndarray], int] | None:  # fmt: skip
-    """The embeddings and how many tokens they took (None: the client left); the
+) -> tuple[list[np.ndarray], int]:  # fmt: skip
+    """The embeddings and how many tokens they took; the
     request's keep_alive applies once its inputs have passed."""
     engine = served.engine
     inputs = []
@@ -50,10 +50,7 @@ async def _vectors(
                              "this model embeds (truncate is false)", param="input")  # fmt: skip
         inputs.append(tokens[:limit])
     apply_keep_alive(served, keep_alive)
-    try:
-        vectors = await until_disconnect(request, engine.embed(inputs))
-    except ClientDisconnected:
-        return None
+    vectors = await until_disconnect(request, engine.embed(inputs))
     return vectors, sum(len(t) for t in inputs)
 
 
@@ -77,8 +74,6 @@ async def serve_ollama_embed(body: OllamaEmbedRequest, request: Request) -> Any:
     num_tokens = 0
     if texts:
         result = await _vectors(request, served, texts, limit, body.truncate, body.keep_alive)
-        if result is None:
-            return client_gone()
         vectors, num_tokens = result
     else:
         apply_keep_alive(served, body.keep_alive)
@@ -107,7 +102,5 @@ async def serve_ollama_embeddings(body: OllamaEmbeddingsRequest, request: Reques
         apply_keep_alive(served, body.keep_alive)
         return {"embedding": []}
     result = await _vectors(request, served, [body.prompt], limit, False, body.keep_alive)
-    if result is None:
-        return client_gone()
     (vector,), _ = result
     return {"embedding": vector.astype("<f4", copy=False).tolist()}

@@ -25,7 +25,7 @@ from server.api.ollama.answer import Piece, answer
 from server.api.ollama.common import kept_model, load_answer, options, within_window
 from server.api.ollama.protocol import OllamaGenerateRequest
 from server.http.deps import Caller, EngineLike
-from server.http.errors import BadRequest
+from server.http.errors import BadRequest, params_renamed
 from server.http.sampling import generate_requests
 from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel
@@ -90,12 +90,16 @@ async def _templated(
     return context + turn, plan.parser(), plan.grammar
 
 
+def _format_param(param: str | None) -> str | None:
+    """A structured-output field as Ollama spells it: every one is `format`."""
+    return "format" if param and param.startswith("response_format") else param
+
+
 async def serve_ollama_generate(
     body: OllamaGenerateRequest, request: Request, caller: Caller
 ) -> Any:
     started = time.monotonic()
     body.log_unknown("ollama.generate")
-    body.refuse_unsupported()
     served = kept_model(request, body.model, body.keep_alive)
     if not body.prompt and not body.suffix:
         return await load_answer(request, served, body.model, body.keep_alive, {"response": ""})
@@ -109,12 +113,8 @@ async def serve_ollama_generate(
         prompt = await _raw_prompt(engine, body, body.model)
         parser, grammar = OutputParser(None, None), _grammar(body)
     else:
-        try:
+        with params_renamed(_format_param):
             prompt, parser, grammar = await _templated(served, body)
-        except BadRequest as err:
-            if err.param and err.param.startswith("response_format"):
-                err.param = "format"
-            raise
     limit = within_window(opts, len(prompt))
     requests = generate_requests(prompt, opts.sampling, engine.info, max_tokens=limit,
                                  logprobs=None, caller=caller,

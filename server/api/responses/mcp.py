@@ -23,7 +23,6 @@ from server.api.responses.protocol import McpChoice, ResponsesRequest
 from server.api.responses.serving import (
     _finished,
     _generate,
-    _sampling,
     _session,
     _skeleton,
     open_turn,
@@ -47,7 +46,7 @@ from server.mcp.refs import openai_ref
 from server.mcp.toolset import Toolset
 from server.mcp.turn import check_mcp_choice, loop_prepare, loop_session, mcp_turn
 from server.serving import sse
-from server.serving.drive import ClientDisconnected, client_gone, until_disconnect
+from server.serving.drive import until_disconnect
 from server.serving.state import Choice
 
 
@@ -100,7 +99,6 @@ def _echo_tools(body: ResponsesRequest, response: dict[str, Any]) -> None:
 
 async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: Caller) -> Any:
     body.log_unknown("responses")
-    body.refuse_unsupported()
     store, previous, served, conversation = await open_turn(body, request, caller)
     engine = served.engine
     # Everything that can be refused without the MCP servers, before any is contacted.
@@ -111,7 +109,7 @@ async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: C
     session_id, loop_pool, internal = loop_session(given)
     pool = loop_pool if internal else pool
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    sampling = _sampling(body, session_id)
+    sampling = body.sampling_record(session_id)
     prepare = loop_prepare(served, sampling, caller, pool, max_tokens=body.max_output_tokens,
                            head=system, param_name=chat_param)  # fmt: skip
     response = _skeleton(body, engine.info.model_id)
@@ -131,10 +129,7 @@ async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: C
         events = _events(spec, engine, response, keep)
         if body.stream:
             return turn.stream(_numbered(response, events(True)))
-        try:
-            _, payload = await until_disconnect(request, _last(events(False)))
-        except ClientDisconnected:
-            return client_gone()
+        _, payload = await until_disconnect(request, _last(events(False)))
         return payload["response"]
 
 

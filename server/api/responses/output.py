@@ -14,6 +14,7 @@ from typing import Any
 
 from chat.callstream import Delta
 from server.serving.events import NamedEvent
+from server.serving.output import ParsedOutput
 from server.serving.state import coalesced
 
 
@@ -26,6 +27,7 @@ class OutputBuilder:
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None
         self._events: list[NamedEvent] = []
+        self._output = ParsedOutput()  # where a function_call item reads its arguments
 
     def drain(self) -> list[NamedEvent]:
         events, self._events = self._events, []
@@ -41,6 +43,7 @@ class OutputBuilder:
         )
 
     def feed(self, deltas: list[Delta]) -> None:
+        self._output.add(deltas)
         for d in coalesced(deltas):
             if d.kind == "start":
                 self._close("completed")
@@ -48,7 +51,7 @@ class OutputBuilder:
                                  "status": "in_progress", "arguments": "", "call_id": d.call_id,
                                  "name": d.text})  # fmt: skip
             elif d.kind == "args" and self._open is not None:
-                self._open["arguments"] += d.text
+                self._open["arguments"] = self._output.call(d.index).arguments
                 self._emit("response.function_call_arguments.delta", delta=d.text)
             elif d.text and d.kind == "content":
                 self._text_delta("message", "output_text", "response.output_text.delta", d.text)

@@ -13,6 +13,7 @@ from pydantic import Field
 from server.api.common import McpToolChoice as McpChoice
 from server.api.common import Probability, RequestModel
 from server.http.errors import Unsupported
+from server.serving.request_sampling import RequestSampling
 
 
 class TextFormat(RequestModel):
@@ -72,6 +73,14 @@ class ResponsesRequest(RequestModel):
     stop: Annotated[list[Annotated[str, Field(min_length=1, max_length=1000)]],
                     Field(max_length=16)] | None = None  # fmt: skip
     cache_salt: Annotated[str, Field(max_length=256)] | None = None
+
+    def sampling_record(self, session_id: str | None) -> RequestSampling:
+        """The sampler fields of a turn (on `session_id`), as the serving core reads them."""
+        return RequestSampling(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            seed=self.seed, stop=tuple(self.stop or ()), cache_salt=self.cache_salt,
+            session_id=session_id,
+        )  # fmt: skip
 
     def refuse_unsupported(self) -> None:
         extra = self.model_extra or {}

@@ -31,16 +31,15 @@ from engine.client import (
     SessionBusyError,
     SessionPool,
 )
-from server.api.common import SamplingExtras
 from server.api.responses.input import chat_param, input_messages, response_options
 from server.api.responses.output import OutputBuilder, assistant_turn
 from server.api.responses.protocol import ResponsesRequest
 from server.api.responses.store import ResponseStore, Stored
 from server.http.deps import Caller, resolve_model
-from server.http.errors import APIError, BadRequest
+from server.http.errors import APIError, BadRequest, params_renamed
 from server.models.served import ServedModel
 from server.serving import sse
-from server.serving.drive import ClientDisconnected, client_gone, collect, until_disconnect
+from server.serving.drive import collect, until_disconnect
 from server.serving.events import named_events
 from server.serving.prepare import Prepared, prepare_chat
 from server.serving.state import Choice
@@ -50,14 +49,6 @@ log = logging.getLogger("kvserve.server")
 
 def response_store(request: Request) -> ResponseStore:
     return request.app.state.responses  # type: ignore[no-any-return]
-
-
-def _sampling(body: ResponsesRequest, session_id: str | None) -> SamplingExtras:
-    return SamplingExtras.model_validate({
-        "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed,
-        "top_k": body.top_k, "min_p": body.min_p, "stop": body.stop, "user": body.user,
-        "cache_salt": body.cache_salt, "session_id": session_id,
-    })  # fmt: skip
 
 
 class Turn(NamedTuple):
@@ -86,14 +77,11 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
     engine = served.engine
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     session_id, pool = _session(body, caller, previous)
-    try:
+    with params_renamed(chat_param):
         prepared = await prepare_chat(
             engine, served.template, [*system, *conversation], response_options(body),
-            _sampling(body, session_id), caller, max_tokens=body.max_output_tokens,
+            body.sampling_record(session_id), caller, max_tokens=body.max_output_tokens,
         )  # fmt: skip
-    except BadRequest as err:
-        err.param = chat_param(err.param)
-        raise
     requests = [replace(r, session_pool=pool) for r in prepared.requests]
     generation, session_id = await _generate(engine, requests)
     response = _skeleton(body, engine.info.model_id)
@@ -109,10 +97,7 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
     if body.stream:
         events = _stream(engine, generation, prepared, response, keep)
         return sse.event_stream(events, on_close=generation.abort)
-    try:
-        (choice,) = await until_disconnect(request, collect(generation, 1))
-    except ClientDisconnected:
-        return client_gone()
+    (choice,) = await until_disconnect(request, collect(generation, 1))
     builder = OutputBuilder()
     parser = prepared.plan.parser()
     builder.feed(parser.feed("".join(choice.text)) + parser.finish())

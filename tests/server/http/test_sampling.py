@@ -8,14 +8,15 @@ from engine.types import ModelInfo, SamplingParams
 from server.api.chat.protocol import ChatCompletionRequest
 from server.http.errors import BadRequest
 from server.http.sampling import generate_requests, sampling_params
+from server.serving.request_sampling import RequestSampling
 
 INFO = ModelInfo("m", "/m.gguf", 512, 512, 100, 8, 4, None, "", "", False)
 
 
-def body(**fields: object) -> ChatCompletionRequest:
+def body(**fields: object) -> RequestSampling:
     return ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
-    )
+    ).sampling_record()
 
 
 def test_unset_fields_keep_engine_defaults() -> None:
