@@ -67,7 +67,11 @@ def bench_model() -> tuple[str, str]:
     return path, ModelSection(path=path).id
 
 
-def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str, str]:
+def start(
+    name: str, threads: int, parallel: int, n_ctx: int = 4096, cache_dir: str | None = None
+) -> tuple[subprocess.Popen, str, str]:
+    """Start server `name` with `parallel` slots of `n_ctx` tokens each; kvserve's disk tier
+    lives in `cache_dir` when given (else it has none: each run starts cold)."""
     port = free_port()
     model, kvserve_id = bench_model()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSERVE_ENGINE_")}
@@ -85,10 +89,15 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             str(parallel),
             "--log-level",
             "warning",
-            "--no-disk-cache",  # each run starts cold, not warm from the last run's disk
+            "--n-ctx",
+            str(n_ctx),
             "--model",
             model,
         ]
+        if cache_dir is None:
+            cmd.append("--no-disk-cache")  # each run starts cold, not warm from the last's disk
+        else:
+            env["KVSERVE_CACHE_DISK_DIR"] = cache_dir
         model_id = kvserve_id
     elif name == "llama_cpp.server":
         peer = str(Path(__file__).resolve().parent / "peer_llama_cpp_server.py")
@@ -104,7 +113,7 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             "--n_threads_batch",
             str(threads),
             "--n_ctx",
-            "4096",
+            str(n_ctx),
             # serve concurrent requests one after another instead of cancelling the
             # running one when the next arrives (the peer's default)
             "--interrupt_requests",
@@ -130,7 +139,7 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             "-tb",
             str(threads),
             "-c",
-            str(4096 * parallel),
+            str(n_ctx * parallel),
             *(["--no-repack"] if cpu_has_amx() else []),
             *(["-fa", "off"] if name == "llama-server-nofa" else []),
         ]
