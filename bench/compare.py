@@ -67,6 +67,12 @@ def bench_model() -> tuple[str, str]:
     return path, ModelSection(path=path).id
 
 
+def gpu_layers_wanted() -> int:
+    """Layers every server of a run offloads to the GPU: $BENCH_N_GPU_LAYERS (a CUDA build,
+    bench/gpu_check.sh), else 0: the CPU run all other figures are."""
+    return int(os.environ.get("BENCH_N_GPU_LAYERS") or 0)
+
+
 def start(
     name: str, threads: int, parallel: int, n_ctx: int = 4096, cache_dir: str | None = None
 ) -> tuple[subprocess.Popen, str, str]:
@@ -75,8 +81,11 @@ def start(
     port = free_port()
     model, kvserve_id = bench_model()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSERVE_ENGINE_")}
+    gpu_layers = gpu_layers_wanted()
     if name in KVSERVE_VARIANTS:
         env.update(KVSERVE_VARIANTS[name])
+        if gpu_layers:
+            env["KVSERVE_ENGINE_N_GPU_LAYERS"] = str(gpu_layers)
         cmd = [
             sys.executable,
             "-m",
@@ -142,6 +151,8 @@ def start(
             str(n_ctx * parallel),
             *(["--no-repack"] if cpu_has_amx() else []),
             *(["-fa", "off"] if name == "llama-server-nofa" else []),
+            "-ngl",  # explicit: llama-server's default offloads what fits to a GPU
+            str(gpu_layers),
         ]
         model_id = model
     else:
