@@ -162,6 +162,7 @@ class Probe:
     and its sampled rows: summed over the steady window afterwards."""
 
     steps: list[tuple[float, float, float, float, int]] = field(default_factory=list)
+    delivers: list[tuple[float, float]] = field(default_factory=list)  # the hand-offs
     decode_s: float = 0.0  # of the step running now
     sample_s: float = 0.0
     rows: int = 0
@@ -176,7 +177,9 @@ class Probe:
                 return inner(*a, **kw)
             finally:
                 t1 = time.perf_counter()
-                if into == "step":
+                if into == "deliver":
+                    probe.delivers.append((t1, t1 - t0))
+                elif into == "step":
                     probe.steps.append((t1, t1 - t0, probe.decode_s, probe.sample_s, probe.rows))
                     probe.decode_s = probe.sample_s = 0.0
                     probe.rows = 0
@@ -191,19 +194,24 @@ class Probe:
         inside = [s for s in self.steps if begin < s[0] <= end]
         rows = max(1, sum(s[4] for s in inside))
         step, decode, sample = (sum(s[i] for s in inside) * 1000 / rows for i in (1, 2, 3))
+        deliver = sum(d for t, d in self.delivers if begin < t <= end) * 1000 / rows
         return {
             "step_ms": round(step, 3),
             "decode_ms": round(decode, 3),
             "sample_ms": round(sample, 3),
             "outside_ms": round(step - decode - sample, 3),
+            "handoff_ms": round(deliver, 3),
         }
 
 
 def install_probe() -> Probe:
     from engine.llama import Context, Sampler
+    from engine.submission import Submitting
     from engine.worker import Worker
 
     probe = Probe()
+    # the engine thread's call_soon_threadsafe of one step's outputs (after the step)
+    probe.wrap(Submitting, "_deliver", "deliver")
     probe.wrap(Worker, "step", "step")
     probe.wrap(Context, "decode", "decode_s")
     probe.wrap(Sampler, "sample", "sample_s")
@@ -237,6 +245,7 @@ async def engine_run(
     try:
         await one(99, 4, [])  # warm-up
         probe.steps.clear()
+        probe.delivers.clear()
         arrivals = Arrivals([[] for _ in range(conc)])
         await asyncio.gather(*(one(i, tokens, arrivals.streams[i]) for i in range(conc)))
     finally:
@@ -283,8 +292,10 @@ def report(conc: int, bare: dict, eng: dict, http: dict | None) -> str:
         f"c={conc}: bare loop {bare['ms']} {unit} (decode {bare['decode_ms']}, "
         f"sample {bare['sample_ms']}, loop {bare['loop_ms']}); kvserve engine {eng['ms']} "
         f"(step {eng['step_ms']} = decode {eng['decode_ms']} + sample {eng['sample_ms']} "
-        f"+ engine's own {eng['outside_ms']})" + (f"; kvserve HTTP {http['ms']}" if http else ""),
-        f"  overhead: engine step outside decode and sampling {eng['outside_ms']} {unit}; "
+        f"+ engine's own {eng['outside_ms']}; then the hand-off {eng['handoff_ms']})"
+        + (f"; kvserve HTTP {http['ms']}" if http else ""),
+        f"  overhead: engine thread outside decode and sampling "
+        f"{eng['outside_ms'] + eng['handoff_ms']:.3f} {unit}; "
         f"engine end to end - bare {eng['ms'] - bare['ms']:.3f}"
         + (f"; HTTP - bare {http['ms'] - bare['ms']:.3f}" if http else ""),
     ]
