@@ -197,6 +197,17 @@ def print_counters(base: str) -> None:
             print("   ", line, file=sys.stderr)
 
 
+def prefix_sources(base: str) -> dict[str, int]:
+    """Where kvserve found each request's prefix (none / slot / ram / disk): on the
+    long-catalogue shape the tiers, not the slots, should carry the later turns."""
+    found: dict[str, int] = {}
+    for line in httpx.get(base.removesuffix("/v1") + "/metrics").text.splitlines():
+        if line.startswith("kvserve_cache_request_sources_total{"):
+            source = line.split('source="', 1)[1].split('"', 1)[0]
+            found[source] = found.get(source, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return found
+
+
 def resolve_shape(args: argparse.Namespace) -> Shape:
     """Fill every workload flag left unset from the named shape; the shape as run."""
     base = SHAPES[args.shape]
@@ -250,6 +261,10 @@ def main() -> None:
             row = {"server": name, **asyncio.run(run_agents(base, model, work, args))}
             if name.startswith("llama-server"):
                 row["build"] = llama_build.peer_server().description
+            else:  # before the cold-rate requests below count into them
+                row["prefix_sources"] = prefix_sources(base)
+                if args.metrics or args.disk_cache:
+                    print_counters(base)
             rates = asyncio.run(cold_rates(base, model, args))
             row["floor_cost_s"] = round(
                 row["floor_tokens"] / rates["prefill_tok_s"]
@@ -257,8 +272,6 @@ def main() -> None:
                 2,
             )
             row.update({k: round(v, 1) for k, v in rates.items()})
-            if (args.metrics or args.disk_cache) and name.startswith("kvserve"):
-                print_counters(base)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -290,6 +303,9 @@ def main() -> None:
             f"{r['ttft_p50_later_s']} s | {r['computed_tokens']} / {r['prompt_tokens']} | "
             f"{r['floor_tokens']} | {r['floor_cost_s']} s |"
         )
+    for r in rows:
+        if "prefix_sources" in r:  # the warm-up request counts as one "none"
+            print(f"{r['server']}: prefixes found in {r['prefix_sources']}")
     print_peer([r["server"] for r in rows])
 
 

@@ -91,3 +91,24 @@ def test_the_catalogue_has_the_tokens_claimed(model: Model, name: str) -> None:
     count = len(model.tokenize(workload(shape).system, add_special=False, parse_special=False))
     low, high = shape.catalogue_tokens
     assert low <= count <= high
+
+
+def test_prefix_sources_are_read_from_the_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "\n".join(
+        [
+            "# TYPE kvserve_cache_request_sources_total counter",
+            'kvserve_cache_request_sources_total{model="m",source="none"} 1.0',
+            'kvserve_cache_request_sources_total{model="m",source="ram"} 7.0',
+            'kvserve_cache_request_sources_total{model="m",source="disk"} 5.0',
+            'kvserve_cache_requests_total{kind="cold",model="m"} 1.0',
+        ]
+    )
+    asked = []
+
+    def get(url: str) -> argparse.Namespace:
+        asked.append(url)
+        return argparse.Namespace(text=text)
+
+    monkeypatch.setattr(agents.httpx, "get", get)
+    assert agents.prefix_sources("http://h:1/v1") == {"none": 1, "ram": 7, "disk": 5}
+    assert asked == ["http://h:1/metrics"]
