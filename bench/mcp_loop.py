@@ -123,11 +123,9 @@ async def run(url: str, mcp_url: str, repeats: int, calls: int) -> None:
                                                             calls))  # fmt: skip
     print(f"{'':12} {'wall s (median)':>16} {'prompt tokens computed':>24} {'calls':>6}")
     for name, rows in results.items():
-        print(
-            f"{name:12} {statistics.median(r[0] for r in rows):16.2f} "
-            f"{statistics.median(r[1] for r in rows):24.0f} "
-            f"{statistics.median(r[2] for r in rows):6.0f}"
-        )
+        print(f"{name:12} {statistics.median(r[0] for r in rows):16.2f} "
+              f"{statistics.median(r[1] for r in rows):24.0f} "
+              f"{statistics.median(r[2] for r in rows):6.0f}")
 
 
 def main() -> None:
