@@ -221,7 +221,8 @@ def _unpack(build: Build) -> None:
     (top,) = tmp.iterdir()  # llama_cpp_python-VERSION/
     top.rename(build.root / "src")
     tmp.rmdir()
-    shutil.rmtree(build.root / "sdist", ignore_errors=True)  # 74 MB nothing reads once src/ is
+    # 74 MB that nothing reads once src/ is there (none at all when $KVSERVE_LLAMA_SDIST gave it)
+    shutil.rmtree(build.root / "sdist", ignore_errors=True)
 
 
 def llama_commit(build: Build) -> str:
