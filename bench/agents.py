@@ -1,6 +1,11 @@
 """Agents that outnumber slots: a shared tool catalogue, a task each, a tool result a turn.
 
     python bench/agents.py --servers kvserve,llama-server --agents 16 --slots 4 --turns 4
+    python bench/agents.py --shape long-catalogue     # 6 x 3 on 2 slots, ~8k-token catalogue
+
+Named shapes (--shape, bench/agent_workloads.py): default (16 agents x 4 turns, 4 slots),
+large (24 x 3, 6 slots), wide (32 x 2, 8 slots), long-catalogue (6 x 3, 2 slots, an
+~8k-token system prompt, kvserve with its RAM and disk tiers); a flag overrides its part.
 
 llama-server is $LLAMA_SERVER when set, else the build of bench/llama_build.py (made once
 from the installed llama-cpp-python's sources); the binary and its flags are printed.
@@ -26,8 +31,10 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,35 +44,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import llama_build  # noqa: E402
+from bench.agent_workloads import SHAPES, Shape, Workload, make_workload, words  # noqa: E402
 from bench.compare import print_peer, start  # noqa: E402
-
-# Plain English-like words, one or two tokens each: syllable pairs.
-HEADS = ("ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "bel", "cor", "dan", "fen")
-TAILS = ("ber", "den", "ga", "lin", "mo", "nor", "ra", "son", "ta", "vel")
-WORDS = [h + t for h in HEADS for t in TAILS]
-
-
-def words(rng: random.Random, count: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(count))
-
-
-def catalogue(rng: random.Random, target_words: int) -> str:
-    """Tool definitions as JSON lines, about `target_words` words in all."""
-    lines, total, i = [], 0, 0
-    while total < target_words:
-        tool = {
-            "name": f"tool_{i}_{rng.choice(WORDS)}",
-            "description": words(rng, 18),
-            "parameters": {
-                "type": "object",
-                "properties": {rng.choice(WORDS): {"type": "string"} for _ in range(3)},
-            },
-        }
-        line = json.dumps(tool)
-        lines.append(line)
-        total += len(line.split()) + 6
-        i += 1
-    return "You are an agent. Call tools by name. Available tools:\n" + "\n".join(lines)
 
 
 @dataclass
@@ -76,24 +56,6 @@ class Turn:
     prompt: int
     computed: int
     completion: int
-
-
-@dataclass
-class Workload:
-    system: str
-    tasks: list[str]
-    results: list[list[str]]  # [agent][turn - 1]: the tool result appended after each turn
-
-
-def make_workload(args: argparse.Namespace) -> Workload:
-    rng = random.Random(args.seed)
-    system = catalogue(rng, args.catalogue_words)
-    tasks = [f"Task {a}: {words(rng, args.task_words)}" for a in range(args.agents)]
-    results = [
-        [f"Tool result: {words(rng, args.result_words)}" for _ in range(args.turns)]
-        for _ in range(args.agents)
-    ]
-    return Workload(system, tasks, results)
 
 
 async def ask(
@@ -235,21 +197,48 @@ def print_counters(base: str) -> None:
             print("   ", line, file=sys.stderr)
 
 
+def prefix_sources(base: str) -> dict[str, int]:
+    """Where kvserve found each request's prefix (none / slot / ram / disk): on the
+    long-catalogue shape the tiers, not the slots, should carry the later turns."""
+    found: dict[str, int] = {}
+    for line in httpx.get(base.removesuffix("/v1") + "/metrics").text.splitlines():
+        if line.startswith("kvserve_cache_request_sources_total{"):
+            source = line.split('source="', 1)[1].split('"', 1)[0]
+            found[source] = found.get(source, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return found
+
+
+def resolve_shape(args: argparse.Namespace) -> Shape:
+    """Fill every workload flag left unset from the named shape; the shape as run."""
+    base = SHAPES[args.shape]
+    for name in ("agents", "turns", "slots", "catalogue_words", "task_words", "result_words",
+                 "reply_tokens", "n_ctx", "disk_cache"):  # fmt: skip
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(base, name))
+    return base
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--servers", default="kvserve,llama-server")
-    p.add_argument("--agents", type=int, default=16)
-    p.add_argument("--slots", type=int, default=4)
-    p.add_argument("--turns", type=int, default=4)
-    # The words are syllable pairs of about 2 tokens each: these defaults make an
+    p.add_argument("--shape", choices=SHAPES, default="default",
+                   help="a named workload (bench/agent_workloads.py); the flags below "
+                        "override its parts")  # fmt: skip
+    # The words are syllable pairs of about 2 tokens each: the default shape makes an
     # ~810-token catalogue, ~160-token tasks and ~42-token tool results (the issue's shape:
     # an 800-token catalogue, 120-word tasks, 30-word results).
-    p.add_argument("--catalogue-words", type=int, default=300, help="about 810 tokens")
-    p.add_argument("--task-words", type=int, default=75, help="about 160 tokens")
-    p.add_argument("--result-words", type=int, default=20, help="about 42 tokens")
-    p.add_argument("--reply-tokens", type=int, default=24)
+    p.add_argument("--agents", type=int)
+    p.add_argument("--slots", type=int)
+    p.add_argument("--turns", type=int)
+    p.add_argument("--catalogue-words", type=int, help="default shape: 300, about 810 tokens")
+    p.add_argument("--task-words", type=int, help="default shape: 75, about 160 tokens")
+    p.add_argument("--result-words", type=int, help="default shape: 20, about 42 tokens")
+    p.add_argument("--reply-tokens", type=int)
+    p.add_argument("--n-ctx", type=int, help="context of one slot, on every server")
+    p.add_argument("--disk-cache", action=argparse.BooleanOptionalAction,
+                   help="kvserve with its disk tier (a fresh directory) beside RAM")  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--json", help="append each server's row to this JSON-lines file")
@@ -260,15 +249,22 @@ def main() -> None:
         help="print kvserve's engine and cache counters after each kvserve run",
     )
     args = p.parse_args()
-    work = make_workload(args)
+    resolve_shape(args)
+    work = make_workload(args.seed, args.agents, args.turns, args.catalogue_words,
+                         args.task_words, args.result_words)  # fmt: skip
     rows = []
     for name in [s for s in args.servers.split(",") if s]:
-        proc, base, model = start(name, args.threads, args.slots)
+        cache_dir = tempfile.mkdtemp(prefix="kvserve-agents-") if args.disk_cache else None
+        proc, base, model = start(name, args.threads, args.slots, args.n_ctx, cache_dir)
         try:
             asyncio.run(ask(base, model, [{"role": "user", "content": "hi"}], 4))  # warm-up
             row = {"server": name, **asyncio.run(run_agents(base, model, work, args))}
             if name.startswith("llama-server"):
                 row["build"] = llama_build.peer_server().description
+            else:  # before the cold-rate requests below count into them
+                row["prefix_sources"] = prefix_sources(base)
+                if args.metrics or args.disk_cache:
+                    print_counters(base)
             rates = asyncio.run(cold_rates(base, model, args))
             row["floor_cost_s"] = round(
                 row["floor_tokens"] / rates["prefill_tok_s"]
@@ -276,25 +272,26 @@ def main() -> None:
                 2,
             )
             row.update({k: round(v, 1) for k, v in rates.items()})
-            if args.metrics and name.startswith("kvserve"):
-                print_counters(base)
         finally:
             proc.terminate()
             proc.wait(30)
+            if cache_dir:
+                shutil.rmtree(cache_dir, ignore_errors=True)
         print(json.dumps(row), file=sys.stderr)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps({**vars(args), **row}) + "\n")
         rows.append(row)
-    shape = (
-        f"{args.agents} agents x {args.turns} turns, {args.slots} slots, "
-        f"{args.catalogue_words}-word catalogue, {args.reply_tokens}-token replies"
+    title = (
+        f"shape {args.shape}: {args.agents} agents x {args.turns} turns, {args.slots} slots, "
+        f"{args.catalogue_words}-word catalogue, {args.reply_tokens}-token replies, "
+        f"n_ctx {args.n_ctx}" + (", kvserve with RAM and disk tiers" if args.disk_cache else "")
     )
-    print(shape)
+    print(title)
     if args.chart:
         from bench.chart import agents_panels
 
-        agents_panels(rows, args.chart, shape)
+        agents_panels(rows, args.chart, title)
     print(
         "| server | wall | TTFT p50 turn 1 | TTFT p50 turns 2+ | computed / prompt tokens "
         "| floor tokens | floor cost |"
@@ -306,6 +303,9 @@ def main() -> None:
             f"{r['ttft_p50_later_s']} s | {r['computed_tokens']} / {r['prompt_tokens']} | "
             f"{r['floor_tokens']} | {r['floor_cost_s']} s |"
         )
+    for r in rows:
+        if "prefix_sources" in r:  # the warm-up request counts as one "none"
+            print(f"{r['server']}: prefixes found in {r['prefix_sources']}")
     print_peer([r["server"] for r in rows])
 
 

@@ -67,12 +67,25 @@ def bench_model() -> tuple[str, str]:
     return path, ModelSection(path=path).id
 
 
-def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str, str]:
+def gpu_layers_wanted() -> int:
+    """Layers every server of a run offloads to the GPU: $BENCH_N_GPU_LAYERS (a CUDA build,
+    bench/gpu_check.sh), else 0: the CPU run all other figures are."""
+    return int(os.environ.get("BENCH_N_GPU_LAYERS") or 0)
+
+
+def start(
+    name: str, threads: int, parallel: int, n_ctx: int = 4096, cache_dir: str | None = None
+) -> tuple[subprocess.Popen, str, str]:
+    """Start server `name` with `parallel` slots of `n_ctx` tokens each; kvserve's disk tier
+    lives in `cache_dir` when given (else it has none: each run starts cold)."""
     port = free_port()
     model, kvserve_id = bench_model()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSERVE_ENGINE_")}
+    gpu_layers = gpu_layers_wanted()
     if name in KVSERVE_VARIANTS:
         env.update(KVSERVE_VARIANTS[name])
+        if gpu_layers:
+            env["KVSERVE_ENGINE_N_GPU_LAYERS"] = str(gpu_layers)
         cmd = [
             sys.executable,
             "-m",
@@ -85,10 +98,15 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             str(parallel),
             "--log-level",
             "warning",
-            "--no-disk-cache",  # each run starts cold, not warm from the last run's disk
+            "--n-ctx",
+            str(n_ctx),
             "--model",
             model,
         ]
+        if cache_dir is None:
+            cmd.append("--no-disk-cache")  # each run starts cold, not warm from the last's disk
+        else:
+            env["KVSERVE_CACHE_DISK_DIR"] = cache_dir
         model_id = kvserve_id
     elif name == "llama_cpp.server":
         peer = str(Path(__file__).resolve().parent / "peer_llama_cpp_server.py")
@@ -104,7 +122,7 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             "--n_threads_batch",
             str(threads),
             "--n_ctx",
-            "4096",
+            str(n_ctx),
             # serve concurrent requests one after another instead of cancelling the
             # running one when the next arrives (the peer's default)
             "--interrupt_requests",
@@ -130,9 +148,11 @@ def start(name: str, threads: int, parallel: int) -> tuple[subprocess.Popen, str
             "-tb",
             str(threads),
             "-c",
-            str(4096 * parallel),
+            str(n_ctx * parallel),
             *(["--no-repack"] if cpu_has_amx() else []),
             *(["-fa", "off"] if name == "llama-server-nofa" else []),
+            "-ngl",  # explicit: llama-server's default offloads what fits to a GPU
+            str(gpu_layers),
         ]
         model_id = model
     else:

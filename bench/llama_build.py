@@ -63,6 +63,24 @@ FLAGS = (
 )
 
 
+# A CUDA build (bench/gpu_check.sh): the same flags plus GGML_CUDA, for one GPU
+# architecture (compute capability without the dot, "90" for Hopper): every
+# architecture's kernels would take most of a device check's 10 minutes to compile.
+# Its own cache tree, since the hash covers the flags.
+CUDA_ENV = "KVSERVE_LLAMA_CUDA"  # the architecture; unset: the CPU build
+
+
+def flags_for(cuda_arch: str | None) -> tuple[str, ...]:
+    if not cuda_arch:
+        return FLAGS
+    return (*FLAGS, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}")
+
+
+def configured_flags() -> tuple[str, ...]:
+    """FLAGS, or the CUDA flags when $KVSERVE_LLAMA_CUDA names an architecture."""
+    return flags_for(os.environ.get(CUDA_ENV) or None)
+
+
 class BuildUnavailable(RuntimeError):
     """This machine has no cmake or no C++ compiler: nothing can be built here."""
 
@@ -109,7 +127,8 @@ def _toolchain() -> tuple[str, str]:
     """(cmake, c++ compiler) paths, or BuildUnavailable."""
     cmake = shutil.which("cmake")
     cxx = shutil.which(os.environ.get("CXX", "")) or shutil.which("c++") or shutil.which("g++")
-    tools = (("cmake", cmake), ("C++ compiler", cxx), ("make", shutil.which("make")))
+    builder = shutil.which("make") or shutil.which("ninja")  # the CUDA image has ninja only
+    tools = (("cmake", cmake), ("C++ compiler", cxx), ("make or ninja", builder))
     missing = [name for name, path in tools if not path]
     if missing:
         raise BuildUnavailable(
@@ -166,8 +185,17 @@ def _run(build: Build, cmd: list[str]) -> None:
         raise BuildFailed(f"{' '.join(cmd)} exited with {code} (log: {log_path}):\n{tail}")
 
 
+SDIST_ENV = "KVSERVE_LLAMA_SDIST"  # a local sdist archive: no download (an offline machine)
+
+
 def _sdist(build: Build) -> Path:
-    """The sdist archive, fetched once per version (pip prepares its metadata: ~1 min)."""
+    """The sdist archive, fetched once per version (pip prepares its metadata: ~1 min),
+    or $KVSERVE_LLAMA_SDIST's."""
+    given = os.environ.get(SDIST_ENV)
+    if given:
+        if f"-{build.version}." not in Path(given).name:
+            raise BuildFailed(f"{SDIST_ENV}={given} is not the sdist of {build.version}")
+        return Path(given)
     found = sorted((build.root / "sdist").glob("llama_cpp_python-*.tar.gz"))
     if found:
         return found[0]
@@ -193,7 +221,8 @@ def _unpack(build: Build) -> None:
     (top,) = tmp.iterdir()  # llama_cpp_python-VERSION/
     top.rename(build.root / "src")
     tmp.rmdir()
-    shutil.rmtree(build.root / "sdist")  # 74 MB that nothing reads once src/ is there
+    # 74 MB that nothing reads once src/ is there (none at all when $KVSERVE_LLAMA_SDIST gave it)
+    shutil.rmtree(build.root / "sdist", ignore_errors=True)
 
 
 def llama_commit(build: Build) -> str:
@@ -214,6 +243,8 @@ def _configure(build: Build) -> None:
     commit = llama_commit(build)
     where = ["-S", str(build.source), "-B", str(build.build_dir)]
     fixed = [f"-DCMAKE_CXX_COMPILER={cxx}", f"-DLLAMA_BUILD_COMMIT={commit}"]
+    if not shutil.which("make"):
+        fixed += ["-G", "Ninja"]
     _run(build, [cmake, *where, *fixed, *build.flags])
     stamp.write_text(json.dumps(list(build.flags)))
 
@@ -294,7 +325,7 @@ def peer_server() -> Peer:
         about = version_of(Path(given)) or "no --version output"
         return Peer(Path(given), f"llama-server: {given} (from LLAMA_SERVER; flags unknown)\n"
                                  f"  {about}")  # fmt: skip
-    build = build_for()
+    build = build_for(flags=configured_flags())
     path = ensure("llama-server", build=build)
     return Peer(path, describe(build, path))
 
@@ -305,8 +336,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--target", action="append", choices=TARGETS, help="default: all")
     p.add_argument("--jobs", "-j", type=int, default=2)
+    p.add_argument("--cuda", metavar="ARCH", default=os.environ.get(CUDA_ENV),
+                   help=f"a CUDA build for this GPU architecture, e.g. 90 (${CUDA_ENV})",
+                   )  # fmt: skip
     args = p.parse_args(argv)
-    build = build_for()
+    build = build_for(flags=flags_for(args.cuda))
     for target in args.target or TARGETS:
         path = ensure(target, jobs=args.jobs, build=build)
         print(describe(build, path))

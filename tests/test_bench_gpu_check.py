@@ -1,0 +1,106 @@
+"""bench/gpu_check.sh's dry run (no GPU, no model): every step is printed, none runs, and
+bench/llama_build.py's CUDA flags."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import llama_build
+
+SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.sh"
+
+
+def dry_run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    scratch, out = tmp_path / "scratch", tmp_path / "out"
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", "--scratch", str(scratch), "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_dry_run_prints_every_step_and_runs_none(tmp_path: Path) -> None:
+    done = dry_run(tmp_path, "--cuda-arch", "86")
+    assert done.returncode == 0, done.stderr
+    steps = [line for line in done.stdout.splitlines() if line.startswith("+ ")]
+    wanted = [
+        "nvidia-smi --query-gpu=name,compute_cap",
+        "-m venv",
+        "pip install -q --upgrade pip",
+        "pip install -q  llama-cpp-python==",
+        "pip install -q  -e '.[test]'",
+        "bench/llama_build.py --cuda 86 --target llama-server",
+        "export LLAMA_CPP_LIB_PATH=",
+        "gpu_offload_supported",
+        "pytest -q -p no:cacheprovider -m model",
+        "bench/compare.py --servers kvserve,llama-server",
+        "bench/agents.py --servers kvserve,llama-server --shape default",
+        "bench/server_cost.py",
+    ]
+    assert len(steps) == len(wanted)
+    for line, part in zip(steps, wanted, strict=True):  # in this order
+        assert part in line, (part, line)
+    assert not (tmp_path / "scratch").exists() and not (tmp_path / "out").exists()
+
+
+def test_pip_cuda_builds_llama_cpp_python_from_the_given_sdist(tmp_path: Path) -> None:
+    sdist = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
+    sdist.write_bytes(b"")
+    done = dry_run(tmp_path, "--pip-cuda", "--sdist", str(sdist), "--quick")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "CMAKE_ARGS='-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90'" in out
+    assert f"--no-binary llama-cpp-python  {sdist}" in out
+    assert "LLAMA_CPP_LIB_PATH" not in out  # the pip build carries its own CUDA libraries
+    assert "--agents 6 --turns 2" in out and "--requests 4" in out
+
+
+def test_offline_wheels_go_to_every_pip_install(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    done = dry_run(tmp_path, "--wheels", str(wheels))
+    installs = [line for line in done.stdout.splitlines() if " pip install" in line]
+    assert len(installs) == 3
+    assert all(f"--no-index --find-links {wheels}" in line for line in installs)
+
+
+def test_an_unknown_option_is_refused(tmp_path: Path) -> None:
+    done = dry_run(tmp_path, "--gpu")
+    assert done.returncode == 2
+    assert "unknown option --gpu" in done.stderr
+
+
+def test_the_cuda_build_has_its_own_flags_and_tree(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert llama_build.flags_for(None) == llama_build.FLAGS
+    cuda = llama_build.flags_for("90")
+    assert cuda[: len(llama_build.FLAGS)] == llama_build.FLAGS
+    assert "-DGGML_CUDA=ON" in cuda and "-DCMAKE_CUDA_ARCHITECTURES=90" in cuda
+    monkeypatch.setenv(llama_build.CUDA_ENV, "90")
+    assert llama_build.configured_flags() == cuda
+    monkeypatch.delenv(llama_build.CUDA_ENV)
+    assert llama_build.configured_flags() == llama_build.FLAGS
+    monkeypatch.setenv("KVSERVE_LLAMA_BUILD_DIR", str(tmp_path))
+    try:
+        cpu, gpu = llama_build.build_for("0.3.36"), llama_build.build_for("0.3.36", cuda)
+    except llama_build.BuildUnavailable:
+        return  # no compiler here: the hash cannot be taken, the flags were checked
+    assert cpu.root != gpu.root  # the hash covers the flags: two cache trees
+
+
+def test_a_given_sdist_of_another_version_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    build = llama_build.Build("0.3.36", llama_build.FLAGS, tmp_path / "tree")
+    monkeypatch.setenv(llama_build.SDIST_ENV, str(tmp_path / "llama_cpp_python-0.3.35.tar.gz"))
+    with pytest.raises(llama_build.BuildFailed, match="not the sdist of 0.3.36"):
+        llama_build._sdist(build)
+    given = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
+    monkeypatch.setenv(llama_build.SDIST_ENV, str(given))
+    assert llama_build._sdist(build) == given
