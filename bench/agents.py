@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import llama_build  # noqa: E402
 from bench.agent_workloads import SHAPES, Shape, Workload, make_workload, words  # noqa: E402
 from bench.compare import print_peer, start  # noqa: E402
+from bench.loadgen import content_of, sse_objects  # noqa: E402
 
 
 @dataclass
@@ -79,12 +80,8 @@ async def ask(
         client.stream("POST", "/chat/completions", json=body) as r,
     ):
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            choices = data.get("choices") or []
-            delta = (choices[0].get("delta") or {}).get("content") if choices else None
+        async for data in sse_objects(r):
+            delta = content_of(data)
             if delta:
                 first = first if first is not None else time.perf_counter() - started
                 text += delta

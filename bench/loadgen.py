@@ -16,6 +16,7 @@ import json
 import statistics
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -63,6 +64,19 @@ class Result:
     error: str = ""
 
 
+async def sse_objects(response: httpx.Response) -> AsyncIterator[dict]:
+    """The JSON objects of a streamed completion's `data:` lines, in order, [DONE] left out."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
+def content_of(data: dict) -> str | None:
+    """A chat chunk's content delta, if it has one."""
+    choices = data.get("choices") or []
+    return (choices[0].get("delta") or {}).get("content") if choices else None
+
+
 async def one_request(
     client: httpx.AsyncClient,
     model: str,
@@ -88,16 +102,12 @@ async def one_request(
         async with client.stream("POST", "/chat/completions", json=body) as r:
             if r.status_code != 200:
                 return Result(False, error=f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
+            async for data in sse_objects(r):
                 if "error" in data:
                     return Result(False, error=str(data["error"])[:200])
                 if data.get("usage"):
                     usage_tokens = data["usage"].get("completion_tokens")
-                choices = data.get("choices") or []
-                if choices and (choices[0].get("delta") or {}).get("content"):
+                if content_of(data):
                     now = time.perf_counter()
                     if first is None:
                         first = now

@@ -41,6 +41,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.compare import start  # noqa: E402
+from bench.loadgen import content_of, sse_objects  # noqa: E402
 from engine.settings import EngineSettings  # noqa: E402
 
 QUESTION = "Write a long story about a lighthouse keeper and the sea, part {i}."
@@ -267,12 +268,8 @@ async def http_run(base: str, model: str, conc: int, tokens: int) -> dict:
             client.stream("POST", "/chat/completions", json=body) as r,
         ):
             r.raise_for_status()
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
-                choices = data.get("choices") or []
-                if choices and (choices[0].get("delta") or {}).get("content"):
+            async for data in sse_objects(r):
+                if content_of(data):
                     chunks.append(time.perf_counter())
                 if data.get("usage"):
                     completion = int(data["usage"]["completion_tokens"])

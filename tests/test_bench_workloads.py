@@ -11,7 +11,7 @@ import pytest
 from bench import agents
 from bench.agent_workloads import SHAPES, Shape, longest_prompt_words, make_workload
 from engine.llama import Model
-from server.config import default_model_path
+from server.config.tree import default_model_path
 
 # Measured with SmolLM2's tokenizer on every shape's catalogue: 2.89-2.90 characters a
 # token (the model test below checks the tokens themselves). 10% either way.
