@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from engine.types import GenerateRequest, InvalidRequestError, ModelInfo
+from engine.types import GenerateRequest, InvalidRequestError, ModelInfo, SamplingParams
 
 
 def validate(request: GenerateRequest, info: ModelInfo) -> None:
@@ -45,7 +45,12 @@ def validate(request: GenerateRequest, info: ModelInfo) -> None:
             raise InvalidRequestError(f"unknown LoRA adapter '{adapter_id}'", param="lora")
         if not math.isfinite(scale):
             raise InvalidRequestError("a LoRA scale must be a finite number", param="lora")
-    for token, _ in request.sampling.logit_bias:
+    check_logit_bias(request.sampling, info)
+
+
+def check_logit_bias(sampling: SamplingParams, info: ModelInfo) -> None:
+    """Every biased token must be in the vocabulary (llama.cpp indexes the logits by it)."""
+    for token, _ in sampling.logit_bias:
         if token < 0 or token >= info.n_vocab:
             raise InvalidRequestError(
                 f"logit_bias names token {token}, outside [0, {info.n_vocab})",

@@ -37,6 +37,7 @@ from engine.types import (
     TokenLogprob,
     TopLogprob,
 )
+from engine.validation import check_logit_bias
 
 PIECES = [bytes([i]) for i in range(256)] + [b""] * 4
 EOS = 256
@@ -150,6 +151,7 @@ class FakeEngine:
                     param="messages" if r.max_tokens is None else "max_tokens",
                     code="context_length_exceeded",
                 )
+            check_logit_bias(r.sampling, self._info)  # the engine's own rule
             if r.sampling.grammar is not None and "root" not in r.sampling.grammar:
                 raise InvalidRequestError("invalid grammar: no root rule", param="grammar")
         if self.outstanding + len(requests) > self.capacity:

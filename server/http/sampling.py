@@ -55,14 +55,16 @@ def sampling_params(body: RequestSampling, info: ModelInfo) -> SamplingParams:
     if body.dry_sequence_breakers is not None:
         values["dry_sequence_breakers"] = body.dry_sequence_breakers
     if body.logit_bias:
-        values["logit_bias"] = tuple(_logit_bias(body.logit_bias, info.n_vocab))
+        values["logit_bias"] = tuple(_logit_bias(body.logit_bias))
     if body.seed is not None:
         values["seed"] = body.seed & 0xFFFFFFFF
     # OpenAI's default temperature is 1.0, as is the engine's.
     return SamplingParams(**values)  # type: ignore[arg-type]
 
 
-def _logit_bias(raw: tuple[tuple[str, float], ...], n_vocab: int) -> list[tuple[int, float]]:
+def _logit_bias(raw: tuple[tuple[str, float], ...]) -> list[tuple[int, float]]:
+    """The keys as token ids. Whether each id is in the vocabulary is the engine's rule
+    (engine/validation.py), checked once, with every other limit of the model."""
     out = []
     for key, bias in raw:
         try:
@@ -71,10 +73,6 @@ def _logit_bias(raw: tuple[tuple[str, float], ...], n_vocab: int) -> list[tuple[
             raise BadRequest(
                 f"logit_bias keys must be token ids; got {key!r}", param="logit_bias"
             ) from None
-        if not 0 <= token < n_vocab:
-            raise BadRequest(
-                f"logit_bias names token {token}, outside [0, {n_vocab})", param="logit_bias"
-            )
         out.append((token, float(bias)))
     return out
 

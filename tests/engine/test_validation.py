@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from engine.types import GenerateRequest, InvalidRequestError, ModelInfo
+from engine.types import GenerateRequest, InvalidRequestError, ModelInfo, SamplingParams
 from engine.validation import validate
 
 INFO = ModelInfo("m", "/m.gguf", 512, 512, 100, 8, 4, None, "", "", False)
@@ -21,3 +21,12 @@ def test_speculative_is_refused_where_it_would_change_the_tokens() -> None:
     validate(GenerateRequest("r", (1, 2, 3), speculative=False), no_flash)
     validate(GenerateRequest("r", (1, 2, 3)), no_flash)
     validate(GenerateRequest("r", (1, 2, 3), speculative=True), INFO)
+
+
+def test_a_logit_bias_token_outside_the_vocabulary_is_refused() -> None:
+    # Moved from tests/server/http/test_sampling.py: the range is checked here only.
+    sampling = SamplingParams(logit_bias=((100, 1.0),))
+    with pytest.raises(InvalidRequestError) as err:
+        validate(GenerateRequest("r", (1, 2, 3), sampling=sampling), INFO)
+    assert err.value.param == "logit_bias"
+    validate(GenerateRequest("r", (1, 2, 3), sampling=SamplingParams(logit_bias=((99, 1.0),))), INFO)
