@@ -103,15 +103,19 @@ def test_the_readme_links_into_every_docs_page() -> None:
     assert docs - linked == set()
 
 
-@pytest.mark.parametrize(("heading", "anchor"), [
-    ("Responses API (`POST /v1/responses`)", "responses-api-post-v1responses"),
-    ("Reuse, and exact reuse", "reuse-and-exact-reuse"),
-    ("Against llama-server and llama_cpp.server", "against-llama-server-and-llama_cppserver"),
-    ("Model management in Ollama's shapes", "model-management-in-ollamas-shapes"),
-    ("Calls cut off by `max_tokens`", "calls-cut-off-by-max_tokens"),
-    ("deploy/: the whole stack with docker compose", "deploy-the-whole-stack-with-docker-compose"),
-    ("The [CLI](cli.md) and **more**", "the-cli-and-more"),
-])
+# Headings of these docs (and two made up) with the anchors GitHub gives them.
+ANCHORS = {
+    "Responses API (`POST /v1/responses`)": "responses-api-post-v1responses",
+    "Reuse, and exact reuse": "reuse-and-exact-reuse",
+    "Against llama-server and llama_cpp.server": "against-llama-server-and-llama_cppserver",
+    "Model management in Ollama's shapes": "model-management-in-ollamas-shapes",
+    "Calls cut off by `max_tokens`": "calls-cut-off-by-max_tokens",
+    "deploy/: the whole stack with docker compose": "deploy-the-whole-stack-with-docker-compose",
+    "The [CLI](cli.md) and **more**": "the-cli-and-more",
+}
+
+
+@pytest.mark.parametrize(("heading", "anchor"), ANCHORS.items())
 def test_anchors_follow_githubs_rules(heading: str, anchor: str) -> None:
     assert github_anchor(heading) == anchor
 

@@ -149,6 +149,11 @@ class ServerError(APIError):
     type = "server_error"
 
 
+class BadGateway(APIError):
+    status = 502
+    type = "server_error"
+
+
 class ServiceUnavailable(APIError):
     status = 503
     type = "service_unavailable"
@@ -157,6 +162,11 @@ class ServiceUnavailable(APIError):
 class GatewayTimeout(APIError):
     status = 504
     type = "timeout"
+
+
+class InsufficientStorage(APIError):
+    status = 507
+    type = "server_error"
 
 
 class ClientDisconnected(Exception):

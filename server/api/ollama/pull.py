@@ -22,7 +22,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from server.api.ollama.models import name_field, ollama_name, read_object
-from server.http.errors import APIError, BadRequest, NotFound, Unsupported
+from server.http.errors import (
+    APIError,
+    BadGateway,
+    BadRequest,
+    InsufficientStorage,
+    NotFound,
+    Unsupported,
+)
 from server.models import hub
 from server.models.hub_models import HubModelError, HubModels, HubName
 from server.models.management import require_manager
@@ -33,16 +40,6 @@ router = APIRouter()
 
 _FIELDS = {"model", "name", "stream", "insecure"}
 _POLL_S = 0.25
-
-
-class BadGateway(APIError):
-    status = 502
-    type = "server_error"
-
-
-class InsufficientStorage(APIError):
-    status = 507
-    type = "server_error"
 
 
 @router.post("/api/pull", dependencies=[Depends(require_manager)])

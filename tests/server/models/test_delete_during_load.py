@@ -17,6 +17,7 @@ from engine.engine import EngineState
 from server.app import create_app
 from server.config.tree import HubSection, LoadingSection, ModelSection, Settings
 from tests.fakes import FakeEngine
+from tests.helpers.waiting import until
 
 NAME = "hf.co/kvtest/tiny-GGUF:Q8_0"
 CHAT = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -77,14 +78,6 @@ async def _client(app: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
 
 
-async def _until(check: Any) -> None:
-    for _ in range(500):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("timed out waiting")
-
-
 @pytest.mark.parametrize("by", ["load route", "request"])
 async def test_delete_and_unload_during_a_load_are_refused_and_the_load_serves(
     app: Any, by: str
@@ -98,7 +91,7 @@ async def test_delete_and_unload_during_a_load_are_refused_and_the_load_serves(
             chat = asyncio.create_task(c.post("/v1/chat/completions", json=CHAT))
         else:
             chat = asyncio.create_task(c.post(f"/v1/models/{NAME}/load"))
-        await _until(lambda: engine.state is EngineState.LOADING)
+        await until(lambda: engine.state is EngineState.LOADING)
         r = await c.request("DELETE", "/api/delete", json={"model": NAME})
         assert r.status_code == 409, r.text
         assert "loading" in r.json()["error"] and r.headers["retry-after"] == "5"
@@ -124,12 +117,12 @@ async def test_a_request_arriving_during_the_delete_loads_nothing(app: Any) -> N
         assert engine.state is EngineState.READY and engine.num_starts == 1
         engine.stopped.clear()  # the delete's unload now waits for the engine thread
         delete = asyncio.create_task(c.request("DELETE", "/api/delete", json={"model": NAME}))
-        await _until(lambda: engine.state is EngineState.UNLOADED)
+        await until(lambda: engine.state is EngineState.UNLOADED)
         chat = asyncio.create_task(c.post("/v1/chat/completions", json=CHAT))
-        await _until(lambda: served.in_flight == 1)  # in the gate, waiting for its model
+        await until(lambda: served.in_flight == 1)  # in the gate, waiting for its model
         engine.closing.clear()
         engine.stopped.set()
-        await _until(lambda: app.state.models.get(NAME) is None)  # dropped, file still there
+        await until(lambda: app.state.models.get(NAME) is None)  # dropped, file still there
         # A rescan now (the hub cache is followed) must not serve the file again.
         names = [m["name"] for m in (await c.get("/api/tags")).json()["models"]]
         assert names == ["fake-model:latest"]

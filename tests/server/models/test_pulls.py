@@ -22,6 +22,7 @@ from server.app import create_app
 from server.config.tree import ConfigError, HubSection, ModelSection, Settings, load_settings
 from tests.fakes import FakeEngine
 from tests.helpers.hub_standin import HubFile, StandIn, fake_gguf, serving
+from tests.helpers.waiting import until
 
 REPO = "kvtest/tiny-GGUF"
 QUANTS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0")
@@ -84,20 +85,12 @@ def _pull(c: httpx.AsyncClient, quant: str, stream: bool = False) -> Any:
     return c.post("/api/pull", json={"model": f"hf.co/{REPO}:{quant}", "stream": stream})
 
 
-async def _until(check: Any) -> None:
-    for _ in range(1000):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("timed out waiting")
-
-
 async def test_pulls_in_flight_leave_generation_alone_and_one_more_is_refused(
     tmp_path: Path, hub: StandIn, small_default_pool: None
 ) -> None:
     async with _client(tmp_path, max_concurrent_pulls=LIMIT) as c:
         pulls = [asyncio.create_task(_pull(c, q)) for q in QUANTS[:LIMIT]]
-        await _until(lambda: len(hub.downloads) == LIMIT)  # every one is downloading
+        await until(lambda: len(hub.downloads) == LIMIT, 10.0)  # every one is downloading
         # A prompt long enough to be tokenized off the event loop (asyncio's pool).
         long = {"role": "user", "content": "word " * 5000}
         body = {"model": "fake-model", "messages": [long], "max_tokens": 3}
@@ -158,7 +151,7 @@ async def test_a_pull_larger_than_the_free_space_or_beside_one_in_flight_is_refu
         assert "293.0 KiB free" in r.json()["error"] and hub.downloads == []
         free["bytes"] = size + size // 2  # one fits, not two at once
         first = asyncio.create_task(_pull(c, "Q4_0"))
-        await _until(lambda: hub.downloads == ["tiny-Q4_0.gguf"])
+        await until(lambda: hub.downloads == ["tiny-Q4_0.gguf"], 10.0)
         r = await _pull(c, "Q8_0")
         assert r.status_code == 507 and "pulls under way will write" in r.json()["error"]
         assert hub.hold is not None
