@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -56,6 +57,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadGroupScheduling
 
     class ModelTestsOnOneWorker(LoadGroupScheduling):
+        def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:
+            # Scope scheduling keys its work by node id, but schemathesis's generated tests
+            # (one per API operation) share one: the repeats get a suffix of their own,
+            # else all but one of them would silently not run.
+            seen: collections.Counter[str] = collections.Counter()
+            unique = []
+            for nodeid in collection:
+                unique.append(f"{nodeid}#{seen[nodeid]}" if seen[nodeid] else nodeid)
+                seen[nodeid] += 1
+            super().add_node_collection(node, unique)
+
         def _split_scope(self, nodeid: str) -> str:
             # xdist hands out the largest unit first: the model tests start at once
             folders = nodeid.split("::")[0].split("/")  # tests/<layer>/...
