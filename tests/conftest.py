@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -23,10 +22,6 @@ pytest_plugins = ["tests.helpers.family_models"]
 LAYER_MARKERS = {"e2e": "e2e", "integration": "integration", "reliability": "model"}
 
 
-# The folders whose tests run the real default model (all of them, and only those).
-MODEL_LAYERS = ("e2e", "integration", "reliability")
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = item.path.parts
@@ -36,46 +31,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(marker)
         if layer in ("e2e", "integration"):
             item.add_marker("model")  # both run the real default model
-        if item.get_closest_marker("model") is not None and layer not in MODEL_LAYERS:
-            # the scheduler below finds the model tests by their folder
-            raise pytest.UsageError(f"{item.nodeid}: a model test outside {MODEL_LAYERS}")
-
-
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under pytest-xdist (`-n auto`, as .ci/run runs the suite) every test on the real model
-    goes to one worker, in collection order as in a serial run, and the tests without a
-    model are spread over the workers, so they run beside it. Why one worker: llama.cpp's
-    threads spin while they compute, so two workers that both run the model on 2 cores
-    wait on each other's time slices; the reliability tests share one server (package
-    scope) and their timing assumes that nothing else runs the model beside them; the
-    e2e modules' servers are module-scoped. (xdist's own `xdist_group` mark cannot do
-    this here: its loadgroup rewrites `item._nodeid`, which pytest 9.2's nodes no longer
-    read.)"""
-    if config.getoption("dist") not in ("load", "loadgroup"):
-        return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    class ModelTestsOnOneWorker(LoadGroupScheduling):
-        def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:
-            # Scope scheduling keys its work by node id, but schemathesis's generated tests
-            # (one per API operation) share one: the repeats get a suffix of their own,
-            # else all but one of them would silently not run.
-            seen: collections.Counter[str] = collections.Counter()
-            unique = []
-            for nodeid in collection:
-                unique.append(f"{nodeid}#{seen[nodeid]}" if seen[nodeid] else nodeid)
-                seen[nodeid] += 1
-            super().add_node_collection(node, unique)
-
-        def _split_scope(self, nodeid: str) -> str:
-            # xdist hands out the largest unit first: the model tests start at once
-            folders = nodeid.split("::")[0].split("/")  # tests/<layer>/...
-            if len(folders) > 2 and folders[1] in MODEL_LAYERS:
-                return "model"
-            return super()._split_scope(nodeid)
-
-    return ModelTestsOnOneWorker(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
