@@ -30,10 +30,3 @@ def test_quantization_names() -> None:
     assert quantization_name(1024 | 2) == "Q4_0"  # guessed by llama.cpp: still named
     assert quantization_name(999) == "ftype 999"
 
-
-def test_ollama_names_the_quantization_as_ollama_does() -> None:
-    from server.api.ollama.show import quantization_level
-
-    assert quantization_level(38) == "MXFP4"  # llama.cpp: MXFP4_MOE
-    assert quantization_level(7) == "Q8_0" and quantization_level(999) == "999"
-    assert quantization_level("") == ""  # no general.file_type in the file

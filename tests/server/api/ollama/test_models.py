@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from engine.engine import EngineState
+from server.api.ollama.show import quantization_level
 from server.app import create_app
 from server.config.tree import AuthSection, HubSection, ModelSection, Settings
 from tests.fakes import FakeEngine
@@ -215,3 +216,9 @@ async def test_a_model_in_use_is_not_deleted(client: httpx.AsyncClient, hub: Sta
     assert r.status_code == 409 and "in flight" in r.json()["error"]
     served.in_flight = 0
     assert Path(served.path).exists()
+
+
+def test_ollama_names_the_quantization_as_ollama_does() -> None:
+    assert quantization_level(38) == "MXFP4"  # llama.cpp: MXFP4_MOE
+    assert quantization_level(7) == "Q8_0" and quantization_level(999) == "999"
+    assert quantization_level("") == ""  # no general.file_type in the file
