@@ -13,6 +13,9 @@ Or pass --base-url NAME=URL for any server you started yourself.
 kvserve variants add one setting to the defaults: kvserve-exact (exact_reuse on),
 kvserve-spec (speculative decoding on by default), kvserve-fa / kvserve-nofa (flash attention
 on / off), kvserve-q8 (a q8_0 KV cache); llama-server-nofa is llama-server with `-fa off`.
+A kvserve name ending in `@DIR` runs the code of the checkout at DIR, for an A/B in one run:
+    git worktree add /tmp/base 8f3b5ea
+    python bench/compare.py --servers kvserve@/tmp/base,kvserve,llama-server --rounds 3
 """
 
 from __future__ import annotations
@@ -77,8 +80,11 @@ def start(
     name: str, threads: int, parallel: int, n_ctx: int = 4096, cache_dir: str | None = None
 ) -> tuple[subprocess.Popen, str, str]:
     """Start server `name` with `parallel` slots of `n_ctx` tokens each; kvserve's disk tier
-    lives in `cache_dir` when given (else it has none: each run starts cold)."""
+    lives in `cache_dir` when given (else it has none: each run starts cold). A kvserve name
+    may end in `@DIR`: that checkout's code is run (an A/B against another commit, e.g. a
+    `git worktree` of it), on this environment's packages."""
     port = free_port()
+    name, _, source = name.partition("@")
     model, kvserve_id = bench_model()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSERVE_ENGINE_")}
     gpu_layers = gpu_layers_wanted()
@@ -157,8 +163,14 @@ def start(
         model_id = model
     else:
         raise ValueError(name)
-    log = open(f"/tmp/bench-{name}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if source and name not in KVSERVE_VARIANTS:
+        raise ValueError(f"{name}@{source}: only kvserve's variants run from another checkout")
+    log_name = name + (f"@{Path(source).name}" if source else "")
+    log = open(f"/tmp/bench-{log_name}.log", "w")  # noqa: SIM115
+    # `python -m server` imports from its working directory first
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=source or None
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
