@@ -41,10 +41,12 @@ RUN apt-get update \
  && useradd --system --uid 10001 --gid kvserve --home-dir /home/kvserve --create-home kvserve \
  && mkdir -p /var/cache/kvserve /etc/kvserve \
  && chown kvserve:kvserve /var/cache/kvserve
-COPY --from=builder /wheels /tmp/wheels
-RUN python -m venv /opt/kvserve \
- && /opt/kvserve/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels 'kvserve[tracing]' \
- && rm -rf /tmp/wheels
+# The builder's wheels are mounted for this one step, not copied: a COPY is a layer of its
+# own that stays in the image even after the next step deletes the files (and with the
+# vfs driver of the Docker test every layer is a full copy of the filesystem below it).
+RUN --mount=type=bind,from=builder,source=/wheels,target=/tmp/wheels \
+    python -m venv /opt/kvserve \
+ && /opt/kvserve/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheels 'kvserve[tracing]'
 # Configuration: mount a TOML file (-v ./kvserve.toml:/etc/kvserve/kvserve.toml:ro and
 # add `--config /etc/kvserve/kvserve.toml`) or set KVSERVE_<SECTION>_<KEY> variables.
 ENV PATH=/opt/kvserve/bin:$PATH \

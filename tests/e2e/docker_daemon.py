@@ -11,14 +11,20 @@ The daemon's data root persists (KVSERVE_DOCKER_ROOT, default /var/tmp/kvserve-d
 so the base image and BuildKit's cache (pip's cache mount) survive between runs; the
 llama-cpp-python wheel the host already built is handed to the build in .wheels/.
 With vfs every layer is a full copy of the filesystem below it, so each run's image and
-its superseded build cache cost several GB: `prune` (before the build and after the
-tests) keeps only the two base images and BuildKit's most recently used cache.
+its superseded build cache cost several GB: `prune` (before a build and after it) keeps
+only the base images, the test image and BuildKit's most recently used cache.
+
+The build is skipped when nothing under the image changed: the test image carries a
+label with the digest of everything it was built from (the build context, the test base's
+Dockerfile and CA bundle, the debootstrapped image's id), and a run whose digest matches
+the image's uses it as it is: no base layer, no build, no prune.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
 import shutil
 import ssl
@@ -39,6 +45,8 @@ DATA_ROOT = Path(os.environ.get("KVSERVE_DOCKER_ROOT", "/var/tmp/kvserve-docker"
 DEBOOTSTRAP_IMAGE = "kvserve-debootstrap:bookworm"
 BASE_IMAGE = "kvserve-test-base:bookworm"
 IMAGE = "kvserve:test"
+# The label on IMAGE with the digest of what it was built from (image_digest).
+DIGEST_LABEL = "kvserve.test.inputs"
 # BuildKit's cache kept between runs (pip's cache mount and the latest layers); more, at
 # vfs's full copy per layer, filled a 100 GB disk in about ten runs.
 BUILD_CACHE_KEEP = "1500mb"
@@ -112,10 +120,11 @@ def daemon(log_dir: Path) -> Iterator[Docker]:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def prune(docker: Docker) -> None:
-    """Drop the test image, dangling images and BuildKit's cache beyond BUILD_CACHE_KEEP;
-    the base images stay (debootstrap takes minutes)."""
-    docker.run("image", "rm", "-f", IMAGE, check=False)
+def prune(docker: Docker, *, keep_image: bool) -> None:
+    """Drop dangling images and BuildKit's cache beyond BUILD_CACHE_KEEP, and the test image
+    unless `keep_image`; the base images stay (debootstrap takes minutes)."""
+    if not keep_image:
+        docker.run("image", "rm", "-f", IMAGE, check=False)
     docker.run("image", "prune", "-f")
     docker.run("builder", "prune", "-f", "--keep-storage", BUILD_CACHE_KEEP, timeout=600)
 
@@ -128,8 +137,8 @@ def check_free_space() -> None:
     )
 
 
-def ensure_base(docker: Docker, work: Path) -> None:
-    """The debootstrapped Debian (once per data root), then the CA layer over it."""
+def ensure_debootstrap(docker: Docker, work: Path) -> None:
+    """The debootstrapped Debian, once per data root."""
     if not docker.has_image(DEBOOTSTRAP_IMAGE):
         rootfs = work / "rootfs"
         subprocess.run(
@@ -143,10 +152,19 @@ def ensure_base(docker: Docker, work: Path) -> None:
             docker.run("import", "-", DEBOOTSTRAP_IMAGE, stdin=tar.stdout, timeout=600)
         assert tar.returncode == 0
         shutil.rmtree(rootfs, ignore_errors=True)
+
+
+def base_context(work: Path) -> Path:
+    """The test base's build context: its Dockerfile and this machine's CA bundle."""
     context = work / "base"
     context.mkdir()
     shutil.copy(ROOT / "tests" / "e2e" / "docker" / "base.Dockerfile", context / "Dockerfile")
     shutil.copy(ca_bundle(), context / "ca-certificates.crt")
+    return context
+
+
+def build_base(docker: Docker, context: Path) -> None:
+    """The CA layer over the debootstrapped Debian (BASE_IMAGE)."""
     docker.run("build", "--network", "host", "-t", BASE_IMAGE, str(context), timeout=600)
 
 
@@ -165,8 +183,8 @@ def host_wheels() -> list[str]:
     return sorted(glob.glob(pattern, recursive=True))[:1]
 
 
-def build_image(docker: Docker, work: Path) -> float:
-    """Build the project's Dockerfile as it is (base image: the test base); seconds."""
+def image_context(work: Path) -> Path:
+    """The project's build context: what the Dockerfile copies, and the host's wheel."""
     context = work / "context"
     context.mkdir()
     for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md"):
@@ -177,12 +195,39 @@ def build_image(docker: Docker, work: Path) -> float:
     (context / ".wheels").mkdir()
     for wheel in host_wheels():
         shutil.copy(wheel, context / ".wheels")
+    return context
+
+
+def inputs_digest(docker: Docker, *contexts: Path) -> str:
+    """sha256 over what the test image is built from: the debootstrapped image's id (none
+    yet: a digest no image carries) and every file of the build contexts, name and bytes."""
+    digest = hashlib.sha256()
+    found = docker.run("image", "inspect", "-f", "{{.Id}}", DEBOOTSTRAP_IMAGE, check=False)
+    digest.update(found.stdout.strip().encode() if found.returncode == 0 else b"none")
+    for context in contexts:
+        for path in sorted(p for p in context.rglob("*") if p.is_file()):
+            digest.update(f"\0{context.name}/{path.relative_to(context)}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def image_digest(docker: Docker) -> str | None:
+    """The digest label of the test image there is, or None (no image, or no label)."""
+    template = "{{index .Config.Labels \"" + DIGEST_LABEL + "\"}}"
+    found = docker.run("image", "inspect", "-f", template, IMAGE, check=False)
+    label = found.stdout.strip()
+    return label if found.returncode == 0 and label and label != "<no value>" else None
+
+
+def build_image(docker: Docker, context: Path, digest: str) -> float:
+    """Build the project's Dockerfile as it is (base image: the test base), labelled with
+    its inputs' digest (the label is the build's, not the Dockerfile's); seconds."""
     start = time.monotonic()
     result = docker.run(
         "build", "--network", "host", "--progress", "plain",
-        "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", "-t", IMAGE, str(context),
-        timeout=2400, check=False,
+        "--build-arg", f"PYTHON_IMAGE={BASE_IMAGE}", "--label", f"{DIGEST_LABEL}={digest}",
+        "-t", IMAGE, str(context), timeout=2400, check=False,
     )
-    (work / "build.log").write_text(result.stdout + result.stderr)
+    (context.parent / "build.log").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return time.monotonic() - start

