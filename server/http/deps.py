@@ -1,13 +1,17 @@
 """Request-scoped dependencies: the model a request names (its engine and template), the
-API-key check."""
+API-key check, and what the model gate (server/models/gate.py) hands the route: the model
+it resolved and the JSON body it parsed, so that neither is done twice on one request."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.routing import APIRoute
+from starlette.types import Scope
 
 from chat.template import ChatTemplate
 from engine.client import EngineLike, EngineState, check_session_id, salt_of_prefix
@@ -52,6 +56,38 @@ def gated_model(request: Request, name: str) -> ServedModel | None:
     if found is not None and found[0] == name:
         return found[1]  # type: ignore[no-any-return]
     return None
+
+
+# Where the gate leaves the body it parsed: a one-item tuple, so that a JSON `null` is a
+# value too. Where it parsed none (a route it does not gate, bad JSON, a body too deep for
+# the parser), the route parses the body itself and answers its own 400.
+GATED_BODY = "gated_body"
+
+
+def leave_gated_body(scope: Scope, value: Any) -> None:
+    scope.setdefault("state", {})[GATED_BODY] = (value,)
+
+
+class _GatedRequest(Request):
+    async def json(self) -> Any:
+        parsed = self.scope.get("state", {}).get(GATED_BODY)
+        if parsed is None:
+            return await super().json()
+        return parsed[0]
+
+
+class GatedRoute(APIRoute):
+    """The route class of the gated APIs' routers: FastAPI's handler asks its Request for
+    `json()`, and this one answers with what the gate parsed (FastAPI's documented way to
+    give a route its own Request class)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def with_gated_body(request: Request) -> Response:
+            return await handler(_GatedRequest(request.scope, request.receive))
+
+        return with_gated_body
 
 
 def resolve_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:

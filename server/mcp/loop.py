@@ -34,9 +34,8 @@ from server.mcp.config import McpSection
 from server.mcp.outcome import CallOutcome
 from server.mcp.toolset import Toolset
 from server.serving.drive import steps
-from server.serving.output import ParsedCall, ParsedOutput
 from server.serving.prepare import Prepared
-from server.serving.state import Choice
+from server.serving.state import Choice, ParsedCall, ParsedOutput
 from server.telemetry import tracing
 
 Prepare = Callable[[list[dict[str, Any]], ChatOptions], Awaitable[Prepared]]

@@ -7,12 +7,13 @@ it (so it is not unloaded under it: an unload frees the vocabulary a tokenize re
 marks it used (idle unloads count from the last request), and when the model is not
 ready has the loader load it, unless the route would refuse the request anyway: a bad
 key, a body its request model refuses, a `keep_alive` the caller may not set (nothing is
-loaded for a request that is answered 4xx). `/api/show` is not gated: it reads what the
-model's file says and loads nothing. A plain request simply waits; a stream (`"stream":
-true`) gets its 200 and SSE comment lines (`: loading ...`) at once, every second, so
-that clients and proxies see the connection alive, and then the route's own events. A
-load that fails or outlasts `loading.wait_s` answers 503 with Retry-After (a stream
-that has started gets one `error` event instead). Routes stay unaware of all this.
+loaded for a request that is answered 4xx). The route reads the body as the gate parsed
+it (deps.GatedRoute) rather than parsing it again. `/api/show` is not gated: it
+reads what the model's file says and loads nothing. A plain request simply waits; a
+stream (`"stream": true`) gets its 200 and SSE comment lines (`: loading ...`) at once,
+every second, so that clients and proxies see the connection alive, and then the route's
+own events. A load that fails or outlasts `loading.wait_s` answers 503 with Retry-After (a
+stream that has started gets one `error` event instead). Routes stay unaware of all this.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ from server.api.ollama.protocol import (
     OllamaGenerateRequest,
 )
 from server.api.responses.protocol import ResponsesRequest
-from server.http.deps import GATED_MODEL, require_api_key
+from server.http.deps import GATED_MODEL, leave_gated_body, require_api_key
 from server.http.errors import APIError, Unauthorized
 from server.models.keep_alive import keep_alive_refusal
-from server.models.names import resolve_ollama_model
+from server.models.served import resolve_ollama_model
 
 if TYPE_CHECKING:
     from server.models.loader import ModelLoader
@@ -102,6 +103,9 @@ class ModelGate:
             fields = json.loads(body) if body else None
         except (ValueError, RecursionError):  # the route answers bad JSON with a 400
             fields = None
+        else:
+            if body:  # the route reads this instead of parsing the body again
+                leave_gated_body(scope, fields)
         served: ServedModel | None
         name: Any = None  # the model's name in the body (none for the default model's paths)
         if path in DEFAULT_MODEL_PATHS:

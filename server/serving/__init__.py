@@ -4,8 +4,8 @@
   engine requests; template and tool errors become 400s naming the field.
 - `drive`: run a `Generation` to its end or as increments; disconnect -> abort, then
   ClientDisconnected, which server/http/errors.py answers once for every API (499).
-- `state`: one choice's accumulated result and its incremental parse state.
-- `output`: the parsed output (content, reasoning, tool calls) every API reads its answer from.
+- `state`: one choice's accumulated result and its incremental parse state, and the
+  parsed output (content, reasoning, tool calls) every API reads its answer from.
 - `request_sampling`: a request's sampling fields as a plain frozen record (pydantic stops
   at the protocol models, which build it).
 - `events`: increments -> parsed steps per choice (content, reasoning, complete calls,

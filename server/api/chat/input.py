@@ -9,7 +9,7 @@ from chat.plan import ChatOptions, OutputParser
 from chat.tools import tool_choice
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.common import function_tool
-from server.serving.output import ParsedOutput, openai_calls, parsed
+from server.serving.state import ParsedOutput, openai_calls, parsed
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:

@@ -18,7 +18,6 @@ from fastapi import Request
 
 from server.api.chat.input import chat_message, chat_messages, chat_options, stream_deltas
 from server.api.chat.protocol import ChatCompletionRequest
-from server.api.common import McpToolChoice
 from server.http.deps import Caller, resolve_model
 from server.http.errors import APIError, BadRequest, Unsupported
 from server.mcp.loop import CallDone, Finished, LoopSpec, Output, RoundDone, run_loop
@@ -27,13 +26,7 @@ from server.mcp.toolset import McpRef, Toolset
 from server.mcp.turn import check_mcp_choice, loop_prepare, loop_session, mcp_turn
 from server.serving import sse
 from server.serving.drive import new_id, now, until_disconnect
-from server.serving.output import ParsedOutput
-from server.serving.state import chat_finish_text
-
-
-def chat_has_mcp(body: ChatCompletionRequest) -> bool:
-    return (any(t.type == "mcp" for t in body.tools or [])
-            or isinstance(body.tool_choice, McpToolChoice))  # fmt: skip
+from server.serving.state import ParsedOutput, chat_finish_text
 
 
 def _refs(body: ChatCompletionRequest) -> list[McpRef]:

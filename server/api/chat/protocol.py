@@ -97,6 +97,12 @@ class ChatCompletionRequest(SamplingExtras):
     # llama.cpp's: "none" leaves thinking inline; "auto"/"deepseek" split it out.
     reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
 
+    @property
+    def has_mcp(self) -> bool:
+        """MCP tools (kvserve's extension): server/api/chat/mcp.py runs the turn."""
+        return (any(t.type == "mcp" for t in self.tools or [])
+                or isinstance(self.tool_choice, McpToolChoice))  # fmt: skip
+
     def refuse_unsupported(self) -> None:
         extra = self.model_extra or {}
         for name in CHAT_UNSUPPORTED:

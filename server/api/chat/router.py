@@ -6,12 +6,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from server.api.chat.mcp import chat_has_mcp, serve_chat_mcp
+from server.api.chat.mcp import serve_chat_mcp
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.chat.serving import serve_chat
-from server.http.deps import CallerDep
+from server.http.deps import CallerDep, GatedRoute
 
-router = APIRouter()
+router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
 
 
 @router.post("/v1/chat/completions")
@@ -19,6 +19,6 @@ async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, response: Response, caller: CallerDep
 ) -> Any:
     """Create a model response for the given chat conversation."""
-    if chat_has_mcp(body):  # kvserve's extension: MCP tools run by the server
+    if body.has_mcp:  # kvserve's extension: MCP tools run by the server
         return await serve_chat_mcp(body, request, caller)
     return await serve_chat(body, request, response, caller)

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Request
 
 from server.api.completions.protocol import CompletionRequest
 from server.api.completions.serving import serve_completion
-from server.http.deps import CallerDep
+from server.http.deps import CallerDep, GatedRoute
 
-router = APIRouter()
+router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
 
 
 @router.post("/v1/completions")

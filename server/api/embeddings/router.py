@@ -9,12 +9,12 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server.api.embeddings.protocol import EmbeddingRequest
-from server.http.deps import resolve_engine
+from server.http.deps import GatedRoute, resolve_engine
 from server.http.errors import BadRequest
 from server.serving.drive import until_disconnect
 from server.serving.prompts import prompt_token_lists
 
-router = APIRouter()
+router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
 
 
 @router.post("/v1/embeddings")

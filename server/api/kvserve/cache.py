@@ -18,12 +18,12 @@ from pydantic import Field, model_validator
 from chat.template import TemplateError
 from engine.client import GenerateRequest
 from server.api.common import RequestModel
-from server.http.deps import Caller, CallerDep, registry, resolve_model
+from server.http.deps import Caller, CallerDep, GatedRoute, registry, resolve_model
 from server.http.errors import BadRequest, generation_failure
 from server.models.served import ServedModel
 from server.serving.drive import tokenize
 
-router = APIRouter()
+router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
 
 
 class WarmMessage(RequestModel):

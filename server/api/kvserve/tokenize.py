@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter
 
 from server.api.kvserve.protocol import DetokenizeRequest, TokenizeRequest
-from server.http.deps import EngineDep
+from server.http.deps import EngineDep, GatedRoute
 from server.http.errors import BadRequest
 
-router = APIRouter()
+router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
 
 
 @router.post("/tokenize")

@@ -9,9 +9,9 @@ from fastapi import APIRouter, Request
 from server.api.messages.mcp import has_mcp_servers, serve_messages_mcp
 from server.api.messages.protocol import CountTokensRequest, MessagesRequest
 from server.api.messages.serving import count_tokens, serve_messages
-from server.http.deps import CallerDep
+from server.http.deps import CallerDep, GatedRoute
 
-router = APIRouter()
+router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
 
 
 @router.post("/v1/messages")

@@ -26,9 +26,8 @@ from server.http.errors import APIError, params_renamed
 from server.serving import sse
 from server.serving.drive import collect, until_disconnect
 from server.serving.events import NamedEvent, named_events
-from server.serving.output import ParsedOutput
 from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens
-from server.serving.state import Choice, coalesced
+from server.serving.state import Choice, ParsedOutput, coalesced
 
 log = logging.getLogger("kvserve.server")
 

@@ -29,8 +29,7 @@ from server.serving.drive import (
     increments,
     until_disconnect,
 )
-from server.serving.output import parsed
-from server.serving.state import Choice, ChoiceState
+from server.serving.state import Choice, ChoiceState, parsed
 
 NDJSON = "application/x-ndjson"
 

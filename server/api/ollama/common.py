@@ -1,7 +1,7 @@
 """What Ollama's `/api/*` routes share: model names, keep_alive, options, timings.
 
 - Names: Ollama's `name:tag` forms resolve to a configured id or alias
-  (`resolve_ollama_model`, server/models/names.py); an unknown one is a 404 in Ollama's words.
+  (`resolve_ollama_model`, server/models/served.py); an unknown one is a 404 in Ollama's words.
 - keep_alive: parsed with the body, checked here, applied by the route once the request
   has passed every other check (server/models/keep_alive.py: who may set it).
 - options: every option Ollama defines is either mapped onto the sampler or refused
@@ -25,8 +25,7 @@ from server.api.common import SamplingExtras
 from server.http.deps import claim, gated_model, ready_engine, registry
 from server.http.errors import BadRequest, NotFound, Unsupported, generation_failure
 from server.models.keep_alive import apply_keep_alive, check_keep_alive
-from server.models.names import resolve_ollama_model
-from server.models.served import ServedModel
+from server.models.served import ServedModel, resolve_ollama_model
 from server.serving.request_sampling import RequestSampling
 from server.serving.state import Choice
 

@@ -28,8 +28,7 @@ from fastapi import APIRouter, Depends, Request
 from server.http.errors import BadRequest, NotFound
 from server.models.hub_models import PREFIXES, HubModelError, HubModels, quant_of
 from server.models.management import require_manager
-from server.models.names import matching_names, resolve_ollama_model
-from server.models.served import ModelRegistry, ServedModel
+from server.models.served import ModelRegistry, ServedModel, matching_names, resolve_ollama_model
 
 router = APIRouter()
 

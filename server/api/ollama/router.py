@@ -18,9 +18,9 @@ from server.api.ollama.protocol import (
     OllamaShowRequest,
 )
 from server.api.ollama.show import serve_ollama_show
-from server.http.deps import CallerDep
+from server.http.deps import CallerDep, GatedRoute
 
-router = APIRouter()
+router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
 
 
 @router.post("/api/chat")

@@ -14,8 +14,7 @@ from typing import Any
 
 from chat.callstream import Delta
 from server.serving.events import NamedEvent
-from server.serving.output import ParsedOutput
-from server.serving.state import coalesced
+from server.serving.state import ParsedOutput, coalesced
 
 
 def item_id(prefix: str) -> str:

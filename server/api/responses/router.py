@@ -9,9 +9,9 @@ from fastapi import APIRouter, Request
 from server.api.responses.mcp import has_mcp, serve_mcp_response
 from server.api.responses.protocol import ResponsesRequest
 from server.api.responses.serving import delete_response, get_response, serve_response
-from server.http.deps import CallerDep
+from server.http.deps import CallerDep, GatedRoute
 
-router = APIRouter()
+router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
 
 
 @router.post("/v1/responses")

@@ -1,9 +1,9 @@
-"""The one accumulator of parsed output (server/serving/output.py) that every API reads."""
+"""The one accumulator of parsed output (server/serving/state.py) that every API reads."""
 
 from __future__ import annotations
 
 from chat.callstream import Delta
-from server.serving.output import ParsedOutput, openai_calls, parsed
+from server.serving.state import ParsedOutput, openai_calls, parsed
 
 DELTAS = [
     Delta("reasoning", "think "), Delta("content", "Hello"), Delta("reasoning", "more"),
