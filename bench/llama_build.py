@@ -161,8 +161,9 @@ def build_for(version: str | None = None, flags: tuple[str, ...] = FLAGS) -> Bui
 
 
 @contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """Hold the build tree's lock: a second process waits here until the first is done."""
+def locked(root: Path) -> Iterator[None]:
+    """Hold the folder's lock (a build tree, the family models' folder): a second process
+    waits here until the first is done."""
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -271,7 +272,7 @@ def ensure(target: str, *, jobs: int = 2, build: Build | None = None) -> Path:
     build = build or build_for()
     if is_built(build, target):
         return build.binary(target)
-    with _locked(build.root):
+    with locked(build.root):
         if is_built(build, target):  # another process built it while we waited
             return build.binary(target)
         build.marker(target).unlink(missing_ok=True)

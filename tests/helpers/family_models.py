@@ -23,12 +23,9 @@ skips with that reason, except under CI (CI set), where it fails: there it must 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,23 +81,11 @@ def write_family_models(archs: tuple[str, ...] = tuple(FAMILIES)) -> dict[str, F
     folder = MODELS_ROOT / "family-models" / f"{build.root.name}-seed{SEED}"
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
-    with _locked(folder):
+    with llama_build.locked(folder):
         for arch in archs:
             path = _existing(folder, arch) or _write(writer, folder, arch)
             out[arch] = FamilyModel(arch, {**FAMILIES, **REFUSED}[arch], path)
     return out
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """Hold the folder's lock: a second process waits here until the first is done."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _existing(folder: Path, arch: str) -> Path | None:
@@ -149,7 +134,7 @@ def assemble_gemma3_270m() -> Path:
     final = folder / f"gemma-3-270m-q4_k_m-{gemma.EXPECTED_SHA256[:12]}.gguf"
     if final.is_file():
         return final
-    with _locked(folder):
+    with llama_build.locked(folder):
         if final.is_file():  # another process assembled it while this one waited
             return final
         scratch = folder / f".gemma3-270m.tmp-{os.getpid()}.gguf"

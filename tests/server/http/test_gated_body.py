@@ -71,21 +71,14 @@ async def test_a_route_the_gate_passes_by_parses_its_own_body(
     assert route_parses == [b"{}"]
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[" * 100_000])
-async def test_what_the_gate_cannot_parse_is_still_the_routes_400(
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b"[" * 100_000, b"null", b"[]", b'"text"', b"3"]
+)
+async def test_what_the_gate_cannot_parse_or_use_is_still_the_routes_400(
     client: httpx.AsyncClient, raw: bytes
 ) -> None:
-    response = await client.post(
-        "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
-    )
-    assert response.status_code == 400, response.text
-    assert response.json()["error"]["type"] == "invalid_request_error"
-
-
-@pytest.mark.parametrize("raw", [b"null", b"[]", b'"text"', b"3"])
-async def test_a_parsed_body_that_is_no_object_is_a_400_naming_the_body(
-    client: httpx.AsyncClient, raw: bytes
-) -> None:
+    """Bad JSON and a body too deep for the parser are not handed on; a parsed body that
+    is no object is, and the request model refuses it."""
     response = await client.post(
         "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
     )
