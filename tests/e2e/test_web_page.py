@@ -73,7 +73,7 @@ def open_page(browser: Any, server: str, path: str = "/") -> None:
     """The page with the key already stored, as after the user typed it once."""
     browser.get(f"{server}/static/style.css")  # same origin: the key, before the page asks
     browser.execute_script("window.localStorage.setItem('kvserve.apiKey', arguments[0])", KEY)
-    console_errors(browser)  # drained: a bare CSS file has no icon link (favicon.ico: 404)
+    console_errors(browser)  # drained (the CSS file's favicon.ico 404 is left out there)
     browser.get(f"{server}{path}")
 
 
