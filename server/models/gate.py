@@ -99,12 +99,13 @@ class ModelGate:
             return
         messages, body = await _read_body(receive)
         replay = _replayer(messages, receive)
-        try:
-            fields = json.loads(body) if body else None
-        except (ValueError, RecursionError):  # the route answers bad JSON with a 400
-            fields = None
-        else:
-            if body:  # the route reads this instead of parsing the body again
+        fields: Any = None
+        if body:
+            try:
+                fields = json.loads(body)
+            except (ValueError, RecursionError):  # the route answers bad JSON with a 400
+                pass
+            else:  # the route reads this instead of parsing the body again
                 leave_gated_body(scope, fields)
         served: ServedModel | None
         name: Any = None  # the model's name in the body (none for the default model's paths)

@@ -31,10 +31,6 @@ from server.serving.state import Choice
 BETA = "mcp-client-2025-04-04"
 
 
-def has_mcp_servers(body: MessagesRequest) -> bool:
-    return (body.model_extra or {}).get("mcp_servers") not in (None, [])
-
-
 async def serve_messages_mcp(body: MessagesRequest, request: Request, caller: Caller) -> Any:
     servers = (body.model_extra or {}).pop("mcp_servers")
     betas = [b.strip() for b in request.headers.get("anthropic-beta", "").split(",")]

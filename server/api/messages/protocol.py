@@ -86,6 +86,11 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
     service_tier: Literal["auto", "standard_only"] | None = None
 
+    @property
+    def has_mcp(self) -> bool:
+        """Anthropic's MCP connector (`mcp_servers`): server/api/messages/mcp.py runs it."""
+        return (self.model_extra or {}).get("mcp_servers") not in (None, [])
+
     def sampling_record(self, session_id: str | None) -> RequestSampling:
         """The sampler fields Anthropic defines, as the serving core reads them."""
         return RequestSampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from server.api.messages.mcp import has_mcp_servers, serve_messages_mcp
+from server.api.messages.mcp import serve_messages_mcp
 from server.api.messages.protocol import CountTokensRequest, MessagesRequest
 from server.api.messages.serving import count_tokens, serve_messages
 from server.http.deps import CallerDep, GatedRoute
@@ -17,7 +17,7 @@ router = APIRouter(route_class=GatedRoute)  # reads the body the model gate pars
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request, caller: CallerDep) -> Any:
     """Create a message (Anthropic's shapes; x-api-key or Bearer auth; the MCP connector)."""
-    if has_mcp_servers(body):
+    if body.has_mcp:
         return await serve_messages_mcp(body, request, caller)
     return await serve_messages(body, request, caller)
 

@@ -19,7 +19,7 @@ from sse_starlette import ServerSentEvent
 from engine.client import GenerateRequest, Generation
 from server.api.responses.input import chat_param, response_options
 from server.api.responses.output import OutputBuilder, item_id
-from server.api.responses.protocol import McpChoice, ResponsesRequest
+from server.api.responses.protocol import ResponsesRequest
 from server.api.responses.serving import (
     _finished,
     _generate,
@@ -48,14 +48,6 @@ from server.mcp.turn import check_mcp_choice, loop_prepare, loop_session, mcp_tu
 from server.serving import sse
 from server.serving.drive import until_disconnect
 from server.serving.state import Choice
-
-
-def has_mcp(body: ResponsesRequest) -> bool:
-    """Whether this request is the MCP loop's: mcp tools, an mcp tool_choice, or approvals."""
-    items = body.input if isinstance(body.input, list) else []
-    return (any(t.get("type") == "mcp" for t in body.tools or [])
-            or isinstance(body.tool_choice, McpChoice)
-            or any(i.get("type") == "mcp_approval_response" for i in items))  # fmt: skip
 
 
 def _approvals(body: ResponsesRequest, earlier: list[dict[str, Any]],

@@ -74,6 +74,15 @@ class ResponsesRequest(RequestModel):
                     Field(max_length=16)] | None = None  # fmt: skip
     cache_salt: Annotated[str, Field(max_length=256)] | None = None
 
+    @property
+    def has_mcp(self) -> bool:
+        """The MCP loop's request (server/api/responses/mcp.py): mcp tools, an mcp
+        tool_choice, or approvals."""
+        items = self.input if isinstance(self.input, list) else []
+        return (any(t.get("type") == "mcp" for t in self.tools or [])
+                or isinstance(self.tool_choice, McpChoice)
+                or any(i.get("type") == "mcp_approval_response" for i in items))  # fmt: skip
+
     def sampling_record(self, session_id: str | None) -> RequestSampling:
         """The sampler fields of a turn (on `session_id`), as the serving core reads them."""
         return RequestSampling(

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from server.api.responses.mcp import has_mcp, serve_mcp_response
+from server.api.responses.mcp import serve_mcp_response
 from server.api.responses.protocol import ResponsesRequest
 from server.api.responses.serving import delete_response, get_response, serve_response
 from server.http.deps import CallerDep, GatedRoute
@@ -18,7 +18,7 @@ router = APIRouter(route_class=GatedRoute)  # reads the body the model gate pars
 async def create_response(body: ResponsesRequest, request: Request, caller: CallerDep) -> Any:
     """Create a model response (text, function calls, MCP tools run by the server),
     optionally continuing a stored one."""
-    if has_mcp(body):
+    if body.has_mcp:
         return await serve_mcp_response(body, request, caller)
     return await serve_response(body, request, caller)
 
