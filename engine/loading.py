@@ -21,7 +21,7 @@ from cache import CacheBudget, CacheConfig, PrefixCache, model_fingerprint, name
 from engine.embedder import Embedder
 from engine.exactness import CANDIDATES, exact_rows
 from engine.family import ModelFamily, UnsupportedModelError
-from engine.llama import Context, ContextParams, Model
+from engine.llama import Context, ContextParams, Model, cpu_has_amx
 from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sessions import SessionLimits
 from engine.settings import EngineSettings
@@ -161,11 +161,14 @@ def load(
                 speculative=cfg.speculative and not family.whole_state,
                 whole_state=family.whole_state,
                 n_swa=family.n_swa,
+                flash_attn=cfg.flash_attn,
+                # Measured on two CPUs (engine/plan.py warm_tail); a GPU runs its own kernels.
+                tile_pays=cpu_has_amx() and cfg.n_gpu_layers == 0,
                 checkpoint_tokens=cache.config.block_tokens if cache is not None else 0,
             ),
             counters,
         )
-        info = _model_info(cfg, model, ctx, family, min_rows if cfg.exact_reuse else 0)
+        info = _model_info(cfg, model, ctx, family, scheduler.config)
         worker = Worker(model, ctx, scheduler, embedder, deliver, cache, cfg.limits)
         undo.pop_all()
     return Loaded(worker, info, cache)
@@ -211,7 +214,7 @@ def _exact_min_rows(cfg: EngineConfig, ctx: Context, family: ModelFamily) -> int
 
 
 def _model_info(
-    cfg: EngineConfig, model: Model, ctx: Context, family: ModelFamily, exact_rows: int
+    cfg: EngineConfig, model: Model, ctx: Context, family: ModelFamily, sched: SchedulerConfig
 ) -> ModelInfo:
     return ModelInfo(
         model_id=cfg.model_id,
@@ -234,7 +237,8 @@ def _model_info(
         embed_n_ctx=cfg.embed_n_ctx if cfg.embeddings else 0,
         speculative_ok=cfg.flash_attn and not family.whole_state,
         family=family,
-        exact_min_rows=exact_rows,
+        exact_min_rows=sched.exact_min_rows if sched.exact else 0,
+        warm_tail=sched.warm_tail,
     )
 
 

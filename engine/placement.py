@@ -38,15 +38,25 @@ def reusable(seq: Sequence, config: SchedulerConfig) -> list[int]:
     ):
         return []
     else:
-        held = seq.tokens[: min(seq.num_computed, seq.num_prompt_tokens)]
+        held = seq.tokens[: _block_floor(min(seq.num_computed, seq.num_prompt_tokens), config)]
     # A sliding window's state that came through a blob cannot be cut back further.
     return held if len(held) >= seq.kv_floor else []
 
 
 def reuse_limit(num_tokens: int, config: SchedulerConfig) -> int:
-    """The most prompt tokens a sequence of `num_tokens` may start from: the last is
-    computed again (its logits are sampled); in exact mode the last exact_min_rows."""
-    return num_tokens - (config.exact_min_rows if config.exact else 1)
+    """The most prompt tokens a sequence of `num_tokens` may start from: the last
+    `config.tail_rows` are computed again (at least the last: its logits are sampled).
+    Outside exact mode a prompt under two tails keeps its plain limit: its rows are few
+    and its stream short, so a tile's worth computed again would cost, not save."""
+    tail = config.tail_rows
+    if not config.exact and num_tokens < 2 * tail:
+        tail = 1
+    return _block_floor(num_tokens - tail, config)
+
+
+def _block_floor(num_tokens: int, config: SchedulerConfig) -> int:
+    """`num_tokens` rounded down to exact mode's row block (engine/plan.py)."""
+    return num_tokens - num_tokens % config.row_block
 
 
 @dataclass(slots=True)
@@ -89,14 +99,15 @@ class Placer:
         reuse = seq.request.prompt_logprobs is None
         prefix = self._best_prefix(seq, candidates, running) if reuse else _Prefix(min(candidates))
         slot = prefix.slot
-        # At least the last token is computed again: its logits are needed to sample.
-        # In exact mode, the last exact_min_rows prompt tokens (engine/plan.py); n > 1
-        # choices copying their leader only need the last one.
+        # The last tail_rows prompt tokens are computed again (engine/plan.py); n > 1
+        # choices copying their leader only need the last one (its logits, to sample).
         limit = reuse_limit(len(seq.tokens), self.config)
         sibling = seq.leader is not None and prefix.copy_from == seq.leader.slot
         if sibling:
             limit = len(seq.tokens) - 1
         keep = max(0, min(prefix.length, limit))
+        if not sibling:
+            keep = _block_floor(keep, self.config)
         had_resident = slots.take(slot, session)
         if prefix.restore:
             assert seq.cache_hit is not None

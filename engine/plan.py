@@ -51,6 +51,20 @@ class KvPlan:
 # least the last `min_rows` prompt tokens are computed again.
 
 
+# Repacked weights (llama.cpp's CPU "extra" buffers, used where the CPU has no AMX) multiply
+# a step's activation rows four at a time and the rest one by one (ggml-cpu/repack.cpp:
+# gemm over blocks of 4 rows, gemv for the remainder), and the two paths round apart. So
+# a row's KV depends on whether its ubatch put it in a block of four: measured on Gemma 3
+# 270M Q4_K_M on an AMD EPYC without flash attention, a prompt whose cold last chunk has 222
+# rows (its last 2 in the remainder) differs from every warm start of a 64-row tail (max
+# |dlogit| 1.1), and equals one of 66 rows. In exact mode a chunk therefore starts on a
+# multiple of EXACT_ROW_BLOCK and only a prompt's last chunk may end off one: the
+# remainder rows are then the same positions, the prompt's last `L mod 4`, cold or warm,
+# and never reused (placement.reusable). Whole states cannot be cut to a block; they keep
+# the plain rule.
+EXACT_ROW_BLOCK = 4
+
+
 # llama.cpp's CPU flash attention (ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16)
 # takes its tiled kernel (a small GEMM per tile) only for this many query rows of a KV
 # stream in one ubatch (GGML_FA_TILE_Q); fewer go row by row. That is why 64 is the
@@ -68,9 +82,10 @@ def exact_min_rows(flash_attn: bool) -> int:
 def exact_min_chunk(min_rows: int) -> int:
     """The least prefill room per step that exact mode needs: a prompt of
     min_rows+1 .. 2*min_rows-1 pending tokens cannot be cut into two chunks of
-    `min_rows`+ rows, so it must fit whole. With less room such a prompt would wait for
-    ever (refused at construction instead)."""
-    return 2 * min_rows
+    `min_rows`+ rows, so it must fit whole; and a chunk that does not end the prompt
+    ends on a row block, which can take up to EXACT_ROW_BLOCK - 1 rows more room. With
+    less room such a prompt would wait for ever (refused at construction instead)."""
+    return 2 * min_rows + EXACT_ROW_BLOCK - 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +106,52 @@ class SchedulerConfig:
     # The model's sliding window (0: none): a state that comes through a blob keeps only
     # its last n_swa positions' window cells (slots.window_floor).
     n_swa: int = 0
+    flash_attn: bool = False  # the context's (warm_tail)
+    # Whether a padded flash tile was measured to pay on this kind of CPU (warm_tail).
+    tile_pays: bool = False
+
+    @property
+    def tail_rows(self) -> int:
+        """The prompt rows a warm start computes again (placement.reuse_limit).
+        Exact mode: exact_min_rows. Otherwise at least the last row (its logits are
+        sampled), and a whole flash-attention tile where prefixes are cut from a stream
+        of their own and the tile pays: a warm chunk of under FLASH_TILE_ROWS rows goes
+        row by row over the whole stream, so computing up to 63 cached tokens again, in a
+        decode of their own (solo_rows), can be the faster start. It depends on the CPU
+        (docs/benchmarks.md "The warm tail", 16 agents on 4 slots): on a Xeon with AMX
+        162.5 s with one row, 106.1 s with the tile; on an AMD EPYC 42.4 s against 48.1 s,
+        where 63 rows cost 1.21x what 64 do but 40 rows beside 3 decode rows 0.79x.
+        Not where a state cannot be cut back at will (a whole state, a window's floor):
+        there padding would cost reuse, not rows."""
+        return self.warm_tail[0]
+
+    @property
+    def warm_tail(self) -> tuple[int, str]:
+        """tail_rows, and why: what /v1/status shows."""
+        if self.exact:
+            return self.exact_min_rows, "exact_reuse: the rows that give the cold logits"
+        if not self.flash_attn:
+            return 1, "flash attention off: a short chunk runs the same kernels"
+        if not self.keeps_prefixes or self.whole_state or self.n_swa > 0:
+            return 1, "no KV stream per slot to cut back at will"
+        if not self.tile_pays:
+            return 1, "a CPU without AMX: a padded flash tile measured slower (agents 1.14x)"
+        return FLASH_TILE_ROWS, "a CPU with AMX: a padded flash tile measured faster (agents 0.65x)"
+
+    @property
+    def row_block(self) -> int:
+        """Exact mode: chunks start, and warm starts cut, on multiples of this (above)."""
+        return EXACT_ROW_BLOCK if self.exact and not self.whole_state else 1
 
     @property
     def solo_rows(self) -> int:
         """Chunks of this many rows get a llama_decode of their own (engine/runner.py);
-        0: none. Exact reuse needs it with a KV stream per slot: llama.cpp cuts a batch
-        into ubatches holding the same number of rows of each sequence, so a chunk beside
-        decode rows would lose a row to a one-row ubatch, computed with other kernels."""
-        return self.exact_min_rows if self.exact and self.keeps_prefixes else 0
+        0: none. With a KV stream per slot, llama.cpp cuts a batch into ubatches holding
+        the same number of rows of each sequence, so a chunk beside decode rows would lose
+        rows to one-row ubatches: other kernels (exact reuse), and the slow path (a warm
+        tail's tile, above)."""
+        tail = self.tail_rows
+        return tail if tail > 1 and self.keeps_prefixes else 0
 
     @property
     def saves_checkpoints(self) -> bool:

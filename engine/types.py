@@ -250,6 +250,7 @@ class ModelInfo:
     speculative_ok: bool = True
     family: ModelFamily | None = None  # the load's probe (engine/family.py)
     exact_min_rows: int = 0  # exact_reuse: prompt rows computed again, measured; 0: off
+    warm_tail: tuple[int, str] = (1, "")  # prompt rows a warm start computes again, and why
 
 
 @dataclass(frozen=True, slots=True)

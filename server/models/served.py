@@ -143,6 +143,7 @@ def family_of(info: ModelInfo) -> dict[str, Any]:
     the one view /v1/models, /v1/status, /api/show and the page show."""
     out = info.family.as_dict() if info.family is not None else {}
     out["exact_reuse_rows"] = info.exact_min_rows or None  # None: exact_reuse is off
+    out["warm_start_rows"], out["warm_start_why"] = info.warm_tail
     return out
 
 

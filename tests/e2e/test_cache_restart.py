@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.exact import reused
 from tests.kvserve_process import MODEL, metrics, running
 
 pytestmark = pytest.mark.model
@@ -44,7 +45,7 @@ def test_a_restarted_server_is_warm_and_answers_as_cold(tmp_path: Path) -> None:
     with running(args, tmp_path) as server:
         warm, _, cached = ask(server.url, "When do parcels for zone 4 leave?")
         assert warm == cold
-        assert cached == prompt_tokens - 64  # the last 64 are computed again, as cold
+        assert cached == reused(prompt_tokens)  # the last 64+ are computed again, as cold
         cache = httpx.get(f"{server.url}/v1/cache").json()["data"][0]
         assert cache["disk"]["hits"] == 1 and cache["requests"] == {"exact": 1}
         assert metrics(server.url)["kvserve_cache_tokens_reused_total"] == cached

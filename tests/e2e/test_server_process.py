@@ -15,6 +15,7 @@ import numpy as np
 import openai
 import pytest
 
+from engine.llama import cpu_has_amx
 from tests.kvserve_process import running
 
 pytestmark = pytest.mark.model
@@ -58,7 +59,13 @@ def test_sync_chat_completion(client: openai.OpenAI) -> None:
     assert again.choices[0].message.content == completion.choices[0].message.content
     assert again.usage is not None and again.usage.prompt_tokens_details is not None
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
-    # A longer one too (exact reuse, off by default, would compute its last 64 again).
+    # A longer one (128+ tokens) computes the warm tail the server reports again: a flash
+    # attention tile, 64 rows, on a CPU where it pays (AMX), else its last token.
+    card = client.models.retrieve(MODEL).model_extra or {}
+    family = card["meta"]["family"]
+    tail = family["warm_start_rows"]
+    assert (tail == 64) == cpu_has_amx() and tail in (1, 64), family
+    assert "AMX" in family["warm_start_why"]
     long = [{"role": "system", "content": "Answer briefly. " * 40}, *MESSAGES]
     first, second = (
         client.chat.completions.create(model=MODEL, messages=long, temperature=0, max_tokens=16)  # type: ignore[arg-type]
@@ -66,7 +73,8 @@ def test_sync_chat_completion(client: openai.OpenAI) -> None:
     )
     assert first.choices[0].message.content and second.choices[0].message.content
     assert second.usage is not None and second.usage.prompt_tokens_details is not None
-    assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
+    assert second.usage.prompt_tokens >= 2 * 64
+    assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - tail
 
 
 def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:

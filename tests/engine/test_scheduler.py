@@ -427,12 +427,33 @@ def test_exact_reuse_keeps_prompt_positions_only_and_recomputes_64() -> None:
     b = seq_of("b", prompt + [7] * 10)
     s.add(b)
     apply(s)
-    assert b.num_cached == 110 - 64
+    assert b.num_cached == 44  # 110 - 64, down to a block of 4 rows (engine/plan.py)
     short = seq_of("short", [9] * 63)
     s.add(short)
     apply(s)
     drop = s.remove(short)
     assert drop == Drop(short_slot := 1, 0) and s.slots.resident[short_slot].tokens == []
+
+
+def test_exact_chunks_and_cuts_start_on_a_block_of_four_rows() -> None:
+    """Repacked weights compute rows four at a time and the rest one by one, apart
+    (engine/plan.py EXACT_ROW_BLOCK): only a prompt's last rows may be a remainder, and
+    they are never reused."""
+    s = exact(chunk=250, rows=2)
+    a = seq_of("a", list(range(1, 303)))  # 302 rows: 248 (a block floor of 250), then 54
+    s.add(a)
+    assert apply(s) == [("a", 0, 248, False)]
+    assert apply(s) == [("a", 248, 54, True)]
+    apply(s)  # a decoded token
+    assert s.remove(a) == Drop(0, 300)  # 302 prompt rows, its last 2 a remainder: 300
+    b = seq_of("b", list(range(1, 303)) + [7] * 9)  # 311: may keep 309, down to 308 (300 held)
+    s.add(b)
+    apply(s)
+    assert b.num_cached == 300
+    c = seq_of("c", list(range(1, 150)) + [5] * 20)  # shares 149 with the resident: 148
+    s.add(c)
+    apply(s)
+    assert c.num_cached == 148
 
 
 def test_exact_min_rows_follows_flash_attention() -> None:
@@ -443,15 +464,16 @@ def test_exact_min_rows_follows_flash_attention() -> None:
 def test_exact_prefill_chunks_without_flash_attention_are_never_under_2_rows() -> None:
     s = exact(chunk=256, rows=2)
     s.add(seq_of("a", list(range(1, 258))))
-    assert apply(s) == [("a", 0, 255, False)]  # not 256: that would leave a 1-row chunk
-    assert apply(s) == [("a", 255, 2, True)]
-    t = exact(chunk=256, step=6, rows=2)
+    # Not 256: that would leave a 1-row chunk; not 255: the next chunk starts on a block.
+    assert apply(s) == [("a", 0, 252, False)]
+    assert apply(s) == [("a", 252, 5, True)]
+    t = exact(chunk=256, step=8, rows=2)
     t.add(seq_of("b", list(range(1, 6))))  # 5 rows: all of it, in one chunk
-    t.add(seq_of("c", list(range(1, 7))))
-    assert apply(t) == [("b", 0, 5, True)]  # 1 row left for c: it waits a step
-    # 5 rows of room would leave c's last row alone: c takes 4 and leaves a 2-row chunk.
+    t.add(seq_of("c", list(range(1, 10))))
+    assert apply(t) == [("b", 0, 5, True)]  # 3 rows left for c: under a block, it waits
+    # 7 rows of room would leave c's last 2 rows; a chunk ends on a block: 4, then 5.
     assert [p[:3] for p in apply(t)] == [("b", 5, 1), ("c", 0, 4)]
-    assert [p[:3] for p in apply(t)] == [("b", 6, 1), ("c", 4, 2)]
+    assert [p[:3] for p in apply(t)] == [("b", 6, 1), ("c", 4, 5)]
 
 
 def test_exact_reuse_without_flash_attention_recomputes_2_prompt_tokens() -> None:
@@ -466,7 +488,7 @@ def test_exact_reuse_without_flash_attention_recomputes_2_prompt_tokens() -> Non
     b = seq_of("b", prompt)
     s.add(b)
     apply(s)
-    assert b.num_cached == 100 - 2  # 100 - 64 with flash attention
+    assert b.num_cached == 96  # 100 - 2, down to a block (100 - 64 with flash attention)
     one = seq_of("one", [9])
     s.add(one)
     apply(s)

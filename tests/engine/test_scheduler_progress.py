@@ -16,8 +16,8 @@ import pytest
 from engine.scheduler import Scheduler, SchedulerConfig, exact_min_chunk, exact_min_rows
 from tests.engine.test_scheduler import apply, seq_of
 
-CHUNKS = (1, 2, 3, 4, 5, 16, 63, 64, 65, 100, 127, 128, 129, 200, 256)
-STEPS = (1, 2, 3, 4, 5, 6, 16, 64, 65, 100, 127, 128, 129, 130, 131, 200, 512)
+CHUNKS = (1, 2, 3, 4, 5, 6, 7, 16, 63, 64, 65, 100, 127, 128, 129, 130, 131, 200, 256)
+STEPS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 64, 65, 100, 127, 128, 129, 130, 131, 200, 512)
 PROMPTS = (1, 2, 3, 4, 5, 63, 64, 65, 66, 100, 126, 127, 128, 129, 130, 191, 192, 193, 256, 257,
            511)  # fmt: skip
 MODES = ((False, 64), (True, exact_min_rows(True)), (True, exact_min_rows(False)))
@@ -69,7 +69,8 @@ def test_configurations_that_could_starve_a_prompt_are_refused() -> None:
             Scheduler(SchedulerConfig(2, 8192, 4096, step, chunk, exact=True))
     least = exact_min_chunk(64)
     Scheduler(SchedulerConfig(2, 8192, 4096, least + 1, least, exact=True))
-    for chunk, step in ((3, 512), (256, 4)):  # without flash attention: 2-row chunks
+    for chunk, step in ((5, 512), (256, 6)):  # without flash attention: 2-row chunks
         with pytest.raises(ValueError):
             Scheduler(SchedulerConfig(2, 8192, 4096, step, chunk, exact=True, exact_min_rows=2))
-    Scheduler(SchedulerConfig(2, 8192, 4096, 5, 4, exact=True, exact_min_rows=2))
+    least = exact_min_chunk(2)  # 2 x 2 rows, and a block's worth of room
+    Scheduler(SchedulerConfig(2, 8192, 4096, least + 1, least, exact=True, exact_min_rows=2))

@@ -14,6 +14,7 @@ from cache import CacheConfig, CacheHit
 from engine.engine import Engine
 from engine.sessions import SessionLimits
 from engine.types import GenerateRequest, SamplingParams, SessionBusyError, SessionNotFoundError
+from tests.helpers.exact import reused
 from tests.integration.test_engine import start as start_engine
 
 pytestmark = pytest.mark.model
@@ -80,7 +81,7 @@ async def test_warm_starts_from_ram_disk_and_after_restart_equal_cold(
         await run(engine, chat(engine, [], "x" * 5)[-40:])  # the only slot now holds another prompt
         # Exact hit from RAM: all but the last 64 prompt tokens are restored (they are
         # computed again in a full-size chunk, as a cold prefill computes them).
-        assert await run(engine, first) == (expected[first], len(first) - 64)
+        assert await run(engine, first) == (expected[first], reused(len(first)))
         assert sources(engine)["ram"] == 1
         # Partial hit: the system prompt is restored, the question prefilled.
         await run(engine, chat(engine, [], "y" * 5)[-40:])
@@ -92,7 +93,7 @@ async def test_warm_starts_from_ram_disk_and_after_restart_equal_cold(
     # A restarted engine on the same directory is warm from disk.
     engine = await start(n_seq_max=1, cache=config)
     try:
-        assert await run(engine, first) == (expected[first], len(first) - 64)
+        assert await run(engine, first) == (expected[first], reused(len(first)))
         assert sources(engine) == {"disk": 1}
     finally:
         engine.close()
@@ -159,7 +160,7 @@ async def test_session_turns_fork_and_isolation(cold: Engine) -> None:
             run(engine, b, session_id="branch", tenant="k1"),
         )
         assert text_a == (await run(cold, a))[0] and text_b == (await run(cold, b))[0]
-        assert cached_a == cached_b == min(len(turn1), len(a) - 64, len(b) - 64)
+        assert cached_a == cached_b == min(reused(len(turn1), 0), reused(len(a)), reused(len(b)))
         # Another tenant cannot see, use or fork the session.
         with pytest.raises(SessionNotFoundError):
             engine.get_session("k2", "main")
@@ -227,6 +228,6 @@ async def test_a_session_retired_at_the_key_quota_resumes_warm(cold: Engine) -> 
         await run(engine, other_prompt, session_id="b", tenant="k")  # retires a; its slot
         assert [s.id for s in engine.list_sessions("k")] == ["b"]  # now holds another prompt
         text, cached = await run(engine, second, session_id="a", tenant="k")  # retires b
-        assert text == expected and cached == min(len(first), len(second) - 64)
+        assert text == expected and cached == min(reused(len(first), 0), reused(len(second)))
     finally:
         engine.close()

@@ -226,6 +226,30 @@ async def test_a_windowed_state_from_the_cache_serves_only_what_it_can(gemma3_27
         cold.close()
 
 
+async def test_a_cold_last_chunk_off_a_row_block_is_matched_by_the_warm_tail(
+    gemma3_270m: Path,
+) -> None:
+    """Repacked weights compute rows in blocks of four (engine/plan.py EXACT_ROW_BLOCK):
+    a 734-token prompt's cold last chunk (222 rows) computes its last 2 rows apart. Before
+    the fix a warm start recomputed the last 64 (from 670) and answered otherwise on an
+    AMD EPYC; now it cuts on a block (668) so that the same rows are the remainder."""
+    cold = await start(gemma3_270m, n_seq_max=1, cache=None, flash_attn=False)
+    warm = await start(gemma3_270m, n_seq_max=2, cache=None, flash_attn=False)
+    try:
+        world = World(warm, cold, random.Random(0), range(1000, 200_000), max_tokens=8)
+        for length in (734, 733, 732, 731):
+            prompt = world.ids(("block", length), length)
+            expected = await cold_reply(world, prompt)
+            for _ in range(2):  # cold in the warm engine, then warm from its slot
+                request = GenerateRequest(uuid.uuid4().hex, prompt, GREEDY, max_tokens=8)
+                got, cached = await reply(warm, request)
+                assert got == expected, (length, cached)
+            assert cached == (length - 64) // 4 * 4, (length, cached)
+    finally:
+        warm.close()
+        cold.close()
+
+
 @pytest.mark.parametrize("arch", RECURRENT + HYBRID if LONG else ("mamba", "qwen35"))
 async def test_a_prompt_sharing_part_of_a_longer_state_gets_the_cold_answer(
     arch: str, family_models: dict[str, FamilyModel]

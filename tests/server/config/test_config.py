@@ -85,15 +85,15 @@ def test_several_models_with_their_own_engine_settings(tmp_path: Path) -> None:
         ('[model]\nid = "a"\n[[models]]\nid = "b"\n', {}, "not both"),
         ("[model]\nn_batch = 2\n", {}, "model.n_batch"),
         # a 65..127-token prompt could never be scheduled (issue 10)
-        (  # exact reuse (not the default) needs prefill chunks of 128+ rows
+        (  # exact reuse (not the default) needs prefill chunks of 130+ rows
             "[model]\nprefill_chunk = 100\nexact_reuse = true\n",
             {},
-            "model.prefill_chunk: must be at least 128",
+            "model.prefill_chunk: must be at least 130",
         ),
         (
             "[model]\nn_batch = 130\nn_seq_max = 8\nexact_reuse = true\n",
             {},
-            "model.n_batch: must be at least 128",
+            "model.n_batch: must be at least 130",
         ),
         ("[engine]\ntoken_timeout_s = -1\n", {}, "token_timeout_s: must not be negative"),
         ('[model]\ncontext_overflow = "truncate"\n', {}, "model.context_overflow"),

@@ -52,11 +52,14 @@ def test_flash_attention_off_is_fine_without_speculation() -> None:
 
 
 def test_exact_reuse_without_flash_attention_takes_small_chunks() -> None:
-    """The bounds follow engine.scheduler.exact_min_rows: 2-row chunks, not 64."""
+    """The bounds follow engine.scheduler.exact_min_rows: 2-row chunks, not 64 (and a
+    block of rows: engine/plan.py exact_min_chunk)."""
     off = {"exact_reuse": "true", "flash_attn": "false"}
-    e = settings(**off, prefill_chunk="4", n_batch="12").engine  # type: ignore[attr-defined]
-    assert (e.prefill_chunk, e.n_batch) == (4, 12)
-    with pytest.raises(ConfigError, match="^engine.prefill_chunk: must be at least 128"):
+    e = settings(**off, prefill_chunk="6", n_batch="14").engine  # type: ignore[attr-defined]
+    assert (e.prefill_chunk, e.n_batch) == (6, 14)
+    with pytest.raises(ConfigError, match="^engine.prefill_chunk: must be at least 6"):
+        settings(**off, prefill_chunk="5", n_batch="512")
+    with pytest.raises(ConfigError, match="^engine.prefill_chunk: must be at least 130"):
         settings(exact_reuse="true", prefill_chunk="4", n_batch="512")
 
 

@@ -41,6 +41,16 @@ async def test_exact_reuse_off_shows_no_recompute(make_client: ClientFactory) ->
     assert card["memory"] == "attention" and card["exact_reuse_rows"] is None
 
 
+async def test_the_warm_tail_and_its_reason_are_shown(make_client: ClientFactory) -> None:
+    fake = FakeEngine()
+    fake._info = dataclasses.replace(fake._info, warm_tail=(64, "flash attention's tile"))
+    client = make_client(fake)
+    card = (await client.get("/v1/models")).json()["data"][0]["meta"]["family"]
+    assert (card["warm_start_rows"], card["warm_start_why"]) == (64, "flash attention's tile")
+    show = (await client.post("/api/show", json={"model": "fake-model"})).json()
+    assert show["model_info"]["kvserve.warm_start_rows"] == 64
+
+
 async def test_a_model_refused_at_load_answers_400_naming_it(make_client: ClientFactory) -> None:
     fake = FakeEngine()
     fake.state, fake.load_refused = EngineState.FAILED, True
