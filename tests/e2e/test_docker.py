@@ -38,6 +38,7 @@ from tests.e2e.docker_daemon import (
     missing_tools,
     prune,
 )
+from tests.helpers.exact import reused
 from tests.kvserve_process import MODEL, free_port
 from tests.otlp_receiver import Receiver, running_receiver
 
@@ -219,7 +220,7 @@ def test_docker_stop_drains_then_a_new_container_is_warm_from_the_volume(
     wait_health(setup, second, url)
     warm, _, cached = chat_long(url)
     assert warm == cold
-    assert cached == prompt_tokens - 64  # from the volume's disk tier (the last 64 again)
+    assert cached == reused(prompt_tokens)  # from the volume's disk tier (the last 64+ again)
     logs = setup.docker.run("logs", second).stdout + setup.docker.run("logs", second).stderr
     assert "cache: disk tier at /var/cache/kvserve/" in logs
     setup.docker.run("stop", "-t", "60", second, timeout=120)
