@@ -12,7 +12,10 @@ measured at load, when exact_reuse is on, on the context the engine will use:
   largest first: the prompt's head computed without its last k tokens, and those k
   tokens as one step (what a warm start does); the last row's logits compared.
 
-The bound is the smallest k of CANDIDATES from which every larger candidate matched.
+The bound is the smallest k of CANDIDATES from which every larger candidate matched,
+checked once more on a prompt 2 tokens shorter, cut on a row block as placement cuts
+(repacked weights compute a chunk's rows four at a time and the rest apart; no bound
+holds where that check fails).
 A one-row step is never trusted (it takes vector paths that were measured to differ at
 long contexts even where short ones agree), and with flash attention nothing under its
 tile of 64 rows is tried. The figure is remembered per model file and settings for the
@@ -28,7 +31,7 @@ import time
 import numpy as np
 
 from engine.llama import Batch, Context
-from engine.plan import FLASH_TILE_ROWS
+from engine.plan import EXACT_ROW_BLOCK, FLASH_TILE_ROWS
 
 log = logging.getLogger("kvserve.engine")
 
@@ -79,9 +82,24 @@ def _measure(ctx: Context, *, flash_attn: bool, whole_state: bool) -> int | None
             if not np.array_equal(warm, cold):
                 break
             bound = rows
-        return bound
+        off_block_ok = whole_state or bound is None or _holds_off_a_block(ctx, batch, prompt, bound)
+        return bound if off_block_ok else None
     finally:
         ctx.remove_seq(0)
+
+
+def _holds_off_a_block(ctx: Context, batch: Batch, prompt: list[int], bound: int) -> bool:
+    """Whether `bound` also holds for a prompt whose cold last chunk ends off a row block
+    (engine/plan.py EXACT_ROW_BLOCK), with the warm start cut on a block as placement
+    cuts it: the case a reference prompt of a multiple of 4 tokens cannot show."""
+    length = len(prompt) - EXACT_ROW_BLOCK // 2
+    start = (length - bound) // EXACT_ROW_BLOCK * EXACT_ROW_BLOCK
+    if start <= 0:
+        return True
+    ctx.remove_seq(0)
+    cold = _run(ctx, batch, prompt, 0, length).copy()
+    ctx.remove_seq(0, start)
+    return bool(np.array_equal(_run(ctx, batch, prompt, start, length), cold))
 
 
 def _run(ctx: Context, batch: Batch, prompt: list[int], start: int, end: int) -> np.ndarray:
