@@ -38,7 +38,7 @@ def reusable(seq: Sequence, config: SchedulerConfig) -> list[int]:
     ):
         return []
     else:
-        held = seq.tokens[: _block_floor(min(seq.num_computed, seq.num_prompt_tokens), config)]
+        held = seq.tokens[: config.block_floor(min(seq.num_computed, seq.num_prompt_tokens))]
     # A sliding window's state that came through a blob cannot be cut back further.
     return held if len(held) >= seq.kv_floor else []
 
@@ -51,12 +51,7 @@ def reuse_limit(num_tokens: int, config: SchedulerConfig) -> int:
     tail = config.tail_rows
     if not config.exact and num_tokens < 2 * tail:
         tail = 1
-    return _block_floor(num_tokens - tail, config)
-
-
-def _block_floor(num_tokens: int, config: SchedulerConfig) -> int:
-    """`num_tokens` rounded down to exact mode's row block (engine/plan.py)."""
-    return num_tokens - num_tokens % config.row_block
+    return config.block_floor(num_tokens - tail)
 
 
 @dataclass(slots=True)
@@ -107,7 +102,7 @@ class Placer:
             limit = len(seq.tokens) - 1
         keep = max(0, min(prefix.length, limit))
         if not sibling:
-            keep = _block_floor(keep, self.config)
+            keep = self.config.block_floor(keep)
         had_resident = slots.take(slot, session)
         if prefix.restore:
             assert seq.cache_hit is not None

@@ -143,6 +143,10 @@ class SchedulerConfig:
         """Exact mode: chunks start, and warm starts cut, on multiples of this (above)."""
         return EXACT_ROW_BLOCK if self.exact and not self.whole_state else 1
 
+    def block_floor(self, num_tokens: int) -> int:
+        """`num_tokens` rounded down to row_block: the one home of that rounding."""
+        return num_tokens - num_tokens % self.row_block
+
     @property
     def solo_rows(self) -> int:
         """Chunks of this many rows get a llama_decode of their own (engine/runner.py);

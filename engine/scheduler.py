@@ -237,7 +237,7 @@ class Scheduler:
             return length
         if pending - length < least:
             length = pending - least  # leave a full-size last chunk
-        length -= length % self.config.row_block  # the next chunk starts on a block
+        length = self.config.block_floor(length)  # the next chunk starts on a block
         return length if length >= least else 0
 
     def _make_room(self) -> list[int]:
