@@ -39,15 +39,17 @@ def first_module(*names: str) -> Any:
     raise ModuleNotFoundError(names[0])
 
 
-async def touched(send: Callable[[], Awaitable[Any]]) -> list[str]:
+async def touched(send: Callable[[], Awaitable[Any]]) -> dict[str, set[str]]:
+    """The server files the request calls into, each with the functions called there."""
     await send()  # warm-up
     server = str(ROOT / "server") + "/"
-    seen: set[str] = set()
+    seen: dict[str, set[str]] = {}
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         code = frame.f_code
         if event == "call" and code.co_filename.startswith(server) and code.co_name != "<module>":
-            seen.add(code.co_filename[len(str(ROOT)) + 1 :])
+            path = code.co_filename[len(str(ROOT)) + 1 :]
+            seen.setdefault(path, set()).add(code.co_qualname)
 
     sys.setprofile(profile)
     try:
@@ -55,10 +57,10 @@ async def touched(send: Callable[[], Awaitable[Any]]) -> list[str]:
     finally:
         sys.setprofile(None)
     assert response.status_code == 200, response.text
-    return sorted(seen)
+    return dict(sorted(seen.items()))
 
 
-async def measure(tmp: Path) -> dict[str, list[str]]:
+async def measure(tmp: Path) -> dict[str, dict[str, set[str]]]:
     import httpx
 
     from server.app import create_app
@@ -70,7 +72,7 @@ async def measure(tmp: Path) -> dict[str, list[str]]:
 
     fake = fakes.FakeEngine(n_ctx=16384)
     model = fake.info.model_id
-    out: dict[str, list[str]] = {}
+    out: dict[str, dict[str, set[str]]] = {}
     with mcp_servers.http_mcp(tmp) as mcp:
         entries = [{"label": "tools", "url": mcp.url, "timeout_s": 30.0}]
         settings = config.Settings(mcp_servers=mcp_config.mcp_servers(entries))
@@ -101,14 +103,18 @@ async def measure(tmp: Path) -> dict[str, list[str]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--counts", action="store_true", help="counts only, no file lists")
+    p.add_argument("--functions", action="store_true", help="each file's functions called too")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = asyncio.run(measure(Path(tmp)))
     for request, files in result.items():
         print(f"{request}: {len(files)} files")
         if not args.counts:
-            for f in files:
+            for f, functions in files.items():
                 print(f"    {f}")
+                if args.functions:
+                    for name in sorted(functions):
+                        print(f"        {name}")
 
 
 if __name__ == "__main__":

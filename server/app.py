@@ -57,8 +57,7 @@ from server.config.tree import (
 )
 from server.http import errors
 from server.http.deps import EngineLike, require_api_key
-from server.http.middleware import AccessMiddleware, BodyLimit
-from server.http.origins import OriginGuard
+from server.http.middleware import AccessMiddleware, BodyLimit, OriginGuard
 from server.mcp.manager import McpManager
 from server.models import hub
 from server.models.gate import ModelGate

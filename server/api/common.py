@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chat.tools import Tool
-from server.models.lora import LoraField
 from server.serving.request_sampling import RequestSampling
 
 log = logging.getLogger("kvserve.server")
@@ -30,6 +29,16 @@ TokenId = Annotated[int, Field(ge=0)]
 # Stop strings are matched against the tail of the text after every token: bounded, so
 # that a request cannot make each token cost a scan of megabytes.
 StopText = Annotated[str, Field(min_length=1, max_length=1000)]
+
+
+class LoraRef(BaseModel):
+    """One adapter of a request's `lora` field (llama-server's name): its configured id
+    (or, as llama-server, its index) and scale; server/http/sampling.py resolves them."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    id: Annotated[str, Field(min_length=1, max_length=256)] | Annotated[int, Field(ge=0)]
+    scale: Annotated[float, Field(ge=-100.0, le=100.0)] = 1.0
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -111,7 +120,7 @@ class SamplingExtras(RequestModel):
     # kvserve: a sticky session (or the X-Session-Id header) and a prefix-cache salt
     session_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     cache_salt: Annotated[str, Field(max_length=256)] | None = None
-    lora: LoraField = None  # LoRA adapters and scales (see server/models/lora.py)
+    lora: Annotated[list[LoraRef], Field(max_length=64)] | None = None  # LoRA adapters
     # kvserve: speculative decoding by prompt lookup (None: the model's default)
     speculative: bool | None = None
     # llama.cpp extras

@@ -16,6 +16,7 @@ Adding a section: a dataclass, a field on `Settings`, an entry in `SECTIONS`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import typing
@@ -82,10 +83,11 @@ class ServerSection:
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080  # 0 (tests): a free port
     # Browser pages of these origins may call the server (CORS) and send it requests
-    # that change something; empty: CORS off, only the server's own page (server/http/origins.py).
+    # that change something; empty: CORS off, only the server's own page (OriginGuard,
+    # server/http/middleware.py).
     cors_origins: Annotated[tuple[str, ...], AfterValidator(_origins)] = ()
     # Host names a request arriving on a loopback address may name besides the loopback
-    # ones (DNS rebinding, server/http/origins.py); "*": any.
+    # ones (DNS rebinding, OriginGuard in server/http/middleware.py); "*": any.
     allowed_hosts: Annotated[tuple[str, ...], AfterValidator(_hosts)] = ()
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     shutdown_grace_s: NotNegative = 30.0  # SIGTERM: in-flight requests get this long to finish
@@ -117,8 +119,9 @@ class AuthSection:
     def enabled(self) -> bool:
         return bool(self.api_keys or self.admin_api_keys)
 
-    @property
+    @functools.cached_property
     def all_keys(self) -> tuple[str, ...]:
+        # Cached: every request checks its key against these (the section is frozen).
         return self.api_keys + self.admin_api_keys
 
 

@@ -1,14 +1,15 @@
-"""A request's sampling record -> engine values (SamplingParams, GenerateRequest)."""
+"""A request's sampling record -> engine values (SamplingParams, GenerateRequest), its
+`lora` field included."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 
 from engine.client import GenerateRequest, ModelInfo, SamplingParams
 from server.http.deps import Caller
 from server.http.errors import BadRequest
-from server.models.lora import lora_set
 from server.serving.request_sampling import RequestSampling
 
 # Request field -> SamplingParams field, for the fields that map one to one.
@@ -126,3 +127,39 @@ def generate_requests(
             )
         )
     return requests
+
+
+def lora_set(
+    refs: Sequence[tuple[str | int, float]] | None, info: ModelInfo
+) -> tuple[tuple[str, float], ...]:
+    """The adapters a request runs with (its `lora` field against the model's configured
+    adapters), as (id, scale) sorted by id, without zero scales.
+
+    No `lora` field: each configured adapter at its configured scale. A `lora` list: the
+    adapters it names at its scales, every other one at 0 (llama-server's rule). An
+    adapter at scale 0 is the base model: leaving it out lets such requests share the
+    base model's prefixes. Unknown ids are a 400 naming them."""
+    if refs is None:
+        return tuple(sorted((a.id, a.scale) for a in info.loras if a.scale != 0.0))
+    ids = [a.id for a in info.loras]
+    chosen: dict[str, float] = {}
+    for i, (ref, scale) in enumerate(refs):
+        if isinstance(ref, int):
+            if ref >= len(ids):
+                raise BadRequest(
+                    f"lora[{i}].id: no adapter number {ref} (this model has {len(ids)})",
+                    param="lora",
+                )
+            adapter_id = ids[ref]
+        elif ref in ids:
+            adapter_id = ref
+        else:
+            known = ", ".join(repr(a) for a in ids) or "none"
+            raise BadRequest(
+                f"lora[{i}].id: unknown LoRA adapter '{ref}' (this model has {known})",
+                param="lora",
+            )
+        if adapter_id in chosen:
+            raise BadRequest(f"lora[{i}].id: adapter '{adapter_id}' named twice", param="lora")
+        chosen[adapter_id] = scale
+    return tuple(sorted((i, s) for i, s in chosen.items() if s != 0.0))

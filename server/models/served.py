@@ -21,7 +21,7 @@ class ServedModel:
     aliases: tuple[str, ...]
     engine: EngineLike
     template_override: str | None = None  # configured Jinja; None: the GGUF's own
-    context_overflow: str = "error"  # or "drop_oldest" (server/serving/context_fit.py)
+    context_overflow: str = "error"  # or "drop_oldest" (server/serving/prepare.py)
     loras: tuple[tuple[str, float], ...] = ()  # configured adapters: (id, default scale)
     on_demand: bool = False  # loaded by its first request, not at start
     idle_unload_s: float = 0.0  # unloaded after this long without requests; 0: never

@@ -15,7 +15,6 @@ from server.api.chat.protocol import ChatCompletionRequest
 from server.http.deps import Caller, resolve_model
 from server.http.errors import APIError
 from server.serving import sse
-from server.serving.context_fit import DROPPED_HEADER
 from server.serving.drive import (
     check_n,
     collect,
@@ -24,7 +23,7 @@ from server.serving.drive import (
     steps,
     until_disconnect,
 )
-from server.serving.prepare import Prepared, prepare_chat
+from server.serving.prepare import DROPPED_HEADER, Prepared, prepare_chat
 from server.serving.state import Choice, chat_finish_text, usage
 
 log = logging.getLogger("kvserve.server")

@@ -18,8 +18,7 @@ from fastapi import Request
 from chat.plan import ChatOptions
 from chat.reasoning import has_thinking
 from server.api.common import function_tool
-from server.api.ollama.answer import Piece, answer
-from server.api.ollama.common import kept_model, load_answer, options, within_window
+from server.api.ollama.common import Piece, answer, kept_model, load_answer, options, within_window
 from server.api.ollama.protocol import OllamaChatRequest
 from server.http.deps import Caller
 from server.http.errors import BadRequest, params_renamed

@@ -8,26 +8,46 @@
   by name (400); so is any name Ollama does not define.
 - Timings: the final object's durations, in nanoseconds, from the engine's own stage
   times of the sequence (queued, prefilled, finished) and the model gate's load wait.
+- Answers (`answer`): chat and generate differ only in how a piece of output is shaped
+  (`message` or `response`) and what the final object adds (`context`), so both hand
+  those to `answer`, which adds the model, the time and (at the end) the counts. A
+  stream is one JSON object per line (`application/x-ndjson`), the last with `done:
+  true` and the timings; a failure midway is one last `{"error": ...}` line, which is how
+  Ollama's clients read it.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
+from starlette.background import BackgroundTask
 
-from engine.client import FinishReason
+from chat.callstream import Delta
+from chat.plan import OutputParser
+from engine.client import FinishReason, Generation
 from server.api.common import SamplingExtras
 from server.http.deps import claim, gated_model, ready_engine, registry
-from server.http.errors import BadRequest, NotFound, Unsupported, generation_failure
+from server.http.errors import (
+    APIError,
+    BadRequest,
+    NotFound,
+    ServerError,
+    Unsupported,
+    generation_failure,
+)
 from server.models.keep_alive import apply_keep_alive, check_keep_alive
 from server.models.served import ServedModel, resolve_ollama_model
+from server.serving.drive import collect, engine_failure, increments, until_disconnect
 from server.serving.request_sampling import RequestSampling
-from server.serving.state import Choice
+from server.serving.state import Choice, ChoiceState, parsed
 
 
 def ollama_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
@@ -186,3 +206,100 @@ async def load_answer(
         await request.app.state.loader.unload(served, own=1)
     return {"model": model, "created_at": created_at(), **extra, "done": True,
             "done_reason": "unload" if unload else "load"}  # fmt: skip
+
+
+NDJSON = "application/x-ndjson"
+
+
+@dataclass(slots=True)
+class Piece:
+    """Parsed output: text, thinking, and complete tool calls in Ollama's shape."""
+
+    content: str = ""
+    thinking: str = ""
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.thinking or self.calls)
+
+
+def piece(deltas: list[Delta]) -> Piece:
+    result = parsed(deltas)
+    calls = [{"id": c.call_id, "function": {"index": c.index, "name": c.name,
+                                            "arguments": _arguments(c.arguments)}}
+             for c in result.calls]  # fmt: skip
+    return Piece(result.content, result.reasoning, calls)
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    """A call's arguments as the object Ollama sends (the grammar made them JSON)."""
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ServerError(f"the model's tool call arguments are not a JSON object: {text!r}")
+    return value
+
+
+Shape = Callable[[Piece], dict[str, Any]]
+Final = Callable[[Choice, Piece], dict[str, Any]]
+
+
+def _no_extra(total: Choice) -> dict[str, Any]:
+    return {}
+
+
+async def answer(
+    request: Request,
+    generation: Generation,
+    parser: OutputParser,
+    *,
+    model: str,
+    started: float,
+    stream: bool,
+    shape: Shape,
+    extra: Callable[[Choice], dict[str, Any]] = _no_extra,
+) -> Any:
+    """The whole answer (the final object of everything), or a stream of chunks and the
+    final object: each `{"model", "created_at", **shape(piece)}`, then `"done": false`, or
+    the final's reason, counts and timings (`started`: time.monotonic() when the route
+    began) and `extra(total)`."""
+    load_s = load_wait_s(request)
+
+    def chunk(part: Piece) -> dict[str, Any]:
+        return {"model": model, "created_at": created_at(), **shape(part), "done": False}
+
+    def final(total: Choice, part: Piece) -> dict[str, Any]:
+        return {"model": model, "created_at": created_at(), **shape(part),
+                **done_fields(total, started, load_s), **extra(total)}  # fmt: skip
+
+    if stream:
+        return StreamingResponse(_lines(generation, parser, chunk, final), media_type=NDJSON,
+                                 background=BackgroundTask(generation.abort))  # fmt: skip
+    (choice,) = await until_disconnect(request, collect(generation, 1))
+    return final(choice, piece(parser.feed("".join(choice.text)) + parser.finish()))
+
+
+def line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+async def _lines(
+    generation: Generation, parser: OutputParser, chunk: Shape, final: Final
+) -> AsyncIterator[str]:
+    state = ChoiceState(0, parser)
+    token_ids: list[int] = []  # the whole output's (an increment carries its own only)
+    try:
+        async for increment in increments(generation):
+            for _, inc in increment:
+                if inc.finish_reason is FinishReason.ERROR:
+                    raise engine_failure(inc.error)
+                token_ids.extend(inc.token_ids)
+                part = piece(state.advance(inc).deltas)
+                if part:
+                    yield line(chunk(part))
+        state.total.token_ids = token_ids
+        yield line(final(state.total, Piece()))
+    except APIError as err:
+        yield line(err.ollama_body())

@@ -21,8 +21,7 @@ from chat.formats import GrammarSpec
 from chat.plan import ChatOptions, OutputParser
 from chat.reasoning import has_thinking
 from chat.schema import SchemaError, json_object_gbnf, schema_to_gbnf
-from server.api.ollama.answer import Piece, answer
-from server.api.ollama.common import kept_model, load_answer, options, within_window
+from server.api.ollama.common import Piece, answer, kept_model, load_answer, options, within_window
 from server.api.ollama.protocol import OllamaGenerateRequest
 from server.http.deps import Caller, EngineLike
 from server.http.errors import BadRequest, params_renamed

@@ -13,7 +13,7 @@ import pytest
 
 from chat import ChatOptions, ChatTemplate, plan_chat
 from server.serving import prepare
-from server.serving.context_fit import keep_turns_from, plan_within_context, turn_starts
+from server.serving.prepare import keep_turns_from, plan_within_context, turn_starts
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.server.api.test_openai_api import MODEL, assert_error
