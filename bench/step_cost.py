@@ -1,6 +1,11 @@
 """What one engine step costs inside llama_decode, by the shape of the batch kvserve hands it.
 
     python bench/step_cost.py [--lengths 256,1024,2048] [--fa off,on] [--unified off,on]
+    python bench/step_cost.py --tail --lengths 1024,2048,4096,7168
+
+`--tail` times the warm-tail choice instead (engine/plan.py pad_from): on 2 sequences of
+8192 cells with flash attention, a warm chunk of 20, 40 or 60 rows beside a decode row in
+one llama_decode, against the 64-row tile in a decode of its own plus the decode row alone.
 
 The agents benchmark spends 97% of the engine thread in llama_decode, and its wall time
 depends on flash attention. This script times llama_decode alone on the bundled model,
@@ -75,6 +80,31 @@ def time_shape(
     return statistics.median(times)
 
 
+def tail_costs(model: Model, lengths: list[int], repeat: int) -> None:
+    """The --tail table: where padding a warm chunk to the flash tile pays."""
+    rng = np.random.default_rng(5)
+    ctx = Context(model, ContextParams(8192 * 2, N_BATCH, 2, 2, flash_attn=True))
+    batch = Batch(N_BATCH)
+    shapes = {f"{r} + 1": [[(0, r), (1, 1)]] for r in (20, 40, 60)}
+    shapes["tile alone, then 1"] = [[(0, 64)], [(1, 1)]]
+    print("| KV length | " + " | ".join(shapes) + " |\n|" + "---|" * (len(shapes) + 1))
+    for length in lengths:
+        ctx.clear()
+        for seq in (0, 1):
+            prompt = rng.integers(100, 40000, length).tolist()
+            for at in range(0, length, N_BATCH):
+                batch.clear()
+                batch.add(seq, prompt[at : at + N_BATCH], at, True)
+                if ctx.decode(batch) != 0:
+                    raise RuntimeError("llama_decode failed")
+        cells = []
+        for decodes in shapes.values():
+            total = sum(time_shape(ctx, batch, runs, length, rng, repeat) for runs in decodes)
+            cells.append(f"{total:.0f}")
+        print(f"| {length} | " + " | ".join(cells) + " |", flush=True)
+    ctx.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", default="256,1024,2048")
@@ -82,8 +112,12 @@ def main() -> None:
     ap.add_argument("--unified", default="off,on", help="one KV pool for all sequences")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--shapes", default=";".join(SHAPES), help="a subset, separated by ;")
+    ap.add_argument("--tail", action="store_true", help="the warm tail's padding choice")
     args = ap.parse_args()
     model = Model(default_model_path())
+    if args.tail:
+        tail_costs(model, [int(x) for x in args.lengths.split(",")], args.repeat)
+        return
     rng = np.random.default_rng(18)
     lengths = [int(x) for x in args.lengths.split(",")]
     shapes = {name: SHAPES[name] for name in args.shapes.split(";")}

@@ -22,6 +22,7 @@ from engine.embedder import Embedder
 from engine.exactness import CANDIDATES, exact_rows
 from engine.family import ModelFamily, UnsupportedModelError
 from engine.llama import Context, ContextParams, Model, cpu_has_amx
+from engine.plan import CPU_ROW_BY_ROW, CPU_TILE_PAYS, GPU_KERNELS
 from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sessions import SessionLimits
 from engine.settings import EngineSettings
@@ -162,8 +163,7 @@ def load(
                 whole_state=family.whole_state,
                 n_swa=family.n_swa,
                 flash_attn=cfg.flash_attn,
-                # Measured on two CPUs (engine/plan.py warm_tail); a GPU runs its own kernels.
-                tile_pays=cpu_has_amx() and cfg.n_gpu_layers == 0,
+                cpu=_padding_rule(cfg),
                 checkpoint_tokens=cache.config.block_tokens if cache is not None else 0,
             ),
             counters,
@@ -180,6 +180,14 @@ def free_worker(worker: Worker) -> None:
     if worker.embedder is not None:
         worker.embedder.ctx.close()
     worker.model.close()
+
+
+def _padding_rule(cfg: EngineConfig) -> str:
+    """Which warm-tail padding rule the device gets (engine/plan.py pad_from): measured on
+    two CPUs; a GPU runs its own attention kernels."""
+    if cfg.n_gpu_layers != 0:
+        return GPU_KERNELS
+    return CPU_TILE_PAYS if cpu_has_amx() else CPU_ROW_BY_ROW
 
 
 def _context_params(cfg: EngineConfig, total_cells: int) -> ContextParams:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.plan import SchedulerConfig, common_prefix
+from engine.plan import FLASH_TILE_ROWS, SchedulerConfig, common_prefix
 from engine.sequence import Sequence
 from engine.slots import Copy, Drop, KvOp, Restore, SlotTable, window_floor
 
@@ -45,13 +45,21 @@ def reusable(seq: Sequence, config: SchedulerConfig) -> list[int]:
 
 def reuse_limit(num_tokens: int, config: SchedulerConfig) -> int:
     """The most prompt tokens a sequence of `num_tokens` may start from: the last
-    `config.tail_rows` are computed again (at least the last: its logits are sampled).
-    Outside exact mode a prompt under two tails keeps its plain limit: its rows are few
-    and its stream short, so a tile's worth computed again would cost, not save."""
-    tail = config.tail_rows
-    if not config.exact and num_tokens < 2 * tail:
-        tail = 1
-    return config.block_floor(num_tokens - tail)
+    `config.tail_rows` are computed again (at least the last: its logits are sampled)."""
+    return config.block_floor(num_tokens - config.tail_rows)
+
+
+def padded_keep(num_tokens: int, keep: int, config: SchedulerConfig) -> int:
+    """`keep` cut back so that a warm start of `config.pad_from`..63 new rows computes a
+    whole flash tile instead (engine/plan.py pad_from). A prompt under two tiles keeps
+    its start: its rows are few and its stream short, so a tile's worth computed again
+    would cost, not save."""
+    new_rows = num_tokens - keep
+    if not config.pad_from or keep == 0 or num_tokens < 2 * FLASH_TILE_ROWS:
+        return keep
+    if config.pad_from <= new_rows < FLASH_TILE_ROWS:
+        return num_tokens - FLASH_TILE_ROWS
+    return keep
 
 
 @dataclass(slots=True)
@@ -102,7 +110,7 @@ class Placer:
             limit = len(seq.tokens) - 1
         keep = max(0, min(prefix.length, limit))
         if not sibling:
-            keep = self.config.block_floor(keep)
+            keep = self.config.block_floor(padded_keep(len(seq.tokens), keep, self.config))
         had_resident = slots.take(slot, session)
         if prefix.restore:
             assert seq.cache_hit is not None

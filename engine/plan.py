@@ -72,6 +72,19 @@ EXACT_ROW_BLOCK = 4
 # 1.6x what 64 do (bench/step_cost.py, docs/benchmarks.md "Where the rest of the time goes").
 FLASH_TILE_ROWS = 64
 
+# Where a warm start's few new rows are padded to that tile (SchedulerConfig.pad_from).
+# On an AMD EPYC (2 cores, SmolLM2, flash attention on, 2 streams), one llama_decode of a
+# warm chunk of R rows beside a decode row, against the 64-row tile in a decode of its own
+# plus the decode row alone, in ms (bench/step_cost.py --tail):
+#   stream of 1,024 cells: R=40 254, R=60 367, tile 282;   2,048: 396, 547, 409;
+#   4,096: 578, 842, 537;   7,168: 919, 1,358, 985.
+# The tile costs what 37-45 rows cost at every length: padding pays from about 48 rows.
+PAD_FROM_ROWS = 48
+# SchedulerConfig.cpu: which padding rule the load measured for its device.
+CPU_TILE_PAYS = "tile pays"
+CPU_ROW_BY_ROW = "row by row"
+GPU_KERNELS = "gpu"
+
 
 def exact_min_rows(flash_attn: bool) -> int:
     """The fewest rows of one sequence a step must compute to give exactly the KV and
@@ -107,36 +120,57 @@ class SchedulerConfig:
     # its last n_swa positions' window cells (slots.window_floor).
     n_swa: int = 0
     flash_attn: bool = False  # the context's (warm_tail)
-    # Whether a padded flash tile was measured to pay on this kind of CPU (warm_tail).
-    tile_pays: bool = False
+    # The CPU's padding rule, measured (warm_tail): CPU_TILE_PAYS where a padded tile was
+    # measured faster for every warm chunk (AMX), CPU_ROW_BY_ROW elsewhere, GPU_KERNELS
+    # where the model runs on a GPU (its own attention kernels: never padded).
+    cpu: str = CPU_ROW_BY_ROW
 
     @property
     def tail_rows(self) -> int:
-        """The prompt rows a warm start computes again (placement.reuse_limit).
-        Exact mode: exact_min_rows. Otherwise at least the last row (its logits are
-        sampled), and a whole flash-attention tile where prefixes are cut from a stream
-        of their own and the tile pays: a warm chunk of under FLASH_TILE_ROWS rows goes
-        row by row over the whole stream, so computing up to 63 cached tokens again, in a
-        decode of their own (solo_rows), can be the faster start. It depends on the CPU
-        (docs/benchmarks.md "The warm tail", 16 agents on 4 slots): on a Xeon with AMX
-        162.5 s with one row, 106.1 s with the tile; on an AMD EPYC 42.4 s against 48.1 s,
-        where 63 rows cost 1.21x what 64 do but 40 rows beside 3 decode rows 0.79x.
+        """The prompt rows every warm start computes again (placement.reuse_limit): the
+        exact rows in exact mode, else the last row (its logits are sampled)."""
+        return self.exact_min_rows if self.exact else 1
+
+    @property
+    def pad_from(self) -> int:
+        """0, or the fewest new rows of a warm start that are padded to a whole flash
+        tile, computed in a decode of their own (placement.padded_keep, solo_rows): a warm
+        chunk of under FLASH_TILE_ROWS rows goes row by row over its whole stream, so
+        computing up to 63 cached tokens again can be the faster start. Measured
+        (docs/benchmarks.md "The warm tail"): on a Xeon with AMX the tile pays for any
+        chunk (16 agents on 4 slots: 162.5 s with one row, 106.1 s with the tile); on an
+        AMD EPYC it costs what 37-45 rows cost row by row, from 1k to 7k cells of stream
+        (bench/step_cost.py --tail), so there only chunks of PAD_FROM_ROWS+ are padded.
         Not where a state cannot be cut back at will (a whole state, a window's floor):
-        there padding would cost reuse, not rows."""
-        return self.warm_tail[0]
+        there padding would cost reuse, not rows; nor in exact mode (its own rows)."""
+        if self.exact or not self.flash_attn or self.cpu == GPU_KERNELS:
+            return 0
+        if not self.keeps_prefixes or self.whole_state or self.n_swa > 0:
+            return 0
+        return 1 if self.cpu == CPU_TILE_PAYS else PAD_FROM_ROWS
 
     @property
     def warm_tail(self) -> tuple[int, str]:
-        """tail_rows, and why: what /v1/status shows."""
+        """The most prompt rows a warm start computes again, and why: what /v1/status
+        shows."""
         if self.exact:
             return self.exact_min_rows, "exact_reuse: the rows that give the cold logits"
         if not self.flash_attn:
             return 1, "flash attention off: a short chunk runs the same kernels"
-        if not self.keeps_prefixes or self.whole_state or self.n_swa > 0:
+        if self.cpu == GPU_KERNELS:
+            return 1, "on a GPU: its attention kernels have no row-by-row path to avoid"
+        if self.pad_from == 0:
             return 1, "no KV stream per slot to cut back at will"
-        if not self.tile_pays:
-            return 1, "a CPU without AMX: a padded flash tile measured slower (agents 1.14x)"
-        return FLASH_TILE_ROWS, "a CPU with AMX: a padded flash tile measured faster (agents 0.65x)"
+        if self.pad_from == 1:
+            return FLASH_TILE_ROWS, (
+                "a CPU with AMX: every warm chunk under 64 rows is padded to flash "
+                "attention's tile (measured faster: agents 0.65x)"
+            )
+        return FLASH_TILE_ROWS, (
+            f"a CPU without AMX: warm chunks of {PAD_FROM_ROWS}-63 rows are padded to flash "
+            "attention's 64-row tile, shorter ones are not (measured: the tile costs what "
+            "37-45 rows cost row by row)"
+        )
 
     @property
     def row_block(self) -> int:
@@ -154,6 +188,8 @@ class SchedulerConfig:
         the same number of rows of each sequence, so a chunk beside decode rows would lose
         rows to one-row ubatches: other kernels (exact reuse), and the slow path (a warm
         tail's tile, above)."""
+        if self.pad_from:
+            return FLASH_TILE_ROWS
         tail = self.tail_rows
         return tail if tail > 1 and self.keeps_prefixes else 0
 

@@ -108,8 +108,8 @@ def test_generate_context_reuses_the_warm_kv(client: ollama.Client) -> None:
     prompt2 = len(second.context) - second.eval_count + (second.done_reason == "stop")
     reused = prompt2 - (second.prompt_eval_count or 0)
     # Everything the first answer holds in the KV (all but its last sampled token), less
-    # the warm tail the server computes again (/api/show says how many rows: a flash tile
-    # on a CPU where it pays, else none).
+    # the warm tail the server computes again (/api/show says how many rows at most: a
+    # flash tile where short warm chunks are padded to one).
     shown = client.show(MODEL).modelinfo or {}
     tail = shown["kvserve.warm_start_rows"]
     assert tail in (1, 64) and prompt2 >= 2 * 64

@@ -1,7 +1,8 @@
-"""The warm tail on the real engine: where a padded flash tile pays (a CPU with AMX), a
-warm start computes the last 64 prompt tokens again, in a decode of its own; elsewhere
-only the last one. The choice is the CPU's, so the tile path is forced here to run it on
-any machine (engine/plan.py warm_tail)."""
+"""The warm tail on the real engine: where a padded flash tile pays for any chunk (a CPU
+with AMX), a warm start computes the last 64 prompt tokens again, in a decode of its own;
+on other CPUs only a warm start of 48-63 new rows is padded so, and a shorter one computes
+what is new (at least its last row). The rule is the CPU's, so each is forced here to run
+it on any machine (engine/plan.py pad_from)."""
 
 from __future__ import annotations
 
@@ -38,13 +39,32 @@ def long_prompt(engine: Engine, question: str) -> tuple[int, ...]:
     return system_prompt(engine, "Answer in one short sentence, please. " * 20 + question)
 
 
+@pytest.fixture
+async def row_by_row(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Engine]:
+    monkeypatch.setattr("engine.loading.cpu_has_amx", lambda: False)
+    e = await start(exact_reuse=False)
+    yield e
+    e.close()
+
+
 async def test_the_default_tail_follows_the_cpu() -> None:
     engine = await start(exact_reuse=False)
     try:
         rows, why = engine.info.warm_tail
-        assert rows == (64 if cpu_has_amx() else 1) and "AMX" in why
+        assert rows == 64 and ("with AMX" if cpu_has_amx() else "without AMX") in why
     finally:
         engine.close()
+
+
+async def test_without_amx_only_a_warm_start_near_a_tile_is_padded(row_by_row: Engine) -> None:
+    prompt = long_prompt(row_by_row, "What is the capital of France?")
+    await answer(row_by_row, prompt)
+    _, cached = await answer(row_by_row, prompt)
+    assert cached == len(prompt) - 1  # one new row: not padded
+    words = row_by_row.tokenize(" and then, please, tell me" * 30, add_special=False)
+    grown = prompt + tuple(words[:55])
+    text, cached = await answer(row_by_row, grown)
+    assert text and cached == len(grown) - 64  # 55 new rows: a whole tile
 
 
 async def test_a_repeated_long_prompt_computes_a_tile_again(tiled: Engine) -> None:

@@ -86,7 +86,7 @@ function familyLine(f) {
   parts.push((f.parameters / 1e6).toFixed(0) + "M parameters", f.quantization,
              "trained on " + f.context_length_trained + " tokens");
   if (f.exact_reuse_rows) parts.push("exact reuse recomputes " + f.exact_reuse_rows + " rows");
-  else if (f.warm_start_rows > 1) parts.push("a warm start recomputes " + f.warm_start_rows + " rows");
+  else if (f.warm_start_rows > 1) parts.push("a warm start recomputes up to " + f.warm_start_rows + " rows");
   const line = el("p", "family", parts.join(" · "));
   line.dataset.memory = f.memory;
   return line;
