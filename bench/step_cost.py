@@ -80,6 +80,18 @@ def time_shape(
     return statistics.median(times)
 
 
+def fill(ctx: Context, batch: Batch, num_seqs: int, length: int, rng) -> None:
+    """Each sequence's KV: `length` random tokens, in chunks of n_batch (not timed)."""
+    ctx.clear()
+    for seq in range(num_seqs):
+        prompt = rng.integers(100, 40000, length).tolist()
+        for at in range(0, length, N_BATCH):
+            batch.clear()
+            batch.add(seq, prompt[at : at + N_BATCH], at, True)
+            if ctx.decode(batch) != 0:
+                raise RuntimeError("llama_decode failed")
+
+
 def tail_costs(model: Model, lengths: list[int], repeat: int) -> None:
     """The --tail table: where padding a warm chunk to the flash tile pays."""
     rng = np.random.default_rng(5)
@@ -89,14 +101,7 @@ def tail_costs(model: Model, lengths: list[int], repeat: int) -> None:
     shapes["tile alone, then 1"] = [[(0, 64)], [(1, 1)]]
     print("| KV length | " + " | ".join(shapes) + " |\n|" + "---|" * (len(shapes) + 1))
     for length in lengths:
-        ctx.clear()
-        for seq in (0, 1):
-            prompt = rng.integers(100, 40000, length).tolist()
-            for at in range(0, length, N_BATCH):
-                batch.clear()
-                batch.add(seq, prompt[at : at + N_BATCH], at, True)
-                if ctx.decode(batch) != 0:
-                    raise RuntimeError("llama_decode failed")
+        fill(ctx, batch, 2, length, rng)
         cells = []
         for decodes in shapes.values():
             total = sum(time_shape(ctx, batch, runs, length, rng, repeat) for runs in decodes)
@@ -134,14 +139,7 @@ def main() -> None:
         ctx, batch = Context(model, params), Batch(N_BATCH)
         out = results[(fa, unified)] = {}
         for length in lengths:
-            ctx.clear()
-            for seq in range(N_SEQ):  # each sequence's KV, in chunks of n_batch (not timed)
-                prompt = rng.integers(100, 40000, length).tolist()
-                for at in range(0, length, N_BATCH):
-                    batch.clear()
-                    batch.add(seq, prompt[at : at + N_BATCH], at, True)
-                    if ctx.decode(batch) != 0:
-                        raise RuntimeError("llama_decode failed")
+            fill(ctx, batch, N_SEQ, length, rng)
             for name, runs in shapes.items():
                 out[(length, name)] = time_shape(ctx, batch, runs, length, rng, args.repeat)
                 print(f"  fa {fa}, unified {unified}, {length}: {name} "
