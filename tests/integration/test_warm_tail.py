@@ -18,12 +18,19 @@ from tests.integration.test_engine import request, start, system_prompt
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture
-async def tiled(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Engine]:
-    monkeypatch.setattr("engine.loading.cpu_has_amx", lambda: True)
+async def engine_on(monkeypatch: pytest.MonkeyPatch, amx: bool) -> AsyncIterator[Engine]:
+    """An engine loaded as if this CPU had AMX (`amx`) or not: the padding rule is chosen
+    at load from the CPU."""
+    monkeypatch.setattr("engine.loading.cpu_has_amx", lambda: amx)
     e = await start(exact_reuse=False)
     yield e
     e.close()
+
+
+@pytest.fixture
+async def tiled(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Engine]:
+    async for e in engine_on(monkeypatch, amx=True):
+        yield e
 
 
 async def answer(engine: Engine, prompt: tuple[int, ...], max_tokens: int = 12) -> tuple[str, int]:
@@ -41,10 +48,8 @@ def long_prompt(engine: Engine, question: str) -> tuple[int, ...]:
 
 @pytest.fixture
 async def row_by_row(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Engine]:
-    monkeypatch.setattr("engine.loading.cpu_has_amx", lambda: False)
-    e = await start(exact_reuse=False)
-    yield e
-    e.close()
+    async for e in engine_on(monkeypatch, amx=False):
+        yield e
 
 
 async def test_the_default_tail_follows_the_cpu() -> None:
