@@ -37,7 +37,6 @@ class APIError(Exception):
     """An error a handler raises; becomes an OpenAI error body with `status`."""
 
     status = 400
-    type = "invalid_request_error"
 
     def __init__(
         self,
@@ -52,6 +51,12 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        """OpenAI's error type, which follows the status as Anthropic's does."""
+        return _OPENAI_TYPES.get(self.status, "server_error" if self.status >= 500 else
+                                 "invalid_request_error")  # fmt: skip
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
@@ -73,6 +78,15 @@ class APIError(Exception):
             body = self.ollama_body()
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
+
+# OpenAI's error types by status, where they are not "invalid_request_error" (4xx) or
+# "server_error" (5xx); 503 and 504 as llama-server sends them.
+_OPENAI_TYPES = {
+    403: "permission_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 
 # Anthropic's error types by status (its API reference, "Errors").
 _ANTHROPIC_TYPES = {
@@ -120,7 +134,6 @@ class Forbidden(APIError):
     of another origin; 401 is for a missing or wrong key."""
 
     status = 403
-    type = "permission_error"
 
 
 class NotFound(APIError):
@@ -141,32 +154,26 @@ class PayloadTooLarge(APIError):
 
 class TooManyRequests(APIError):
     status = 429
-    type = "rate_limit_error"
 
 
 class ServerError(APIError):
     status = 500
-    type = "server_error"
 
 
 class BadGateway(APIError):
     status = 502
-    type = "server_error"
 
 
 class ServiceUnavailable(APIError):
     status = 503
-    type = "service_unavailable"
 
 
 class GatewayTimeout(APIError):
     status = 504
-    type = "timeout"
 
 
 class InsufficientStorage(APIError):
     status = 507
-    type = "server_error"
 
 
 class ClientDisconnected(Exception):
