@@ -200,6 +200,34 @@ def test_a_hostile_reply_and_message_render_inert(
     assert console_errors(browser) == []
 
 
+BLOCKS = (
+    "# Title\n"
+    "one\ntwo\n\n"
+    "- a\n  more of a\n- b\n"
+    "1. c\n"
+    "> q1\n> q2\n\n"
+    "```py\nx = 1\n```\n"
+    "after"
+)
+BLOCKS_HTML = (
+    "<h3>Title</h3><p>one<br>two</p><ul><li>a more of a</li><li>b</li></ul><ol><li>c</li></ol>"
+    '<blockquote>q1<br>q2</blockquote><pre><code data-lang="py">x = 1</code></pre><p>after</p>'
+)
+
+
+def test_every_block_kind_renders(browser: Any, fake_server: tuple[str, FakeEngine]) -> None:
+    url, _ = fake_server
+    browser.get(f"{url}/")
+    html = browser.execute_async_script(
+        "const [text, done] = arguments;"
+        "import('/static/markdown.js').then((m) => {"
+        "  const div = document.createElement('div'); m.renderMarkdown(div, text);"
+        "  done(div.innerHTML); });",
+        BLOCKS,
+    )
+    assert html == BLOCKS_HTML
+
+
 def test_stop_ends_a_reply_and_the_next_turn_works(
     browser: Any, fake_server: tuple[str, FakeEngine]
 ) -> None:

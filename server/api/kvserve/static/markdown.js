@@ -79,23 +79,35 @@ export function renderMarkdown(container, text) {
     list = null;
     quote = null;
   };
+  // A new block after whatever was open.
+  const open = (tag) => {
+    endBlocks();
+    const node = el(tag);
+    out.appendChild(node);
+    return node;
+  };
+  // A line of a paragraph or a quote: the first line of a new one, or a line break and
+  // the line in the one still open.
+  const addLine = (block, tag, text) => {
+    if (block) block.appendChild(document.createElement("br"));
+    else block = open(tag);
+    renderInline(block, text);
+    return block;
+  };
   for (let i = 0; i < lines.length; i++) {
     const line = lines[i];
     const fence = FENCE.exec(line);
     if (fence) {
-      endBlocks();
       const body = [];
       i++;
       while (i < lines.length && !(FENCE.exec(lines[i]) && lines[i].trim().startsWith(fence[1]))) {
         body.push(lines[i]);
         i++;
       }
-      const pre = el("pre");
       const code = el("code");
       if (fence[2]) code.dataset.lang = fence[2];
       code.textContent = body.join("\n"); // a fence still open while streaming: the rest
-      pre.appendChild(code);
-      out.appendChild(pre);
+      open("pre").appendChild(code);
       continue;
     }
     if (!line.trim()) {
@@ -104,21 +116,14 @@ export function renderMarkdown(container, text) {
     }
     const heading = HEADING.exec(line);
     if (heading) {
-      endBlocks();
-      const h = el("h" + Math.min(heading[1].length + 2, 6));
-      renderInline(h, heading[2]);
-      out.appendChild(h);
+      renderInline(open("h" + Math.min(heading[1].length + 2, 6)), heading[2]);
       continue;
     }
     const bullet = BULLET.exec(line);
     const numbered = bullet ? null : NUMBERED.exec(line);
     if (bullet || numbered) {
       const tag = bullet ? "UL" : "OL";
-      if (!list || list.tagName !== tag) {
-        endBlocks();
-        list = el(tag.toLowerCase());
-        out.appendChild(list);
-      }
+      if (!list || list.tagName !== tag) list = open(tag.toLowerCase());
       const li = el("li");
       renderInline(li, (bullet || numbered)[1]);
       list.appendChild(li);
@@ -126,14 +131,7 @@ export function renderMarkdown(container, text) {
     }
     const q = QUOTE.exec(line);
     if (q) {
-      if (!quote) {
-        endBlocks();
-        quote = el("blockquote");
-        out.appendChild(quote);
-      } else {
-        quote.appendChild(document.createElement("br"));
-      }
-      renderInline(quote, q[1]);
+      quote = addLine(quote, "blockquote", q[1]);
       continue;
     }
     if (list && /^\s{2,}\S/.test(line)) {
@@ -142,14 +140,7 @@ export function renderMarkdown(container, text) {
       renderInline(list.lastChild, line.trim());
       continue;
     }
-    if (!para) {
-      endBlocks();
-      para = el("p");
-      out.appendChild(para);
-    } else {
-      para.appendChild(document.createElement("br"));
-    }
-    renderInline(para, line);
+    para = addLine(para, "p", line);
   }
   container.replaceChildren(out);
 }
