@@ -7,6 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -98,30 +99,31 @@ async def test_a_decode_past_its_budget_is_interrupted_and_the_engine_carries_on
         engine.close()
 
 
-async def test_integers_beyond_int32_are_refused_naming_the_field() -> None:
+@pytest.fixture
+async def one_slot() -> AsyncIterator[Engine]:
     engine = await start(n_seq_max=1, n_threads=1, embeddings=False)
     try:
-        prompt = chat_prompt(engine, "Hi")
-        with pytest.raises(InvalidRequestError) as info:
-            await engine.generate([request(prompt, sampling=SamplingParams(top_k=10**32))])
-        assert info.value.param == "top_k"
-        with pytest.raises(InvalidRequestError) as info:
-            await engine.generate([request(prompt, max_tokens=2**31)])
-        assert info.value.param == "max_tokens"
+        yield engine
     finally:
         engine.close()
 
 
-async def test_unsafe_grammars_are_refused_before_llama_cpp_sees_them() -> None:
-    engine = await start(n_seq_max=1, n_threads=1, embeddings=False)
-    try:
-        prompt = chat_prompt(engine, "Hi")
-        for gbnf in ("root ::= " + "(" * 5000 + '"a"' + ")" * 5000, 'root ::= "a"{0,999999999}'):
-            with pytest.raises(InvalidRequestError) as info:
-                await engine.generate([request(prompt, sampling=SamplingParams(grammar=gbnf))])
-            assert info.value.param == "grammar"
-    finally:
-        engine.close()
+async def test_integers_beyond_int32_are_refused_naming_the_field(one_slot: Engine) -> None:
+    prompt = chat_prompt(one_slot, "Hi")
+    with pytest.raises(InvalidRequestError) as info:
+        await one_slot.generate([request(prompt, sampling=SamplingParams(top_k=10**32))])
+    assert info.value.param == "top_k"
+    with pytest.raises(InvalidRequestError) as info:
+        await one_slot.generate([request(prompt, max_tokens=2**31)])
+    assert info.value.param == "max_tokens"
+
+
+async def test_unsafe_grammars_are_refused_before_llama_cpp_sees_them(one_slot: Engine) -> None:
+    prompt = chat_prompt(one_slot, "Hi")
+    for gbnf in ("root ::= " + "(" * 5000 + '"a"' + ")" * 5000, 'root ::= "a"{0,999999999}'):
+        with pytest.raises(InvalidRequestError) as info:
+            await one_slot.generate([request(prompt, sampling=SamplingParams(grammar=gbnf))])
+        assert info.value.param == "grammar"
 
 
 def fuzz(*args: str) -> None:
