@@ -1,4 +1,5 @@
-"""What PrefixCache counts itself (under its lock), beside each tier's own figures."""
+"""What the cache counts: PrefixCache's own counters (under its lock), beside each
+tier's figures, and the timed I/O of a tier that stores outside the process."""
 
 from __future__ import annotations
 
@@ -26,4 +27,31 @@ class Counters:
             hits=self.disk_hits,
             misses=self.disk_misses,
             errors=stats.errors + self.save_errors,
+        )
+
+
+@dataclass
+class TierIo:
+    """A tier's timed reads and writes (disk, shared), counted under the tier's lock;
+    `ops` and `seconds` give TierStats' mean I/O latency."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+    ops: int = 0
+    seconds: float = 0.0
+
+    def add(self, seconds: float, read: int = 0, written: int = 0) -> None:
+        self.ops += 1
+        self.seconds += seconds
+        self.bytes_read += read
+        self.bytes_written += written
+
+    def into(self, stats: TierStats) -> TierStats:
+        """`stats` (the tier's other figures) with these counts."""
+        return replace(
+            stats,
+            bytes_read=self.bytes_read,
+            bytes_written=self.bytes_written,
+            io_ops=self.ops,
+            io_seconds=self.seconds,
         )

@@ -39,6 +39,7 @@ from collections.abc import Collection, Iterator
 
 import cache.record as record
 from cache.budget import Pool
+from cache.counters import TierIo
 from cache.keys import entry_key, seed
 from cache.types import Entry, EntryInfo, TierStats
 
@@ -67,7 +68,7 @@ class DiskTier:
         self.evictions = 0
         self.corrupt_removed = 0
         self.read_errors = 0
-        self._io = [0, 0, 0, 0.0]  # bytes read, bytes written, timed ops, their seconds
+        self._io = TierIo()
         os.makedirs(self.dir, exist_ok=True)  # a bad disk_dir fails at start, loudly
         self._seen_mtime = os.stat(self.dir).st_mtime_ns
         self._scan()
@@ -214,10 +215,7 @@ class DiskTier:
 
     def _count_io(self, start: float, read: int = 0, written: int = 0) -> None:
         with self._lock:
-            self._io[0] += read
-            self._io[1] += written
-            self._io[2] += 1
-            self._io[3] += time.perf_counter() - start
+            self._io.add(time.perf_counter() - start, read=read, written=written)
 
     def fits(self, entry: Entry) -> bool:
         size = record.encoded_size(self._namespace, entry.salt, len(entry.tokens), len(entry.state))
@@ -349,15 +347,13 @@ class DiskTier:
 
     def stats(self) -> TierStats:
         with self._lock:
-            return TierStats(
-                entries=len(self._infos),
-                bytes=self._policy.total_bytes,
-                evictions=self.evictions,
-                errors=self.read_errors,
-                bytes_read=int(self._io[0]),
-                bytes_written=int(self._io[1]),
-                io_ops=int(self._io[2]),
-                io_seconds=float(self._io[3]),
+            return self._io.into(
+                TierStats(
+                    entries=len(self._infos),
+                    bytes=self._policy.total_bytes,
+                    evictions=self.evictions,
+                    errors=self.read_errors,
+                )
             )
 
 

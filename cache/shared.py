@@ -24,10 +24,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import cache.record as record
+from cache.counters import TierIo
 from cache.purges import PurgeLog
 from cache.redis_tier import ERRORS, RedisTier
 from cache.types import Entry, StoreCall, TierStats
@@ -84,10 +85,7 @@ class _Counts:
     hits: int = 0
     misses: int = 0
     errors: int = 0
-    bytes_read: int = 0
-    bytes_written: int = 0
-    io_ops: int = 0
-    io_seconds: float = 0.0
+    io: TierIo = field(default_factory=TierIo)
     saves: int = 0
     saves_dropped: int = 0
     corrupt_removed: int = 0
@@ -142,8 +140,7 @@ class SharedTier:
             raise _Unavailable() from e
         self._record(operation, started, None)
         with self._lock:
-            self._counts.io_ops += 1
-            self._counts.io_seconds += time.monotonic() - started
+            self._counts.io.add(time.monotonic() - started)
             was_down, self._down = self._down, False
         if was_down:
             log.info("cache: shared tier reachable again")
@@ -180,7 +177,7 @@ class SharedTier:
                 self._counts.misses += 1
             else:
                 self._counts.hits += 1
-                self._counts.bytes_read += len(found[0].state)
+                self._counts.io.bytes_read += len(found[0].state)
         return found
 
     def _find(
@@ -254,7 +251,7 @@ class SharedTier:
             return
         with self._lock:
             self._counts.saves += 1
-            self._counts.bytes_written += size
+            self._counts.io.bytes_written += size
 
     # -- admin ----------------------------------------------------------------------
 
@@ -282,15 +279,7 @@ class SharedTier:
     def stats(self) -> TierStats:
         with self._lock:
             c = self._counts
-            return TierStats(
-                hits=c.hits,
-                misses=c.misses,
-                errors=c.errors,
-                bytes_read=c.bytes_read,
-                bytes_written=c.bytes_written,
-                io_ops=c.io_ops,
-                io_seconds=c.io_seconds,
-            )
+            return c.io.into(TierStats(hits=c.hits, misses=c.misses, errors=c.errors))
 
     def dropped_and_corrupt(self) -> tuple[int, int]:
         """Saves dropped and corrupt entries removed (PrefixCache adds them to its own)."""
