@@ -79,8 +79,9 @@ class APIError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
-# OpenAI's error types by status, where they are not "invalid_request_error" (4xx) or
-# "server_error" (5xx); 503 and 504 as llama-server sends them.
+# The OpenAI-shaped body's `type` by status, where it is not "invalid_request_error" (4xx)
+# or "server_error" (5xx). A Starlette HTTPException keeps its status (`install`), so its
+# type follows that status too.
 _OPENAI_TYPES = {
     403: "permission_error",
     429: "rate_limit_error",
