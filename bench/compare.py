@@ -60,6 +60,8 @@ KVSERVE_VARIANTS = {
     },
     "kvserve-fast": {"KVSERVE_ENGINE_EXACT_REUSE": "false"},
     "kvserve-q8": {"KVSERVE_ENGINE_TYPE_K": "q8_0", "KVSERVE_ENGINE_TYPE_V": "q8_0"},
+    # one KV pool of as many cells as the slots' streams have together (start() sizes it)
+    "kvserve-unified": {"KVSERVE_ENGINE_KV_UNIFIED": "true"},
 }
 
 
@@ -90,6 +92,8 @@ def start(
     gpu_layers = gpu_layers_wanted()
     if name in KVSERVE_VARIANTS:
         env.update(KVSERVE_VARIANTS[name])
+        if env.get("KVSERVE_ENGINE_KV_UNIFIED") == "true":
+            n_ctx *= parallel  # one pool: the cells of every slot's stream
         if gpu_layers:
             env["KVSERVE_ENGINE_N_GPU_LAYERS"] = str(gpu_layers)
         cmd = [

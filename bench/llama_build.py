@@ -70,10 +70,18 @@ FLAGS = (
 CUDA_ENV = "KVSERVE_LLAMA_CUDA"  # the architecture; unset: the CPU build
 
 
+# Its CPU code is built for any x86-64 with AVX2 rather than for the building CPU
+# (GGML_NATIVE off): a CUDA build may be made on one machine (nvcc needs no GPU) and run on
+# the device machine, whose CPU differs; with every layer on the GPU the CPU code matters
+# little.
+PORTABLE_CPU = ("-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+                "-DGGML_F16C=ON", "-DGGML_BMI2=ON")  # fmt: skip
+
+
 def flags_for(cuda_arch: str | None) -> tuple[str, ...]:
     if not cuda_arch:
         return FLAGS
-    return (*FLAGS, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}")
+    return (*FLAGS, *PORTABLE_CPU, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}")
 
 
 def configured_flags() -> tuple[str, ...]:
@@ -323,12 +331,27 @@ def peer_server() -> Peer:
     """The benchmarks' llama-server: $LLAMA_SERVER when set, else this module's build."""
     given = os.environ.get("LLAMA_SERVER")
     if given:
+        packed = Path(given).parent / "BUILD.txt"  # written by pack(): the build it came from
+        if packed.is_file():
+            return Peer(Path(given), f"(from LLAMA_SERVER, packed) {packed.read_text().strip()}")
         about = version_of(Path(given)) or "no --version output"
         return Peer(Path(given), f"llama-server: {given} (from LLAMA_SERVER; flags unknown)\n"
                                  f"  {about}")  # fmt: skip
     build = build_for(flags=configured_flags())
     path = ensure("llama-server", build=build)
     return Peer(path, describe(build, path))
+
+
+def pack(build: Build, target: str, dest: Path) -> None:
+    """Copy `target` and the shared libraries beside it (libllama, libggml*, libmtmd) to
+    `dest`, with BUILD.txt saying which build they are: a build made here to run on another
+    machine (gpu_check.sh --prebuilt). Their run path names this build tree, so the other
+    machine finds the libraries through LD_LIBRARY_PATH."""
+    dest.mkdir(parents=True, exist_ok=True)
+    binary = build.binary(target)
+    for path in [binary, *sorted(binary.parent.glob("*.so*"))]:
+        shutil.copy2(path, dest / path.name)
+    (dest / "BUILD.txt").write_text(describe(build, binary) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -340,11 +363,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cuda", metavar="ARCH", default=os.environ.get(CUDA_ENV),
                    help=f"a CUDA build for this GPU architecture, e.g. 90 (${CUDA_ENV})",
                    )  # fmt: skip
+    p.add_argument("--version", help="of llama-cpp-python's sources (default: the installed one)")
+    p.add_argument(
+        "--pack",
+        metavar="DIR",
+        type=Path,
+        help="copy the targets and their libraries to DIR, to run elsewhere",
+    )
     args = p.parse_args(argv)
-    build = build_for(flags=flags_for(args.cuda))
+    build = build_for(args.version, flags=flags_for(args.cuda))
     for target in args.target or TARGETS:
         path = ensure(target, jobs=args.jobs, build=build)
         print(describe(build, path))
+        if args.pack:
+            pack(build, target, args.pack)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,11 @@ def test_the_dry_run_prints_every_step_and_runs_none(tmp_path: Path) -> None:
         "bench/llama_build.py --cuda 86 --target llama-server",
         "export LLAMA_CPP_LIB_PATH=",
         "gpu_offload_supported",
-        "pytest -q -p no:cacheprovider -m model",
         "bench/compare.py --servers kvserve,llama-server",
-        "bench/agents.py --servers kvserve,llama-server --shape default",
+        "bench/agents.py --servers kvserve,llama-server,kvserve-exact --shape default",
+        "bench/agents.py --servers kvserve,llama-server,kvserve-exact --shape wide",
         "bench/server_cost.py",
+        "-p pytest_asyncio.plugin -m model tests/integration/test_engine.py",
     ]
     assert len(steps) == len(wanted)
     for line, part in zip(steps, wanted, strict=True):  # in this order
@@ -58,6 +59,7 @@ def test_pip_cuda_builds_llama_cpp_python_from_the_given_sdist(tmp_path: Path) -
     assert f"--no-binary llama-cpp-python  {sdist}" in out
     assert "LLAMA_CPP_LIB_PATH" not in out  # the pip build carries its own CUDA libraries
     assert "--agents 6 --turns 2" in out and "--requests 4" in out
+    assert "--shape wide" not in out  # --quick: one agents shape, smaller
 
 
 def test_offline_wheels_go_to_every_pip_install(tmp_path: Path) -> None:
@@ -67,6 +69,22 @@ def test_offline_wheels_go_to_every_pip_install(tmp_path: Path) -> None:
     installs = [line for line in done.stdout.splitlines() if " pip install" in line]
     assert len(installs) == 3
     assert all(f"--no-index --find-links {wheels}" in line for line in installs)
+
+
+def test_a_prebuilt_build_and_a_site_folder_replace_the_build_and_the_venv(
+    tmp_path: Path,
+) -> None:
+    prebuilt, site = tmp_path / "cuda", tmp_path / "wheels"
+    prebuilt.mkdir()
+    site.mkdir()
+    done = dry_run(tmp_path, "--prebuilt", str(prebuilt), "--site", str(site))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "llama_build.py" not in out and "-m venv" not in out
+    assert f"--no-index --no-deps --no-compile --target {tmp_path}/scratch/site {site}/*.whl" in out
+    assert f"LLAMA_SERVER={prebuilt}/llama-server" in out
+    assert f"LD_LIBRARY_PATH={prebuilt}" in out and f"LLAMA_CPP_LIB_PATH={prebuilt}" in out
+    assert f"cat {prebuilt}/BUILD.txt" in out
 
 
 def test_an_unknown_option_is_refused(tmp_path: Path) -> None:
@@ -104,3 +122,35 @@ def test_a_given_sdist_of_another_version_is_refused(
     given = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
     monkeypatch.setenv(llama_build.SDIST_ENV, str(given))
     assert llama_build._sdist(build) == given
+
+
+def test_a_packed_build_carries_its_libraries_and_says_which_build_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    build = llama_build.Build("0.3.36", llama_build.flags_for("90"), tmp_path / "tree")
+    (build.root / "src").mkdir(parents=True)
+    (build.root / "src" / "CHANGELOG.md").write_text(
+        "## [0.3.36]\n- feat: update llama.cpp to ggml-org/llama.cpp@0c1e57098\n"
+    )
+    server = build.binary("llama-server")
+    server.parent.mkdir(parents=True)
+    server.write_text("#!/bin/sh\necho 'version: 1 (0c1e570)'; echo 'built with cc'\n")
+    server.chmod(0o755)
+    for lib in ("libllama.so", "libggml-cuda.so", "libmtmd.so"):
+        (server.parent / lib).write_bytes(b"\x7fELF")
+    (server.parent / "llama-cli").write_text("not asked for")
+    dest = tmp_path / "packed"
+    llama_build.pack(build, "llama-server", dest)
+    names = sorted(p.name for p in dest.iterdir())
+    assert names == ["BUILD.txt", "libggml-cuda.so", "libllama.so", "libmtmd.so", "llama-server"]
+    about = (dest / "BUILD.txt").read_text()
+    assert "llama.cpp 0c1e57098; version: 1 (0c1e570)" in about
+    assert "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90" in about
+    monkeypatch.setenv("LLAMA_SERVER", str(dest / "llama-server"))
+    llama_build.peer_server.cache_clear()
+    try:
+        peer = llama_build.peer_server()
+    finally:
+        llama_build.peer_server.cache_clear()
+    assert peer.path == dest / "llama-server"
+    assert "packed" in peer.description and "GGML_CUDA=ON" in peer.description
