@@ -101,7 +101,8 @@ SRC_SPEC=${SDIST:-llama-cpp-python==$VERSION}
 # measured at load and refused where no bound holds: it goes last, so a refusal costs no
 # other row)
 AGENT_SERVERS=kvserve,llama-server,kvserve-exact
-REQUESTS=16 AGENTS="--shape default" WIDE="--shape wide" TOKENS=128
+# a GPU decodes a request in well under a second: more of them, and two rounds, for a steadier median
+REQUESTS="32 --rounds 2" AGENTS="--shape default" WIDE="--shape wide" TOKENS=128
 [ "$QUICK" = 1 ] && REQUESTS=4 AGENTS="--shape default --agents 6 --turns 2" WIDE="" TOKENS=32
 
 step figures "nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv"
@@ -150,11 +151,11 @@ step figures "$VPY -c 'from engine.llama import gpu_offload_supported as g; prin
 # its limit is kept in the figures).
 step figures "timeout 100 $VPY bench/compare.py --servers kvserve,llama-server --requests $REQUESTS"
 step figures "timeout 150 $VPY bench/agents.py --servers $AGENT_SERVERS $AGENTS"
-[ -n "$WIDE" ] && step figures "timeout 100 $VPY bench/agents.py --servers $AGENT_SERVERS $WIDE"
+[ -n "$WIDE" ] && step figures "timeout 90 $VPY bench/agents.py --servers $AGENT_SERVERS $WIDE"
 step figures "timeout 80 $VPY bench/server_cost.py --tokens $TOKENS --threads 2"
 # The model tests on the CUDA build (the engine's file: about 2 minutes on a CPU). They
 # build their engines with the settings' defaults, n_gpu_layers 0: they check that this
 # build computes what the CPU one does, the benchmarks above put the layers on the GPU.
 # Only pytest-asyncio is loaded: a CUDA image's own pytest plugins may not fit this pytest.
-step figures "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 120 $VPY -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m model tests/integration/test_engine.py 2>&1 | tail -3"
+step figures "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 100 $VPY -m pytest -q -p no:cacheprovider -p pytest_asyncio.plugin -m model tests/integration/test_engine.py 2>&1 | tail -3"
 [ "$DRY" = 1 ] || echo "figures: $FIGURES"

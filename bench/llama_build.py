@@ -350,7 +350,7 @@ def pack(build: Build, target: str, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     binary = build.binary(target)
     for path in [binary, *sorted(binary.parent.glob("*.so*"))]:
-        shutil.copy2(path, dest / path.name)
+        shutil.copy2(path, dest / path.name, follow_symlinks=False)  # the .so links stay links
     (dest / "BUILD.txt").write_text(describe(build, binary) + "\n")
 
 
