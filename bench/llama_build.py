@@ -312,7 +312,9 @@ def version_of(path: Path) -> str:
 
 def describe(build: Build, path: Path) -> str:
     """Lines that say which binary it is: path, llama.cpp version, flags."""
-    version = f"; {version_of(path)}" if path.name == "llama-server" else ""
+    # a build made for another machine may not start here (no CUDA libraries): no version
+    about = version_of(path) if path.name == "llama-server" else ""
+    version = f"; {about}" if about else ""
     return (
         f"{path.name}: {path}\n"
         f"  llama-cpp-python {build.version}'s llama.cpp {llama_commit(build)}{version}\n"
