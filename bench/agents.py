@@ -150,27 +150,25 @@ def floor_tokens(base: str, work: Workload, per_agent: list[list[Turn]]) -> int:
 
 
 async def cold_rates(base: str, model: str, args: argparse.Namespace) -> dict:
-    """Prefill and decode rates on cold, unique prompts at `slots` concurrency: what the
-    floor would cost if it were all the server had to compute."""
+    """Prefill and decode rates at `slots` concurrency (unique prompts computed cold, then
+    the same prompts again for their replies): what the floor would cost if it were all
+    the server had to compute."""
     rng = random.Random(args.seed + 1)
     size = args.catalogue_words + args.task_words
+    prompts = [[{"role": "user", "content": f"{i} {words(rng, size)}"}] for i in range(args.slots)]
 
-    async def one(i: int, max_tokens: int) -> tuple[float, int, int]:
-        msgs = [{"role": "user", "content": f"{i} {words(rng, size)}"}]
+    async def phase(max_tokens: int) -> tuple[float, int, int]:
         t0 = time.perf_counter()
-        _, _, prompt, _, completion = await ask(base, model, msgs, max_tokens)
-        return time.perf_counter() - t0, prompt, completion
+        done = await asyncio.gather(*(ask(base, model, m, max_tokens) for m in prompts))
+        return time.perf_counter() - t0, sum(d[2] for d in done), sum(d[4] for d in done)
 
-    t0 = time.perf_counter()
-    pre = await asyncio.gather(*(one(i, 1) for i in range(args.slots)))
-    prefill_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    dec = await asyncio.gather(*(one(100 + i, args.reply_tokens * 4) for i in range(args.slots)))
-    # the decode rate: what the second phase took beyond its own prefill
-    decode_s = max(1e-6, time.perf_counter() - t0 - prefill_s)
+    prefill_s, prompt_tokens, _ = await phase(1)
+    # The same prompts again: both servers find them cached, so this phase is decode
+    # alone. (Subtracting a second prefill's time instead swung the rate 2.5x run to run.)
+    decode_s, _, completion_tokens = await phase(args.reply_tokens * 4)
     return {
-        "prefill_tok_s": sum(p for _, p, _ in pre) / prefill_s,
-        "decode_tok_s": sum(c for _, _, c in dec) / decode_s,
+        "prefill_tok_s": prompt_tokens / prefill_s,
+        "decode_tok_s": completion_tokens / decode_s,
     }
 
 
