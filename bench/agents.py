@@ -160,7 +160,8 @@ async def cold_rates(base: str, model: str, args: argparse.Namespace) -> dict:
     async def phase(max_tokens: int) -> tuple[float, int, int]:
         t0 = time.perf_counter()
         done = await asyncio.gather(*(ask(base, model, m, max_tokens) for m in prompts))
-        return time.perf_counter() - t0, sum(d[2] for d in done), sum(d[4] for d in done)
+        prompt = sum(prompt for _, _, prompt, _, _ in done)
+        return time.perf_counter() - t0, prompt, sum(completion for *_, completion in done)
 
     prefill_s, prompt_tokens, _ = await phase(1)
     # The same prompts again: both servers find them cached, so this phase is decode

