@@ -57,3 +57,22 @@ class ReasoningSplitter:
             out.append(Delta("reasoning" if self._inside else "content", self._buf))
         self._buf = ""
         return out
+
+
+# Effort levels every API spells (OpenAI's reasoning_effort / reasoning.effort, Anthropic's
+# output_config.effort, Ollama's think levels). "none" and "minimal" turn thinking off.
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def effort_kwargs(effort: str | None) -> dict[str, object]:
+    """The template variables a reasoning effort sets: `enable_thinking` (Qwen 3,
+    DeepSeek, Granite and the other templates with a thinking switch) and
+    `reasoning_effort` (gpt-oss's `Reasoning: low|medium|high`). A template that reads
+    neither renders as before, so on a model without thinking the effort is a no-op.
+    Unknown levels are the caller's 400; None sets nothing."""
+    if effort is None:
+        return {}
+    if effort in ("none", "minimal"):
+        return {"enable_thinking": False}
+    level = {"xhigh": "high", "max": "high"}.get(effort, effort)
+    return {"enable_thinking": True, "reasoning_effort": level}
