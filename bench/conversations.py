@@ -2,7 +2,7 @@
 
     python bench/conversations.py [--servers kvserve-sessions,kvserve,llama_cpp.server]
 
-kvserve-sessions sends each conversation's X-Session-Id, so its slot stays pinned between
+kvserve-sessions sends each conversation's X-Kvserve-Session, so its slot stays pinned between
 turns; kvserve sends none (the slots and the prefix cache still find the history);
 kvserve-exact-sessions turns exact_reuse on (the previous reply is prefilled again);
 llama_cpp.server is llama-cpp-python's server (pip install -e '.[bench]'). Each server is
@@ -40,7 +40,7 @@ async def turn(
         "temperature": 0,
         "stream": True,
     }
-    headers = {"X-Session-Id": session} if session else {}
+    headers = {"X-Kvserve-Session": session} if session else {}
     started = time.perf_counter()
     first, text = None, ""
     async with client.stream("POST", "/chat/completions", json=body, headers=headers) as r:

@@ -2,7 +2,7 @@
 
 Used by bench/soak.py. Each client loops until the deadline, picking its next request
 kind at random (seeded): chat completions (plain and streamed), turns of a chat on a
-sticky session (X-Session-Id; a session lasts a few turns and is then deleted or left
+sticky session (X-Kvserve-Session; a session lasts a few turns and is then deleted or left
 to expire), tool calls (tools + tool_choice "required", a grammar), embeddings,
 Responses turns chained by previous_response_id (a chain's last stored response is
 usually deleted), and Anthropic Messages (some with a required tool). Every request has a
@@ -202,7 +202,7 @@ class Client:
                             self.rng.randint(2, 6))  # fmt: skip
         session_id, history, turns = self.session
         history.append({"role": "user", "content": self.rng.choice(QUESTIONS)})
-        headers = {"X-Session-Id": session_id}
+        headers = {"X-Kvserve-Session": session_id}
         body = self.chat_body(history)
         if self.rng.random() < 0.5:
             events = await self.stream("/v1/chat/completions", body, headers=headers)

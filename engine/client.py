@@ -52,6 +52,7 @@ from engine.types import (
     error_code,
     salt_of_prefix,
 )
+from engine.validation import ContextOverflowError
 
 __all__ = [
     "KV_TYPES",
@@ -59,6 +60,7 @@ __all__ = [
     "CacheBudget",
     "CacheConfig",
     "CacheStats",
+    "ContextOverflowError",
     "Engine",
     "EngineConfig",
     "EngineError",

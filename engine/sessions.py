@@ -13,14 +13,24 @@ the new session refused. Each SessionPool is bounded and retired on its own.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.types import InvalidRequestError, SessionBusyError, SessionNotFoundError, SessionPool
+from engine.types import (
+    GenerateRequest,
+    InvalidRequestError,
+    SessionBusyError,
+    SessionNotFoundError,
+    SessionPool,
+)
+
+log = logging.getLogger("kvserve.engine")
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 
@@ -57,8 +67,13 @@ class SessionLimits:
     max_ttl_s: float = 86400.0
     max_sessions: int = 1024  # in all (per pool)
     max_sessions_per_key: int = 256  # per key (and pool); past either, an idle one retires
+    # A request on a session with one in flight: "unpinned" runs it without the session
+    # (on what the cache holds), "refuse" answers 409 session_busy.
+    when_busy: str = "unpinned"
 
     def __post_init__(self) -> None:  # the server's [sessions] section: "<key>: <rule>"
+        if self.when_busy not in ("unpinned", "refuse"):
+            raise ValueError("when_busy: must be 'unpinned' or 'refuse'")
         if not 0 < self.default_ttl_s <= self.max_ttl_s:
             raise ValueError("default_ttl_s: must be above 0 and at most max_ttl_s")
         for key in ("max_sessions", "max_sessions_per_key"):
@@ -187,6 +202,11 @@ class SessionRegistry:
         """Every tenant's sessions (the admin's status view)."""
         return list(self._sessions.values())
 
+    def busy(self, tenant: str, session_id: str) -> bool:
+        """Whether the session exists and has a request in flight (`begin` would refuse)."""
+        session = self._sessions.get((tenant, session_id))
+        return session is not None and session.in_flight
+
     def begin(
         self, tenant: str, session_id: str, pool: SessionPool = SessionPool.NAMED
     ) -> tuple[Session, bool]:
@@ -227,3 +247,19 @@ class SessionRegistry:
         for session in gone:
             self.remove(session)
         return gone
+
+
+def unpinned_if_busy(
+    sessions: SessionRegistry, requests: Sequence[GenerateRequest]
+) -> Sequence[GenerateRequest]:
+    """A session is a hint, not a lock (`[sessions] when_busy`): a request on a session
+    that already has one in flight runs without it, on what the cache holds, instead of
+    a 409. Agents send two requests on one id at once (opencode's title request beside
+    its turn, both under its own `x-kvserve-session`)."""
+    first = requests[0] if requests else None
+    if (first is None or first.session_id is None
+            or sessions.limits.when_busy != "unpinned"
+            or not sessions.busy(first.tenant, first.session_id)):  # fmt: skip
+        return requests
+    log.info("session '%s' is busy: this request runs unpinned", first.session_id)
+    return [dataclasses.replace(r, session_id=None) for r in requests]

@@ -26,7 +26,7 @@ from engine.generation import Generation
 from engine.llama import Model, Sampler
 from engine.loading import EngineConfig
 from engine.sequence import Sequence as Seq
-from engine.sessions import SessionRegistry, pin_key
+from engine.sessions import SessionRegistry, pin_key, unpinned_if_busy
 from engine.types import (
     EngineNotReadyError,
     GenerateRequest,
@@ -73,6 +73,7 @@ class Submitting:
         model = self._require_model()
         for request in requests:
             validate(request, self.info)
+        requests = unpinned_if_busy(self.sessions, requests)
         session_id = requests[0].session_id if requests else None
         if session_id is not None and len(requests) > 1:
             raise InvalidRequestError("a session continues one sequence: n must be 1", param="n")

@@ -85,7 +85,7 @@ class SessionPool(enum.StrEnum):
     name, or those kept for stored Responses-API conversations. Each pool has the same
     bounds and retires its own idle sessions, so neither can use up or evict the other."""
 
-    NAMED = "named"  # session_id, X-Session-Id, POST /v1/sessions
+    NAMED = "named"  # session_id, X-Kvserve-Session, POST /v1/sessions
     CHAIN = "chain"  # minted by the Responses API for a stored response chain
 
 

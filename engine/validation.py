@@ -18,16 +18,7 @@ def validate(request: GenerateRequest, info: ModelInfo) -> None:
         raise InvalidRequestError(
             f"prompt contains a token id outside [0, {info.n_vocab})", param="prompt"
         )
-    completion = 1 if request.max_tokens is None else request.max_tokens
-    wanted = num_prompt + completion
-    if wanted > info.n_ctx:
-        raise InvalidRequestError(
-            f"This model's maximum context length is {info.n_ctx} tokens. However, you "
-            f"requested {wanted} tokens ({num_prompt} in the prompt, "
-            f"{completion} for the completion).",
-            param="messages" if request.max_tokens is None else "max_tokens",
-            code="context_length_exceeded",
-        )
+    check_context(request, info)
     _check_int32(request)
     if request.speculative and not info.speculative_ok:
         why = (
@@ -46,6 +37,35 @@ def validate(request: GenerateRequest, info: ModelInfo) -> None:
         if not math.isfinite(scale):
             raise InvalidRequestError("a LoRA scale must be a finite number", param="lora")
     check_logit_bias(request.sampling, info)
+
+
+class ContextOverflowError(InvalidRequestError):
+    """A prompt that leaves the context no room for the answer. Carries the figures, so
+    that each API can word it the way its clients parse it (Anthropic's clients read
+    the token counts back out of the message)."""
+
+    def __init__(self, num_prompt: int, max_tokens: int | None, n_ctx: int):
+        super().__init__(
+            f"This model's maximum context length is {n_ctx} tokens. However, your "
+            f"prompt has {num_prompt} tokens, which leaves no room for the completion.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+        self.num_prompt = num_prompt
+        self.max_tokens = max_tokens
+        self.n_ctx = n_ctx
+
+
+def check_context(request: GenerateRequest, info: ModelInfo) -> None:
+    """A max_tokens past what the context has left is not refused: the sequence ends
+    with `length` where the context runs out (engine/postprocess.py `out_of_room`), as
+    llama-server and Ollama do (agents send 8,000-32,000 whatever the context). Only a
+    prompt that leaves no room for one token is refused (max_tokens 0 scores a prompt
+    that fills the context exactly)."""
+    num_prompt = len(request.prompt_tokens)
+    room_needed = 1 if request.max_tokens is None else min(request.max_tokens, 1)
+    if num_prompt + room_needed > info.n_ctx:
+        raise ContextOverflowError(num_prompt, request.max_tokens, info.n_ctx)
 
 
 def check_logit_bias(sampling: SamplingParams, info: ModelInfo) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from chat.template import CHATML
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine import EngineState, Generation
-from engine.sessions import Session, SessionLimits, SessionRegistry
+from engine.sessions import Session, SessionLimits, SessionRegistry, unpinned_if_busy
 from engine.types import (
     CacheStats,
     EngineStats,
@@ -37,7 +37,7 @@ from engine.types import (
     TokenLogprob,
     TopLogprob,
 )
-from engine.validation import check_logit_bias
+from engine.validation import check_context, check_logit_bias
 
 PIECES = [bytes([i]) for i in range(256)] + [b""] * 4
 EOS = 256
@@ -58,6 +58,7 @@ class FakeEngine:
     ):
         self.reply = reply.encode()
         self.delay = delay
+        self.prefill_delay = 0.0  # seconds before the first token, as a long prompt's prefill
         self.state = EngineState.READY if ready else EngineState.LOADING
         self.load_progress = 1.0 if ready else 0.25
         self.load_error: str | None = None
@@ -145,17 +146,13 @@ class FakeEngine:
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> Generation:
         for r in requests:
-            if len(r.prompt_tokens) + (r.max_tokens or 1) > self._info.n_ctx:
-                raise InvalidRequestError(
-                    "too long for the context",
-                    param="messages" if r.max_tokens is None else "max_tokens",
-                    code="context_length_exceeded",
-                )
+            check_context(r, self._info)  # the engine's own rules
             check_logit_bias(r.sampling, self._info)  # the engine's own rule
             if r.sampling.grammar is not None and "root" not in r.sampling.grammar:
                 raise InvalidRequestError("invalid grammar: no root rule", param="grammar")
         if self.outstanding + len(requests) > self.capacity:
             raise QueueFullError()
+        requests = unpinned_if_busy(self.sessions, requests)  # the engine's own rule
         session_id = requests[0].session_id if requests else None
         if session_id is not None:
             if len(requests) > 1:
@@ -209,6 +206,7 @@ class FakeEngine:
                     ),
                 )
                 return
+            await asyncio.sleep(self.prefill_delay)
             for token in [*reply, EOS]:
                 await asyncio.sleep(self.delay)
                 if request.request_id not in self.running:

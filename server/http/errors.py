@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.client import (
     TIME_LIMIT_CODES,
+    ContextOverflowError,
     EngineError,
     EngineNotReadyError,
     EngineRecoveringError,
@@ -116,6 +117,27 @@ class Unsupported(BadRequest):
             param=param,
             code="unsupported_parameter",
         )
+
+
+class ContextTooLong(BadRequest):
+    """A prompt that leaves the context no room (400 `context_length_exceeded`). On
+    Anthropic's routes it is worded as Anthropic words it, because its clients read the
+    figures back (Claude Code retries with a smaller max_tokens on the second form and
+    offers to compact on the first)."""
+
+    def __init__(self, exc: ContextOverflowError):
+        super().__init__(exc.message, param=exc.param, code=exc.code)
+        self.overflow = exc
+
+    def anthropic_body(self) -> dict[str, Any]:
+        o = self.overflow
+        if o.num_prompt > o.n_ctx:
+            message = f"prompt is too long: {o.num_prompt} tokens > {o.n_ctx} maximum"
+        else:
+            message = (f"input length and `max_tokens` exceed context limit: {o.num_prompt} "
+                       f"+ {o.max_tokens or 1} > {o.n_ctx}, decrease input length or "
+                       "`max_tokens` and try again")  # fmt: skip
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
 
 
 class Unauthorized(APIError):
@@ -217,6 +239,8 @@ def from_engine_error(exc: Exception) -> APIError:
     say by request translation inside the same try, is already one)."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ContextOverflowError):
+        return ContextTooLong(exc)
     if isinstance(exc, InvalidRequestError):
         return BadRequest(exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, QueueFullError):

@@ -100,7 +100,7 @@ def generate_requests(
     if caller.session_header is not None:
         if session_id is not None and session_id != caller.session_header:
             raise BadRequest(
-                "session_id and the X-Session-Id header name different sessions",
+                "session_id and the session header name different sessions",
                 param="session_id",
             )
         session_id = caller.session_header

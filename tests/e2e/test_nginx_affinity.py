@@ -1,6 +1,6 @@
 """The README's nginx example, for real: two kvserve replicas behind Debian's nginx.
 
-A session's turns (X-Session-Id) all land on one replica, whose cached prefix grows
+A session's turns (X-Kvserve-Session) all land on one replica, whose cached prefix grows
 turn after turn; requests without a session spread across both replicas. A replica is
 told apart by its own /metrics: the one whose generated-token counter moved served
 the request (requests are sent one at a time).
@@ -123,7 +123,7 @@ def _served_by(replicas: list[Server], before: list[float]) -> int:
 def _chat(
     http: httpx.Client, url: str, messages: list[dict[str, str]], session: str | None
 ) -> dict:
-    headers = {"X-Session-Id": session} if session else {}
+    headers = {"X-Kvserve-Session": session} if session else {}
     body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}
     response = http.post(f"{url}/v1/chat/completions", json=body, headers=headers)
     assert response.status_code == 200, response.text
@@ -179,7 +179,7 @@ def test_streaming_passes_through_the_balancer(cluster: tuple[str, list[Server]]
     with (
         httpx.Client(timeout=60) as http,
         http.stream(
-            "POST", f"{url}/v1/chat/completions", json=body, headers={"X-Session-Id": "s"}
+            "POST", f"{url}/v1/chat/completions", json=body, headers={"X-Kvserve-Session": "s"}
         ) as r,
     ):
         assert r.status_code == 200

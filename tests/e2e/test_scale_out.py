@@ -80,7 +80,7 @@ def chat(
     body: dict = {"model": MODEL, "messages": messages, "max_tokens": 12, "temperature": 0}
     if salt is not None:
         body["cache_salt"] = salt
-    headers = {"X-Session-Id": session} if session else {}
+    headers = {"X-Kvserve-Session": session} if session else {}
     start = time.monotonic()
     r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120)
     took = time.monotonic() - start

@@ -69,8 +69,11 @@ async def serve_chat(
     )  # fmt: skip
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _stream(engine, generation, prepared, response_id, created, include_usage)
-        stream = sse.event_stream(events, on_close=generation.abort)
+        framing = sse.chunk_framing("chat.completion.chunk", response_id, created,
+                                    engine.info.model_id, include_usage)  # fmt: skip
+        events = _stream(engine, generation, prepared, framing, include_usage)
+        stream = sse.event_stream(events, on_close=generation.abort,
+                                  heartbeat=sse.chunk_heartbeat(*framing))  # fmt: skip
         stream.headers[DROPPED_HEADER] = str(prepared.dropped)
         return stream
     response.headers[DROPPED_HEADER] = str(prepared.dropped)
@@ -105,16 +108,14 @@ async def _stream(
     engine: EngineLike,
     generation: Generation,
     prepared: Prepared,
-    response_id: str,
-    created: int,
+    framing: tuple[str, str],
     include_usage: bool,
 ) -> AsyncIterator[str]:
     """Text and call deltas, then each choice's finish_reason in a chunk of its own with
     an empty delta (as OpenAI sends it: a client that stops reading at the finish has
-    everything by then), then the usage chunk and [DONE]."""
-    model = engine.info.model_id
-    head, tail = sse.chunk_framing("chat.completion.chunk", response_id, created, model,
-                                   include_usage)  # fmt: skip
+    everything by then), then the usage chunk and [DONE]. `framing`: the JSON around
+    every chunk's choices (sse.chunk_framing)."""
+    head, tail = framing
 
     def chunk(choices: list[dict[str, Any]]) -> str:
         return head + json.dumps(choices, ensure_ascii=False) + tail
@@ -150,13 +151,5 @@ async def _stream(
         return
     if include_usage:
         totals = [s.total for s in states]
-        yield sse.data({
-            "id": response_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "system_fingerprint": None,
-            "choices": [],
-            "usage": usage(totals, len(prepared.prompt)),
-        })  # fmt: skip
+        yield head + '[],"usage":' + json.dumps(usage(totals, len(prepared.prompt))) + "}"
     yield sse.DONE

@@ -63,7 +63,7 @@ def _find(request: Request, tenant: str, session_id: str) -> tuple[ServedModel, 
 async def create_session(
     request: Request, caller: CallerDep, body: SessionCreate | None = None
 ) -> dict[str, Any]:
-    """Open a sticky session (requests name it in `session_id` or `X-Session-Id`)."""
+    """Open a sticky session (requests name it in `session_id` or `X-Kvserve-Session`)."""
     body = body or SessionCreate()
     name = body.model or registry(request).default.id
     served = resolve_model(request, name, require_ready=False)  # a session needs no engine

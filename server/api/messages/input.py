@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from chat.plan import ChatOptions
+from chat.reasoning import effort_kwargs
 from chat.tools import Tool, ToolChoice
 from server.api.messages.protocol import CountTokensRequest
 from server.http.errors import BadRequest, Unsupported
@@ -113,10 +114,15 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     for i, message in enumerate(body.messages):
         where = f"messages[{i}]"
         role = message.get("role")
-        if role not in ("user", "assistant"):
-            raise BadRequest(f"'{where}.role' must be 'user' or 'assistant'", param=f"{where}.role")
+        if role not in ("user", "assistant", "system"):
+            raise BadRequest(f"'{where}.role' must be 'user', 'assistant' or 'system'",
+                             param=f"{where}.role")  # fmt: skip
         if "content" not in message:
             raise BadRequest(f"'{where}.content' is required", param=f"{where}.content")
+        if role == "system":  # Claude Code sends reminders so: a system turn in its place
+            out.append({"role": "system", "content": _texts(message["content"],
+                                                            f"{where}.content")})  # fmt: skip
+            continue
         out += _turn(role, message["content"], f"{where}.content")
     return out
 
@@ -148,9 +154,12 @@ def message_options(body: CountTokensRequest) -> ChatOptions:
     mode = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
     tool_choice = ToolChoice("auto") if choice is None else ToolChoice(
         mode[choice.type], choice.name if choice.type == "tool" else None)  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    if body.thinking is not None:  # templates that can think take this switch (Qwen 3)
-        kwargs["enable_thinking"] = body.thinking.type == "enabled"
+    # An effort sets the template's thinking switches (chat/reasoning.py); `thinking`
+    # says whether to think at all, and wins over the effort where they disagree.
+    kwargs: dict[str, Any] = effort_kwargs(body.output_config.effort if body.output_config
+                                           else None)  # fmt: skip
+    if body.thinking is not None:  # adaptive: the model decides, so thinking stays on
+        kwargs["enable_thinking"] = body.thinking.type != "disabled"
     fmt = body.output_config.format if body.output_config else None
     return ChatOptions(
         tools=message_tools(body),

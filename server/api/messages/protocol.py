@@ -6,13 +6,17 @@ Scalars are validated here; `system`, `messages` and `tools` content blocks are 
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from chat.reasoning import EFFORTS
 from server.api.common import Probability, RequestModel
 from server.http.errors import BadRequest, Unsupported
 from server.serving.request_sampling import RequestSampling
+
+log = logging.getLogger("kvserve.server")
 
 
 class ToolChoice(RequestModel):
@@ -40,9 +44,14 @@ class Metadata(RequestModel):
     user_id: Annotated[str, Field(max_length=256)] | None = None
 
 
-# Defined by Anthropic, not implemented here: refused when set.
-# (mcp_servers is read by server/api/messages/mcp.py)
-MESSAGES_UNSUPPORTED = ("container", "context_management")
+# Defined by Anthropic, not implemented here: refused when set, since each changes what
+# the answer means. (mcp_servers is read by server/api/messages/mcp.py)
+MESSAGES_UNSUPPORTED = ("container",)
+# Hints that change nothing here, accepted and logged: `context_management` asks the
+# API to clear old tool results or thinking server-side once the context grows past a
+# threshold (Claude Code sends it on every request); kvserve keeps every turn it is
+# sent, and a prompt that does not fit is still refused (or cut, by drop_oldest).
+MESSAGES_HINTS = ("context_management",)
 
 
 class CountTokensRequest(RequestModel):
@@ -57,8 +66,13 @@ class CountTokensRequest(RequestModel):
 
     def refuse_unsupported(self) -> None:
         extra = self.model_extra or {}
-        if self.output_config is not None and self.output_config.effort is not None:
-            raise Unsupported("output_config.effort", "the effort of local models is fixed")
+        hints = sorted(name for name in MESSAGES_HINTS if extra.get(name) is not None)
+        if hints:
+            log.info("messages: accepting hints that change nothing here: %s", hints)
+        effort = self.output_config.effort if self.output_config else None
+        if effort is not None and effort not in EFFORTS:
+            raise BadRequest(f"'output_config.effort' must be one of {', '.join(EFFORTS)}",
+                             param="output_config.effort")  # fmt: skip
         if extra.get("speed") not in (None, "standard"):
             raise Unsupported("speed", "only 'standard'")
         for name in MESSAGES_UNSUPPORTED:
@@ -67,8 +81,6 @@ class CountTokensRequest(RequestModel):
         choice = self.tool_choice
         if choice is not None and choice.type == "tool" and not choice.name:
             raise BadRequest("a 'tool' tool_choice needs 'name'", param="tool_choice.name")
-        if self.thinking is not None and self.thinking.type == "adaptive":
-            raise Unsupported("thinking.type", "only 'enabled' or 'disabled'")
         thinking = self.thinking
         if thinking is not None and thinking.type == "enabled" and thinking.budget_tokens is None:
             raise BadRequest("enabled thinking needs 'budget_tokens'",

@@ -63,8 +63,8 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
     log.info("message %s: %d prompt tokens, stream=%s", message["id"], len(prepared.prompt),
              body.stream)  # fmt: skip
     if body.stream:
-        return sse.event_stream(_stream(generation, prepared, message),
-                                on_close=generation.abort)  # fmt: skip
+        return sse.event_stream(_stream(generation, prepared, message), on_close=generation.abort,
+                                heartbeat=sse.anthropic_ping)  # fmt: skip
     (choice,) = await until_disconnect(request, collect(generation, 1))
     parser = prepared.plan.parser()
     blocks = Blocks()

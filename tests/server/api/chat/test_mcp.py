@@ -52,7 +52,7 @@ async def test_the_answer_in_message_the_calls_in_kvserve_mcp(
 async def test_a_named_session_carries_the_loop(client: httpx.AsyncClient, fake: FakeEngine) -> None:
     fake.replies = [ADD, "42"]
     r = await client.post("/v1/chat/completions", json=req(tool_choice=FORCE),
-                          headers={"X-Session-Id": "mine"})  # fmt: skip
+                          headers={"X-Kvserve-Session": "mine"})  # fmt: skip
     assert r.status_code == 200, r.text
     assert [s.session_id for s in fake.submitted] == ["mine", "mine"]
 

@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 
+from engine.sessions import SessionLimits
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 
@@ -42,25 +43,57 @@ async def test_session_lifecycle(client: httpx.AsyncClient) -> None:
 
 async def test_the_header_names_the_session_and_creates_it(client: httpx.AsyncClient) -> None:
     response = await client.post("/v1/completions", json={"model": "fake-model", "prompt": "x"},
-                                 headers={"X-Session-Id": "from-header"})
+                                 headers={"X-Kvserve-Session": "from-header"})
     assert response.status_code == 200
     assert (await client.get("/v1/sessions/from-header")).status_code == 200
     clash = await client.post("/v1/chat/completions", json={**CHAT, "session_id": "other"},
-                              headers={"X-Session-Id": "from-header"})
+                              headers={"X-Kvserve-Session": "from-header"})
     error(clash, 400, "session_id")
 
 
-async def test_a_busy_session_gets_409(make_client: ClientFactory) -> None:
-    client = make_client(FakeEngine(delay=0.02))
+async def test_a_foreign_session_header_is_not_kvserves_unless_configured(
+    make_client: ClientFactory,
+) -> None:
+    """opencode sends an x-session-id of its own on every request: by default it names
+    no kvserve session; `[server] session_headers` can make it one (older clients)."""
+    fake = FakeEngine()
+    body = {"model": "fake-model", "prompt": "x"}
+    await make_client(fake).post("/v1/completions", json=body, headers={"X-Session-Id": "oc"})
+    aliased = make_client(fake, session_headers=("X-Kvserve-Session", "X-Session-Id"))
+    await aliased.post("/v1/completions", json=body, headers={"X-Session-Id": "oc"})
+    assert [r.session_id for r in fake.submitted] == [None, "oc"]
+    bad = await aliased.post("/v1/completions", json=body, headers={"X-Session-Id": "a b"})
+    error(bad, 400, "X-Session-Id")
+
+
+async def test_a_busy_session_is_a_hint_the_second_request_runs_unpinned(
+    make_client: ClientFactory,
+) -> None:
+    """opencode sends its title request and its turn at once under one x-kvserve-session."""
+    fake = FakeEngine(delay=0.02)
+    client = make_client(fake)
+    first = asyncio.create_task(
+        client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})
+    )
+    await asyncio.sleep(0.05)
+    error(await client.post("/v1/sessions/s/fork"), 409, "session_id")  # a fork still waits
+    second = await client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})
+    assert second.status_code == 200, second.text
+    assert [r.session_id for r in fake.submitted] == ["s", None]  # the second ran unpinned
+    assert (await first).status_code == 200
+    assert (await client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})).status_code == 200
+    assert fake.submitted[-1].session_id == "s"
+
+
+async def test_a_busy_session_gets_409_when_set_to_refuse(make_client: ClientFactory) -> None:
+    client = make_client(FakeEngine(delay=0.02, sessions=SessionLimits(when_busy="refuse")))
     first = asyncio.create_task(
         client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})
     )
     await asyncio.sleep(0.05)
     body = error(await client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"}), 409)
     assert body["code"] == "session_busy"
-    error(await client.post("/v1/sessions/s/fork"), 409, "session_id")
     assert (await first).status_code == 200
-    assert (await client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})).status_code == 200
 
 
 async def test_sessions_belong_to_their_api_key(make_client: ClientFactory) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from server.api.messages.protocol import MessagesRequest
+from server.api.messages.input import message_options
+from server.api.messages.protocol import CountTokensRequest, MessagesRequest
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.server.api.responses.test_responses import named_events
@@ -169,10 +170,11 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
     (req(max_tokens=0), "max_tokens"),
     (req(max_tokens="many"), "max_tokens"),
-    (req(max_tokens=100000), "max_tokens"),
     (req(messages=[]), "messages"),
     (req(messages="Hi"), "messages"),
-    (req(messages=[{"role": "system", "content": "x"}]), "messages[0].role"),
+    (req(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
+    (req(messages=[{"role": "system", "content": [{"type": "image"}]}]),
+     "messages[0].content[0].type"),
     (req(messages=[{"role": "user"}]), "messages[0].content"),
     (req(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
     (req(messages=[{"role": "user", "content": [{"text": "x"}]}]), "messages[0].content[0].type"),
@@ -222,13 +224,12 @@ BAD: list[tuple[dict[str, Any], str]] = [
     (req(thinking={"type": "enabled"}), "thinking.budget_tokens"),
     (req(thinking={"type": "enabled", "budget_tokens": 64}), "thinking.budget_tokens"),
     (req(thinking={"type": "maybe"}), "thinking.type"),
-    (req(thinking={"type": "adaptive"}), "thinking.type"),
     (req(metadata={"user_id": 5}), "metadata.user_id"),
     (req(stream="maybe"), "stream"),
     (req(mcp_servers=[{"url": "x"}]), "mcp_servers"),
     (req(container="c"), "container"),
     (req(service_tier="priority"), "service_tier"),
-    (req(output_config={"effort": "high"}), "output_config.effort"),
+    (req(output_config={"effort": "extreme"}), "output_config.effort"),
     (req(output_config={"format": {"type": "xml", "schema": {}}}), "output_config.format.type"),
     (req(output_config={"format": {"type": "json_schema"}}), "output_config.format.schema"),
     (req(output_config={"format": {"type": "json_schema", "schema": {"type": 5}}}),
@@ -258,3 +259,59 @@ OPTIONAL = [f.alias or n for n, f in MessagesRequest.model_fields.items() if not
 async def test_null_optional_field_is_absent(client: httpx.AsyncClient, name: str) -> None:
     r = await post(client, req(**{name: None}))
     assert r.status_code == 200, r.text
+
+
+# What Claude Code 2.1 sends on every request (captured): the hints and limits that were
+# each a 400 on round 4's kvserve.
+CLAUDE_CODE = req(
+    max_tokens=32000,
+    thinking={"type": "adaptive"},
+    output_config={"effort": "high"},
+    context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    metadata={"user_id": "user_abc_account__session_0f3c"},
+    messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+        {"role": "system", "content": "Reminder: be brief."},
+        {"role": "user", "content": "What now?"},
+    ],
+)
+
+
+async def test_what_claude_code_sends_is_answered(client: httpx.AsyncClient,
+                                                  fake: FakeEngine) -> None:
+    r = await post(client, CLAUDE_CODE, **{"anthropic-beta": "context-management-2025-06-27"})
+    assert r.status_code == 200, r.text
+    assert r.json()["stop_reason"] == "end_turn"
+    (request,) = fake.submitted
+    prompt = bytes(request.prompt_tokens).decode()
+    # the system message is a system turn in its place, between the two user turns
+    assert prompt.index("<|im_start|>user\nHi") < prompt.index(
+        "<|im_start|>system\nReminder: be brief.") < prompt.index("<|im_start|>user\nWhat now?")
+    # max_tokens past the context is not refused; the engine ends the answer where the
+    # context does (engine/validation.py check_context)
+    assert request.max_tokens == 32000 and len(request.prompt_tokens) + 32000 > 8192
+
+
+def test_effort_and_thinking_set_the_templates_switches() -> None:
+    def kwargs(**extra: Any) -> dict[str, Any]:
+        return message_options(CountTokensRequest.model_validate(req(**extra))).template_kwargs
+
+    assert kwargs() == {}
+    assert kwargs(output_config={"effort": "low"}) == {"enable_thinking": True,
+                                                       "reasoning_effort": "low"}
+    assert kwargs(thinking={"type": "adaptive"}) == {"enable_thinking": True}
+    assert kwargs(thinking={"type": "disabled"}, output_config={"effort": "high"}) == {
+        "enable_thinking": False, "reasoning_effort": "high"}
+
+
+async def test_a_prompt_that_leaves_no_room_is_worded_as_anthropic_words_it(
+    make_client: ClientFactory,
+) -> None:
+    client = make_client(FakeEngine(n_ctx=64))
+    r = await post(client, req(messages=[{"role": "user", "content": "x" * 200}]))
+    assert_anthropic_error(r, 400, "invalid_request_error")
+    message = r.json()["error"]["message"]
+    assert message.startswith("prompt is too long: ") and message.endswith(" > 64 maximum")
+    openai = await client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x" * 200}]})
+    assert openai.json()["error"]["code"] == "context_length_exceeded"
