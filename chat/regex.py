@@ -1,7 +1,9 @@
-"""A practical subset of JSON-schema `pattern` regexes -> a GBNF expression.
+"""A practical subset of regexes -> GBNF: JSON-schema `pattern`s and whole-output regexes.
 
-The expression matches the *JSON text* inside the quotes of a string, so characters that
-JSON escapes (quote, backslash, control characters) are written escaped. Supported:
+`pattern_to_gbnf`: the expression matches the *JSON text* inside the quotes of a string,
+so characters that JSON escapes (quote, backslash, control characters) are written
+escaped. `regex_to_gbnf`: a grammar whose whole output matches the regex (vLLM's
+`guided_regex`, SGLang's `regex`), characters as they are. Supported:
 literals, escapes (\\d \\w \\s \\D \\W \\S and escaped punctuation), `.`, character
 classes (ranges, negation), groups `(...)` / `(?:...)`, alternation, quantifiers
 `* + ? {n} {n,} {n,m}`, and `^` / `$` at the ends. A pattern without `^` (or `$`) may
@@ -11,7 +13,7 @@ Anything else (lookaround, backreferences, lazy quantifiers, \\b) raises Pattern
 
 from __future__ import annotations
 
-from chat.gbnf import literal, repeat
+from chat.gbnf import RuleSet, literal
 
 # Characters a JSON string may hold raw; everything else in a class is excluded.
 _JSON_UNSAFE = '"\\\\\\x00-\\x1F\\x7F'
@@ -48,9 +50,14 @@ def _json_escape(ch: str) -> str:
 
 
 class _Parser:
-    def __init__(self, pattern: str):
+    """`json`: characters as a JSON string writes them (else as they are). Repetitions go
+    through `rules` (chat.gbnf's one rule for bounds; compound atoms become rules)."""
+
+    def __init__(self, pattern: str, rules: RuleSet, json: bool):
         self.src = pattern
         self.i = 0
+        self.rules = rules
+        self.json = json
 
     def peek(self) -> str | None:
         return self.src[self.i] if self.i < len(self.src) else None
@@ -93,7 +100,7 @@ class _Parser:
             low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[ch]
         if self.peek() in ("?", "+"):
             raise PatternError("lazy and possessive quantifiers are not supported")
-        return repeat(atom, low, high)
+        return self.rules.repeat("re", atom, low, high)
 
     def atom(self) -> str:
         ch = self.take()
@@ -110,30 +117,37 @@ class _Parser:
         if ch == "[":
             return self.char_class()
         if ch == ".":
-            return _ANY
+            return _ANY if self.json else "[^\\n]"
         if ch == "\\":
             return self.escape()
         if ch in "*+?{)":
             raise PatternError(f"unexpected '{ch}'")
         if ch in "^$":
             raise PatternError("anchors are only supported at the ends of the pattern")
-        return _char_literal(ch)
+        return self.char(ch)
+
+    def char(self, ch: str) -> str:
+        return _char_literal(ch) if self.json else literal(ch)
 
     def escape(self) -> str:
         if self.peek() is None:
             raise PatternError("trailing backslash")
         ch = self.take()
-        if ch in ("d", "w"):
-            return "[" + "".join(_range_text(lo, hi) for lo, hi in _CLASS_RANGES[ch]) + "]"
+        if ch in ("d", "w") or (ch == "s" and not self.json):
+            return "[" + "".join(_range_text(lo, hi) for lo, hi in self.class_ranges(ch)) + "]"
         if ch == "s":
             return '(" " | "\\\\t" | "\\\\n" | "\\\\r")'
         if ch in _NEGATED_ESCAPES:
-            return f"[^{_NEGATED_ESCAPES[ch]}{_JSON_UNSAFE}]"
+            return f"[^{_NEGATED_ESCAPES[ch]}{_JSON_UNSAFE if self.json else ''}]"
         if ch in "nrt":
-            return literal(_json_escape({"n": "\n", "r": "\r", "t": "\t"}[ch]))
+            raw = {"n": "\n", "r": "\r", "t": "\t"}[ch]
+            return literal(_json_escape(raw) if self.json else raw)
         if ch.isalnum():
             raise PatternError(f"the escape \\{ch} is not supported")
-        return _char_literal(ch)
+        return self.char(ch)
+
+    def class_ranges(self, ch: str) -> tuple[tuple[int, int], ...]:
+        return _RAW_SPACE if ch == "s" and not self.json else _CLASS_RANGES[ch]
 
     def char_class(self) -> str:
         negated = self.peek() == "^"
@@ -163,10 +177,10 @@ class _Parser:
                 ranges.append((low, low))
         if negated:
             body = "".join(_range_text(lo, hi) for lo, hi in ranges)
-            return f"[^{body}{_JSON_UNSAFE}]"
+            return f"[^{body}{_JSON_UNSAFE if self.json else ''}]"
         # JSON-unsafe characters in a positive class are left out (the output stays a
         # subset of what the pattern allows, so it always validates).
-        safe = _subtract(ranges, _UNSAFE_CODES)
+        safe = _subtract(ranges, _UNSAFE_CODES) if self.json else ranges
         if not safe:
             raise PatternError("a character class holds only characters JSON must escape")
         return "[" + "".join(_range_text(lo, hi) for lo, hi in safe) + "]"
@@ -179,7 +193,7 @@ class _Parser:
             raise PatternError("trailing backslash")
         esc = self.take()
         if esc in _CLASS_RANGES:
-            return list(_CLASS_RANGES[esc])
+            return list(self.class_ranges(esc))
         if esc in "nrt":
             return ord({"n": "\n", "r": "\r", "t": "\t"}[esc])
         if esc.isalnum():
@@ -192,6 +206,7 @@ _CLASS_RANGES = {
     "w": ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)),
     "s": ((0x20, 0x20),),  # tab and newline would need JSON escapes: left out
 }
+_RAW_SPACE = ((0x09, 0x0D), (0x20, 0x20))  # \t \n \v \f \r and the space
 _UNSAFE_CODES = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F))
 
 
@@ -220,10 +235,11 @@ def _range_text(lo: int, hi: int) -> str:
     return _class_char(chr(lo)) if lo == hi else f"{_class_char(chr(lo))}-{_class_char(chr(hi))}"
 
 
-def pattern_to_gbnf(pattern: str) -> str:
-    """A GBNF expression for the JSON text of strings that `pattern` matches."""
+def pattern_to_gbnf(pattern: str, rules: RuleSet) -> str:
+    """A GBNF expression for the JSON text of strings that `pattern` matches (rules it
+    needs are added to `rules`, which must also define chat.gbnf's `char`)."""
     anchored_start = pattern.startswith("^")
-    parser = _Parser(pattern[1:] if anchored_start else pattern)
+    parser = _Parser(pattern[1:] if anchored_start else pattern, rules, json=True)
     expr = parser.alternation()
     anchored_end = parser.peek() == "$"
     if anchored_end:
@@ -234,3 +250,16 @@ def pattern_to_gbnf(pattern: str) -> str:
     return " ".join(
         p for p in ("" if anchored_start else free, f"({expr})", "" if anchored_end else free) if p
     )
+
+
+def regex_to_gbnf(pattern: str) -> str:
+    """A complete grammar whose whole output matches `pattern` (anchors at its ends are
+    allowed and change nothing: the match is always the whole output, as vLLM's)."""
+    rules = RuleSet()
+    parser = _Parser(pattern[1:] if pattern.startswith("^") else pattern, rules, json=False)
+    expr = parser.alternation()
+    if parser.peek() == "$":
+        parser.take()
+    if parser.peek() is not None:
+        raise PatternError(f"unexpected '{parser.peek()}' at {parser.i}")
+    return rules.text(expr)

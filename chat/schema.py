@@ -34,7 +34,7 @@ from typing import Any
 
 import jsonschema
 
-from chat.gbnf import RuleSet, json_literal, literal, repeat
+from chat.gbnf import RuleSet, json_literal, literal
 from chat.memo import ByteMemo
 from chat.regex import PatternError, pattern_to_gbnf
 
@@ -182,11 +182,15 @@ class SchemaConverter:
         if head:
             tail = " ".join(f"({sep} {kv[p]})?" for p in optional)
             return f'"{{" {ws} {head} {tail} {ws} "}}"'
-        # No required member: the first present optional one has no comma before it.
-        starts = [
-            " ".join([kv[p], *(f"({sep} {kv[q]})?" for q in optional[i + 1 :])])
-            for i, p in enumerate(optional)
-        ]
+        # No required member: the first present optional one has no comma before it. The
+        # members that may follow member i are one rule (`rest`), so the text grows with
+        # the number of members, not its square (llama.cpp also refuses a group holding
+        # over 2000 rules: some 60 optional members written out inline).
+        rest = [""] * (len(optional) + 1)
+        for i in range(len(optional) - 1, 0, -1):
+            body = f"({sep} {kv[optional[i]]})? {rest[i + 1]}".rstrip()
+            rest[i] = self.rules.add(f"{self.prefix}{name}-rest", body)
+        starts = [f"{kv[p]} {rest[i + 1]}".rstrip() for i, p in enumerate(optional)]
         body = f"({' | '.join(f'({s})' for s in starts)})?" if starts else ""
         return f'"{{" {ws} {body} {ws} "}}"'
 
@@ -202,7 +206,9 @@ class SchemaConverter:
         item = self._rule(items, f"{name}-item")
         if high is not None and high < max(low, 1):
             return f'"[" {ws} "]"' if high == 0 else '""'
-        rest = repeat(f'{ws} "," {ws} {item}', max(low - 1, 0), None if high is None else high - 1)
+        more = f'{ws} "," {ws} {item}'
+        more_high = None if high is None else high - 1
+        rest = self.rules.repeat(f"{self.prefix}{name}-more", more, max(low - 1, 0), more_high)
         body = f"{item} {rest}"
         return f'"[" {ws} {body if low else f"({body})?"} {ws} "]"'
 
@@ -216,7 +222,9 @@ class SchemaConverter:
         more_high = None if high is None else high - count
         if items is not False and more_high != 0 and count == len(prefix):
             item = self._rule(items, f"{name}-item")
-            extra = repeat(f'{ws} "," {ws} {item}', max(low - count, 0), more_high)
+            more = f'{ws} "," {ws} {item}'
+            low_more = max(low - count, 0)
+            extra = self.rules.repeat(f"{self.prefix}{name}-more", more, low_more, more_high)
             body = f"{body} {extra}" if body else f"({item} {extra})?"
         return f'"[" {ws} {body} {ws} "]"'
 
@@ -225,7 +233,7 @@ class SchemaConverter:
         if "pattern" in schema:
             try:  # the pattern is enforced; length bounds beside it are not
                 self.rules.primitive("string")
-                return f'"\\"" {pattern_to_gbnf(schema["pattern"])} "\\""'
+                return f'"\\"" {pattern_to_gbnf(schema["pattern"], self.rules)} "\\""'
             except PatternError:  # beyond the regex subset: not enforced (see module doc)
                 schema = {k: v for k, v in schema.items() if k != "pattern"}
         if fmt == "date-time":
@@ -239,7 +247,7 @@ class SchemaConverter:
         low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
         if low == 0 and high is None:
             return self.rules.primitive("string")
-        return f'"\\"" {repeat(char, low, high)} "\\""'
+        return f'"\\"" {self.rules.repeat(f"{self.prefix}{name}-chars", char, low, high)} "\\""'
 
     def _integer(self, schema: dict[str, Any], name: str) -> str:
         low, high = self._bounds(schema, name, integer=True)

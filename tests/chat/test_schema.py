@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from chat.gbnf import RuleSet
 from chat.regex import PatternError, pattern_to_gbnf
 from chat.schema import SchemaError, schema_to_gbnf
 
@@ -120,10 +121,10 @@ def test_invalid_or_unresolvable_schemas_raise(schema: Any) -> None:
 
 
 def test_pattern_expression() -> None:
-    assert pattern_to_gbnf("^ab$") == '("a" "b")'
-    assert pattern_to_gbnf("a").startswith("char* ")
+    assert pattern_to_gbnf("^ab$", RuleSet()) == '("a" "b")'
+    assert pattern_to_gbnf("a", RuleSet()).startswith("char* ")
     with pytest.raises(PatternError):
-        pattern_to_gbnf('["]')
+        pattern_to_gbnf('["]', RuleSet())
 
 
 # What Pydantic emits for a tuple, a set and a discriminated union (pydantic 2.x).
