@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.routing import Mount
 
 from engine.client import (
     CacheBudget,
@@ -56,8 +57,10 @@ from server.config.tree import (
     lora_source,
 )
 from server.http import errors
+from server.http.bodies import BodyBudget, BodyLimit
 from server.http.deps import EngineLike, require_api_key
-from server.http.middleware import AccessMiddleware, BodyLimit, OriginGuard
+from server.http.key_first import KeyFirst
+from server.http.middleware import AccessMiddleware, OriginGuard
 from server.mcp.manager import McpManager
 from server.models import hub
 from server.models.gate import ModelGate
@@ -278,9 +281,13 @@ def create_app(
     errors.install(app)
 
     authed = [Depends(require_api_key)]
-    app.include_router(health.router)
+    # The routes open without a key; every other takes one, checked before its body is
+    # read (KeyFirst, below).
+    open_routers = [health.router]
     if settings.metrics.enabled:
-        app.include_router(metrics.router)
+        open_routers.append(metrics.router)
+    for router in open_routers:
+        app.include_router(router)
     for router in (
         chat_router,
         completions_router,
@@ -300,19 +307,24 @@ def create_app(
     page.install(app)  # the page at / (its API calls carry the key)
     docs.install(app)
 
-    if settings.server.cors_origins:
+    app.add_middleware(ModelGate, loader=app.state.loader)  # inside the body limit
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.server.max_body_bytes,
+        timeout_s=settings.server.body_timeout_s,
+        budget=BodyBudget(settings.server.max_body_bytes_total),
+    )
+    # The key before the body: a request without one reads and parses nothing.
+    open_routes = [route for router in (*open_routers, page.router) for route in router.routes]
+    open_routes += [route for route in app.routes if isinstance(route, Mount)]  # the page's files
+    app.add_middleware(KeyFirst, keys=settings.auth.all_keys, open_routes=open_routes)
+    if settings.server.cors_origins:  # outside the refusals above: they carry its headers
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.server.cors_origins),
             allow_methods=["*"],
             allow_headers=["*"],
         )
-    app.add_middleware(ModelGate, loader=app.state.loader)  # inside the body limit
-    app.add_middleware(
-        BodyLimit,
-        limit=settings.server.max_body_bytes,
-        timeout_s=settings.server.body_timeout_s,
-    )
     app.add_middleware(  # before the body is read: pages of other sites, DNS rebinding
         OriginGuard,
         cors_origins=settings.server.cors_origins,

@@ -99,6 +99,9 @@ class ServerSection:
     # (with keys: an admin key; without: only on a loopback-bound server), "on" (without
     # keys: anyone), "off" (no one).
     model_management: Literal["auto", "on", "off"] = "auto"
+    # Request bodies held at once, all connections together (server/http/bodies.py);
+    # past it a new body is refused with 503 before it is read.
+    max_body_bytes_total: Annotated[int, Field(ge=1024)] = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -320,6 +323,8 @@ def disk_dir_problem(disk_dir: str) -> str | None:
             probe.write(b"probe")
             probe.flush()
             os.fsync(probe.fileno())
+    if s.server.max_body_bytes_total < s.server.max_body_bytes:
+        raise ConfigError("server.max_body_bytes_total: must be at least server.max_body_bytes")
     except OSError as exc:
         return f"{disk_dir}: {exc.strerror or exc}"
     return None

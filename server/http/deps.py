@@ -5,7 +5,7 @@ it resolved and the JSON body it parsed, so that neither is done twice on one re
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -130,25 +130,36 @@ def get_engine(request: Request) -> EngineLike:
 def presented_key(request: Request) -> str:
     """The API key a request carries: `Authorization: Bearer <key>`, or Anthropic's
     `x-api-key: <key>` ("" if neither)."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return key_in(request.headers)
+
+
+def key_in(headers: Mapping[str, str]) -> str:
+    """`presented_key` from the headers alone (server/http/key_first.py has no Request)."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return request.headers.get("x-api-key", "").strip()
+    return headers.get("x-api-key", "").strip()
 
 
-def require_api_key(request: Request) -> None:
-    keys: tuple[str, ...] = request.app.state.settings.auth.all_keys
+def key_accepted(headers: Mapping[str, str], keys: tuple[str, ...]) -> bool:
+    """Whether the headers carry one of `keys` (any, when there are none)."""
     if not keys:
-        return
-    token = presented_key(request)
+        return True
+    token = key_in(headers)
     if not token:
-        raise Unauthorized()
+        return False
     presented = token.encode()
     # Compare against every key, without an early exit, in constant time per key.
     matched = False
     for key in keys:
         matched |= hmac.compare_digest(presented, key.encode())
-    if not matched:
+    return matched
+
+
+def require_api_key(request: Request) -> None:
+    """A route's key check; server/http/key_first.py has made it already, before the
+    body was read, for every route but the open ones app.py names."""
+    if not key_accepted(request.headers, request.app.state.settings.auth.all_keys):
         raise Unauthorized()
 
 

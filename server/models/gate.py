@@ -5,10 +5,11 @@ warming, tokenize) passes here. The gate finds the model (the JSON body's `model
 the default model for the endpoints that name none), counts the request as in flight on
 it (so it is not unloaded under it: an unload frees the vocabulary a tokenize reads),
 marks it used (idle unloads count from the last request), and when the model is not
-ready has the loader load it, unless the route would refuse the request anyway: a bad
-key, a body its request model refuses, a `keep_alive` the caller may not set (nothing is
-loaded for a request that is answered 4xx). The route reads the body as the gate parsed
-it (deps.GatedRoute) rather than parsing it again. `/api/show` is not gated: it
+ready has the loader load it, unless the route would refuse the request anyway: a body
+its request model refuses, a `keep_alive` the caller may not set (nothing is loaded
+for a request that is answered 4xx; one without a valid key never gets here:
+server/http/key_first.py answers it before its body is read). The route reads the body
+as the gate parsed it (deps.GatedRoute) rather than parsing it again. `/api/show` is not gated: it
 reads what the model's file says and loads nothing. A plain request simply waits; a
 stream (`"stream": true`) gets its 200 and SSE comment lines (`: loading ...`) at once,
 every second, so that clients and proxies see the connection alive, and then the route's
@@ -41,8 +42,8 @@ from server.api.ollama.protocol import (
     OllamaGenerateRequest,
 )
 from server.api.responses.protocol import ResponsesRequest
-from server.http.deps import GATED_MODEL, leave_gated_body, require_api_key
-from server.http.errors import APIError, Unauthorized
+from server.http.deps import GATED_MODEL, leave_gated_body
+from server.http.errors import APIError
 from server.models.keep_alive import keep_alive_refusal
 from server.models.served import resolve_ollama_model
 
@@ -121,9 +122,7 @@ class ModelGate:
         if served is not None and isinstance(name, str):
             # the route reads it (deps.gated_model) instead of looking the name up again
             scope.setdefault("state", {})[GATED_MODEL] = (name, served)
-        if served is None or not _authorized(scope):
-            # The route answers: 400 for bad JSON, 404 for a bad model, 401 for a bad key
-            # (an anonymous request must not get a model loaded).
+        if served is None:  # the route answers: 400 for bad JSON, 404 for a bad model
             await self.app(scope, replay, send)
             return
         if not served.engine.ready and _refused(scope, scope["path"], fields, served):
@@ -187,14 +186,6 @@ def _refused(scope: Scope, path: str, fields: Any, served: ServedModel) -> bool:
         return True
     seconds = getattr(body, "keep_alive", None)
     return keep_alive_refusal(Request(scope), served, seconds) is not None
-
-
-def _authorized(scope: Scope) -> bool:
-    try:
-        require_api_key(Request(scope))
-    except Unauthorized:
-        return False
-    return True
 
 
 async def _read_body(receive: Receive) -> tuple[list[Message], bytes]:
