@@ -8,31 +8,28 @@ ones, and the incremental parser that turns its output back into calls.
   prompt and a call is the envelope `{"tool_calls": [{"name": .., "arguments": {..}}]}`
   as the whole answer. In `auto` mode the lazy grammar arms when the answer starts with
   `{"tool_calls"`; any other answer stays free text (a plain JSON answer included).
+
+Other families live beside this module: Qwen3-Coder's XML in chat/formats_xml.py,
+gpt-oss's harmony channels in chat/harmony.py; `detect_format` chooses among them all.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from chat.callformat import CallFormat, GrammarSpec, document_key, memo_grammar, tools_key
 from chat.callstream import CallScanner, Delta
+from chat.formats_xml import detect_xml
 from chat.gbnf import RuleSet, literal
-from chat.memo import ByteMemo
+from chat.harmony import HARMONY
 from chat.schema import SchemaConverter, SchemaError
 from chat.tools import ChatInputError, Tool, ToolChoice
 
-
-@dataclass(frozen=True, slots=True)
-class GrammarSpec:
-    """A grammar for the engine. Lazy: free until a trigger pattern (a regex matched
-    against the whole output so far; its first group marks where the grammar starts)
-    or a trigger word that the server finds to be a single special token."""
-
-    gbnf: str
-    lazy: bool = False
-    trigger_patterns: tuple[str, ...] = ()
-    trigger_words: tuple[str, ...] = ()
+__all__ = ["GENERIC", "HERMES", "LLAMA3", "MISTRAL", "CallFormat", "GrammarSpec", "ToolFormat",
+           "ToolParser", "detect_format", "generic_history", "tool_system_prompt"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +45,7 @@ class ToolFormat:
     suffix: str  # grammar text after the calls
     trigger: str  # lazy trigger regex (std::regex ECMAScript, whole-output match)
     trigger_word: str = ""
+    owns_reasoning: bool = False  # `<think>` (if any) is split before the calls
 
     def grammar(
         self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
@@ -55,13 +53,12 @@ class ToolFormat:
         """The calls grammar; with `document` (a JSON schema), in `auto` mode the answer is
         either calls or one document matching it (tools together with a response format).
         Memoized (bounded by bytes): agents resend the same tools every turn."""
-        doc_key = "" if document is None or choice.mode != "auto" else json.dumps(
-            document, sort_keys=True)  # fmt: skip
-        key = _tools_key(tools)
+        doc_key, key = document_key(document, choice), tools_key(tools)
         memo_key = f"{self.name}|{choice.mode}|{parallel}|{key}|{doc_key}"
-        return _GRAMMARS.get(memo_key, lambda: _grammar(self, key, choice.mode, parallel, doc_key))
+        return memo_grammar(memo_key, lambda: _grammar(self, key, choice.mode, parallel, doc_key))
 
-    def parser(self) -> ToolParser:
+    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> ToolParser:
+        """The JSON families need neither: a call names itself and carries JSON."""
         return ToolParser(self)
 
 
@@ -87,8 +84,14 @@ GENERIC = ToolFormat(
 )  # fmt: skip
 
 
-def detect_format(template_source: str) -> ToolFormat:
-    """The family a template belongs to, from what its text mentions."""
+def detect_format(template_source: str) -> CallFormat:
+    """The family a template belongs to, from what its text mentions (the order is
+    llama.cpp's, common/chat.cpp: harmony, then Qwen3-Coder's XML, then the rest)."""
+    if "<|channel|>" in template_source:
+        return HARMONY
+    xml = detect_xml(template_source)
+    if xml is not None:
+        return xml
     if "<tool_call>" in template_source:
         return HERMES
     if "[TOOL_CALLS]" in template_source:
@@ -96,19 +99,6 @@ def detect_format(template_source: str) -> ToolFormat:
     if "<|python_tag|>" in template_source:
         return LLAMA3
     return GENERIC
-
-
-def _tools_key(tools: list[Tool]) -> str:
-    return json.dumps([[t.name, t.parameters] for t in tools], sort_keys=True)
-
-
-def _spec_bytes(spec: GrammarSpec) -> int:
-    return len(spec.gbnf) + sum(map(len, spec.trigger_patterns + spec.trigger_words))
-
-
-# (format, mode, parallel, canonical tools JSON, document schema) -> grammar: agents
-# resend the tools every turn. Bounded by bytes (see chat/memo.py).
-_GRAMMARS: ByteMemo[GrammarSpec] = ByteMemo(16 << 20, _spec_bytes)
 
 
 def _grammar(

@@ -10,15 +10,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from chat.callformat import CallFormat, CallParser
 from chat.callstream import Delta
-from chat.formats import (
-    GrammarSpec,
-    ToolFormat,
-    ToolParser,
-    detect_format,
-    generic_history,
-    tool_system_prompt,
-)
+from chat.formats import GrammarSpec, detect_format, generic_history, tool_system_prompt
 from chat.reasoning import ReasoningSplitter, has_thinking, starts_inside
 from chat.schema import SchemaError, check_schema, json_object_gbnf, schema_to_gbnf
 from chat.template import ChatTemplate, RenderedPrompt
@@ -49,7 +43,7 @@ class OutputParser:
     (max_tokens) is therefore never reported; `num_truncated` counts it, and its text is
     dropped (a fragment of JSON is neither content nor a call)."""
 
-    def __init__(self, reasoning: ReasoningSplitter | None, tools: ToolParser | None):
+    def __init__(self, reasoning: ReasoningSplitter | None, tools: CallParser | None):
         self._reasoning = reasoning
         self._tools = tools
         self._held: list[Delta] = []
@@ -99,13 +93,19 @@ class OutputParser:
 class ChatPlan:
     prompt: RenderedPrompt
     grammar: GrammarSpec | None
-    tool_format: ToolFormat | None  # set when tools are offered
+    # Set when tools are offered, or when the format's parser also splits the reasoning
+    # (gpt-oss's channels: its output needs that parser even without tools).
+    tool_format: CallFormat | None
     split_reasoning: bool
     reasoning_inside: bool
+    tools: tuple[Tool, ...] = ()  # the offered ones (a parser types XML values by them)
 
     def parser(self) -> OutputParser:
-        reasoning = ReasoningSplitter(self.reasoning_inside) if self.split_reasoning else None
-        tools = self.tool_format.parser() if self.tool_format else None
+        fmt = self.tool_format
+        own = fmt is not None and fmt.owns_reasoning
+        splitter = self.split_reasoning and not own
+        reasoning = ReasoningSplitter(self.reasoning_inside) if splitter else None
+        tools = fmt.parser(self.tools, self.split_reasoning) if fmt else None
         return OutputParser(reasoning, tools)
 
 
@@ -149,9 +149,10 @@ def plan_chat(
     return ChatPlan(
         prompt_text,
         grammar,
-        fmt if offered else None,
+        fmt if offered or fmt.owns_reasoning else None,
         split,
         split and starts_inside(prompt_text.text),
+        tuple(offered),
     )
 
 
@@ -168,7 +169,7 @@ def _document(opts: ChatOptions) -> Any:
     return None
 
 
-def _history(messages: list[dict[str, Any]], fmt: ToolFormat) -> list[dict[str, Any]]:
+def _history(messages: list[dict[str, Any]], fmt: CallFormat) -> list[dict[str, Any]]:
     """Check tool history and put it in the form the template (or format) expects."""
     names: dict[str, str] = {}
     out: list[dict[str, Any]] = []

@@ -8,7 +8,10 @@ OPEN, CLOSE = "<think>", "</think>"
 
 
 def has_thinking(template_source: str) -> bool:
-    return OPEN in template_source and CLOSE in template_source
+    """`<think>` tags, or gpt-oss's analysis channel (chat/harmony.py splits that one)."""
+    return (OPEN in template_source and CLOSE in template_source) or (
+        "<|channel|>analysis" in template_source
+    )
 
 
 def starts_inside(prompt: str) -> bool:

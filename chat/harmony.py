@@ -1,0 +1,228 @@
+"""gpt-oss's harmony format: the reply is a sequence of messages, each with a header.
+
+The generation prompt ends with `<|start|>assistant`, so the output reads like
+
+    <|channel|>analysis<|message|>thinking...<|end|>
+    <|start|>assistant<|channel|>final<|message|>the answer
+
+and a call names its recipient in the role header or in the channel header:
+
+    <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
+    <|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}
+
+As llama.cpp reads it (common/parsers/gpt-oss.cpp): analysis -> reasoning, final and
+commentary without a recipient (a preamble) -> content, `to=functions.NAME` -> a call;
+a call to any other recipient (a builtin tool: `to=python`, `to=container.exec`) is
+dropped. `<|call|>` and `<|return|>` end the generation; the parser ignores them if
+they reach it. One call per reply: `<|call|>` ends it (and the template renders one).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chat.callformat import (
+    CallParser,
+    GrammarSpec,
+    document_key,
+    excluding,
+    memo_grammar,
+    tools_key,
+)
+from chat.callstream import Delta, new_call_id
+from chat.gbnf import RuleSet, literal
+from chat.schema import SchemaConverter, SchemaError
+from chat.tools import ChatInputError, Tool, ToolChoice
+
+START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
+ENDINGS = (END, "<|call|>", "<|return|>")
+# How a message's header may begin: right after the prompt's `<|start|>assistant`, or
+# with the next `<|start|>`. Output that begins otherwise is plain text.
+HEADER_STARTS = (CHANNEL, " to=", START)
+_RECIPIENT = re.compile(r"to=(\S+?)(?=<\||\s|$)")
+_CHANNEL = re.compile(r"<\|channel\|>(\w+)")
+# The grammar starts at the recipient, in the role header or in the channel header.
+_PREFIX = r"(?:[\s\S]*?<\|start\|>assistant)?"
+TRIGGERS = (
+    _PREFIX + r"( to=functions)[\s\S]*",
+    _PREFIX + r"(<\|channel\|>(?:commentary|analysis) to=functions)[\s\S]*",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HarmonyFormat:
+    name: str = "harmony"
+    native: bool = True
+    owns_reasoning: bool = True
+
+    def grammar(
+        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
+    ) -> GrammarSpec:
+        # `parallel` changes nothing: `<|call|>` ends the reply, one call per turn.
+        key, doc = tools_key(tools), document_key(document, choice)
+        return memo_grammar(
+            f"{self.name}|{choice.mode}|{key}|{doc}", lambda: _grammar(key, choice.mode, doc)
+        )
+
+    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
+        return HarmonyParser(calls=bool(tools), reasoning=reasoning)
+
+
+HARMONY = HarmonyFormat()
+
+
+def _grammar(key: str, mode: str, doc_key: str) -> GrammarSpec:
+    rules = RuleSet()
+    channel = rules.add("channel", f'{literal(CHANNEL)} ("commentary" | "analysis")')
+    constrain = literal("<|constrain|>")
+    constraint = rules.add("constraint", f'(" "? {constrain}? [A-Za-z0-9_-]{{1,16}})?')
+    alternatives = []
+    for i, (name, parameters) in enumerate(json.loads(key)):
+        try:
+            if parameters in ({}, True):
+                args = rules.primitive("object")
+            else:
+                args = SchemaConverter(rules, parameters, f"t{i}-").convert(parameters, "args")
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+        to = literal(f" to=functions.{name}")
+        message = literal(MESSAGE)
+        alternatives.append(rules.add(
+            f"call-{i}",
+            f"{to} {channel} {constraint} {message} {args} | "
+            f"{channel} {to} {constraint} {message} {args}",
+        ))  # fmt: skip
+    call = rules.add("call", " | ".join(alternatives))
+    if mode == "auto" and not doc_key:
+        return GrammarSpec(rules.text(call), lazy=True, trigger_patterns=TRIGGERS)
+    text = excluding(rules, "message-text", END)
+    stray = f"({literal(CHANNEL + 'commentary')} {literal(' to=assistant')}?)?"
+    analysis = f"{stray} {literal(CHANNEL + 'analysis' + MESSAGE)} {text} {literal(END)}"
+    preamble = f"{literal(CHANNEL + 'commentary' + MESSAGE)} {text} {literal(END)}"
+    earlier = rules.add("earlier", f"({analysis} | {preamble}) {literal(START + 'assistant')}")
+    answer = call
+    if doc_key:  # auto with a response schema: a call or a final message matching it
+        document = json.loads(doc_key)
+        try:
+            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        final = f"{literal(CHANNEL + 'final')} {constraint} {literal(MESSAGE)} {value}"
+        answer = f"({call} | {final})"
+    return GrammarSpec(rules.text(f"{earlier}* {answer}"))
+
+
+class HarmonyParser:
+    """Messages -> reasoning / content / call deltas, incrementally. A header is held
+    until its `<|message|>`; a body streams, holding back a possible partial ending."""
+
+    def __init__(self, *, calls: bool, reasoning: bool):
+        self._calls = calls
+        self._reasoning = reasoning
+        self._buf = ""
+        self._state = "header"  # header | body | plain
+        self._kind = "content"  # the body's: content | reasoning | args | drop
+        self._args = ""
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        self._buf += text
+        out: list[Delta] = []
+        while self._step(out):
+            pass
+        return [d for d in out if d.text or d.kind == "start"]
+
+    def finish(self) -> list[Delta]:
+        out: list[Delta] = []
+        if self._state == "plain" or (self._state == "header" and self._buf):
+            out.append(Delta("content", self._buf))
+        elif self._state == "body":
+            self._emit(self._buf, out)
+            self._end_body(out)
+        self._buf = ""
+        return [d for d in out if d.text]
+
+    def _step(self, out: list[Delta]) -> bool:
+        if self._state == "plain":
+            out.append(Delta("content", self._buf))
+            self._buf = ""
+            return False
+        if self._state == "header":
+            return self._header(out)
+        ends = [(self._buf.find(e), e) for e in ENDINGS if e in self._buf]
+        if ends:
+            at, ending = min(ends)
+            self._emit(self._buf[:at], out)
+            self._buf = self._buf[at + len(ending) :]
+            self._end_body(out)
+            self._state = "header"
+            return True
+        keep = max(
+            (k for e in ENDINGS for k in range(1, min(len(e), len(self._buf) + 1))
+             if e.startswith(self._buf[-k:])),
+            default=0,
+        )  # fmt: skip
+        self._emit(self._buf[: len(self._buf) - keep], out)
+        self._buf = self._buf[len(self._buf) - keep :]
+        return False
+
+    def _header(self, out: list[Delta]) -> bool:
+        if not self._buf:
+            return False
+        if not any(self._buf.startswith(s) or s.startswith(self._buf) for s in HEADER_STARTS):
+            self._state = "plain"  # not harmony at all (a model that ignores its template)
+            return True
+        at = self._buf.find(MESSAGE)
+        if at < 0:
+            return False
+        header, self._buf = self._buf[:at], self._buf[at + len(MESSAGE) :]
+        self._open(header.removeprefix(START + "assistant"), out)
+        self._state = "body"
+        return True
+
+    def _open(self, header: str, out: list[Delta]) -> None:
+        channels = _CHANNEL.findall(header)
+        channel = channels[-1] if channels else ""
+        recipient = next(
+            (r for r in _RECIPIENT.findall(header) if r != "assistant"), None)  # fmt: skip
+        if recipient is not None:
+            function = recipient.removeprefix("functions.")
+            if recipient.startswith("functions.") and self._calls:
+                self._kind, self._args = "args", ""
+                out.append(Delta("start", function, self.num_calls, new_call_id()))
+            else:
+                self._kind = "drop"  # a builtin tool, or a call when none was offered
+        elif channel == "analysis" and self._reasoning:
+            self._kind = "reasoning"
+        elif channel == "analysis":  # reasoning_format none: the message as it was written
+            self._kind = "raw-analysis"
+            out.append(Delta("content", header + MESSAGE))
+        else:
+            self._kind = "content"
+
+    def _emit(self, text: str, out: list[Delta]) -> None:
+        if not text or self._kind == "drop":
+            return
+        if self._kind == "args":
+            self._args += text
+            out.append(Delta("args", text, self.num_calls))
+        elif self._kind == "reasoning":
+            out.append(Delta("reasoning", text))
+        else:
+            out.append(Delta("content", text))
+
+    def _end_body(self, out: list[Delta]) -> None:
+        if self._kind == "raw-analysis":
+            out.append(Delta("content", END))
+        if self._kind == "args":
+            try:
+                json.loads(self._args)
+            except ValueError:
+                pass  # cut off (max_tokens): never complete, the planner drops it
+            else:
+                self.num_calls += 1
+        self._kind = "content"
