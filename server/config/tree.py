@@ -90,6 +90,9 @@ class ServerSection:
     # ones (DNS rebinding, OriginGuard in server/http/middleware.py); "*": any.
     allowed_hosts: Annotated[tuple[str, ...], AfterValidator(_hosts)] = ()
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+    # Request bodies held at once, all connections together (server/http/bodies.py);
+    # past it a new body is refused with 503 before it is read.
+    max_body_bytes_total: Annotated[int, Field(ge=1024)] = 256 * 1024 * 1024
     shutdown_grace_s: NotNegative = 30.0  # SIGTERM: in-flight requests get this long to finish
     max_connections: Count = 0  # open connections; 0: the open-file limit less 64
     header_timeout_s: Seconds = 10.0  # a request head must arrive whole this soon
@@ -99,9 +102,6 @@ class ServerSection:
     # (with keys: an admin key; without: only on a loopback-bound server), "on" (without
     # keys: anyone), "off" (no one).
     model_management: Literal["auto", "on", "off"] = "auto"
-    # Request bodies held at once, all connections together (server/http/bodies.py);
-    # past it a new body is refused with 503 before it is read.
-    max_body_bytes_total: Annotated[int, Field(ge=1024)] = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -308,6 +308,8 @@ def _validate(s: Settings, labels: list[str]) -> None:
     path = s.cache.disk_path
     if path and os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"cache.disk_dir: not a directory: {path}")
+    if s.server.max_body_bytes_total < s.server.max_body_bytes:
+        raise ConfigError("server.max_body_bytes_total: must be at least server.max_body_bytes")
     check_models(labels, s.models, s.hub)
     validate_mcp(s.mcp)
 
@@ -323,8 +325,6 @@ def disk_dir_problem(disk_dir: str) -> str | None:
             probe.write(b"probe")
             probe.flush()
             os.fsync(probe.fileno())
-    if s.server.max_body_bytes_total < s.server.max_body_bytes:
-        raise ConfigError("server.max_body_bytes_total: must be at least server.max_body_bytes")
     except OSError as exc:
         return f"{disk_dir}: {exc.strerror or exc}"
     return None

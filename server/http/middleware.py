@@ -55,6 +55,9 @@ class AccessMiddleware:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), echoed]}
+            await send(message)
+
         left = False  # whether the client disconnected
 
         async def receive_noting_disconnect() -> Message:
@@ -62,9 +65,6 @@ class AccessMiddleware:
             message = await receive()
             left = left or message["type"] == "http.disconnect"
             return message
-
-                message = {**message, "headers": [*message.get("headers", []), echoed]}
-            await send(message)
 
         token = activate(record)
         self.lifecycle.inflight.add(record)
