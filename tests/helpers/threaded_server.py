@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -16,9 +17,15 @@ from tests.fakes import FakeEngine
 
 
 @contextlib.contextmanager
-def serving(engine: FakeEngine) -> Iterator[str]:
+def serving(engine: FakeEngine, settings: Settings | None = None) -> Iterator[str]:
     """The server's URL while it runs; stopped (and its thread joined) on leaving."""
-    app = create_app(Settings(), engine=engine)
+    with serving_app(create_app(settings or Settings(), engine=engine)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving_app(app: Any) -> Iterator[str]:
+    """Any ASGI app under uvicorn in a thread (the URL while it runs), as `serving`."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

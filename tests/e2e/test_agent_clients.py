@@ -1,0 +1,98 @@
+"""The agent programs people run (Claude Code, Codex, opencode, Qwen Code), unchanged,
+against kvserve: each pointed at it the way docs/clients.md says, its traffic recorded
+by a logging proxy in between.
+
+On the fake engine (tests/helpers/agent_engine.py) the whole tool loop runs whatever a
+model would do: the client asks for its shell tool on a file only the tool can read,
+runs it, sends the result back, and prints the final answer. On the real default model
+one turn of each client completes. In both, kvserve refuses nothing the client sends
+(no 4xx or 5xx in the recorded traffic): a newer client that breaks kvserve fails here.
+
+The clients are the versions pinned in tests/e2e/agents/ (installed by .ci/run, or on
+first use here).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.agent_clients import CLAUDE, CLIENTS, CODEX, Client, run
+from tests.helpers.agent_engine import PLAIN_ANSWER, ToolLoopEngine
+from tests.helpers.logging_proxy import LoggingProxy, logging_proxy
+from tests.helpers.threaded_server import serving
+from tests.kvserve_process import running
+
+FAKE_MODEL = "fake-model"  # FakeEngine's model id
+
+
+def explain(proxy: LoggingProxy, done: subprocess.CompletedProcess[str]) -> str:
+    """What a failing assertion shows: the refused exchanges, then the client's output."""
+    refused = "\n".join(e.summary() for e in proxy.refused())
+    seen = "\n".join(f"{e.method} {e.path} -> {e.status}" for e in proxy.exchanges)
+    return (
+        f"refused:\n{refused}\nall:\n{seen}\nclient (rc {done.returncode}):\n{done.stdout[-4000:]}"
+    )
+
+
+def write_note(root: Path) -> str:
+    """A secret in root/work/note.txt: only the client's tool can bring it to a prompt."""
+    secret = f"note-{uuid.uuid4().hex[:16]}"
+    (root / "work").mkdir(parents=True)
+    (root / "work" / "note.txt").write_text(secret + "\n")
+    return secret
+
+
+@pytest.mark.parametrize("client", CLIENTS, ids=lambda c: c.name)
+def test_tool_loop_on_the_fake_engine(client: Client, tmp_path: Path) -> None:
+    secret = write_note(tmp_path)
+    final = f"The note is read: done-{uuid.uuid4().hex[:8]}."
+    engine = ToolLoopEngine(tool=client.tool, arguments=client.arguments, secret=secret,
+                            final=final)  # fmt: skip
+    with serving(engine) as url, logging_proxy(url) as (proxy_url, proxy):
+        done = run(client, proxy_url, tmp_path, model=FAKE_MODEL)
+    why = explain(proxy, done)
+    assert not proxy.refused(), why
+    assert len(proxy.requests_to(client.path)) >= 2, why  # the call, then the answer
+    assert engine.saw_tool_result(), why  # the tool's output reached the next prompt
+    assert final in done.stdout and done.returncode == 0, why
+
+
+@pytest.mark.parametrize("client", [CLAUDE, CODEX], ids=lambda c: c.name)
+def test_default_model_name_on_the_fake_engine(client: Client, tmp_path: Path) -> None:
+    """Nothing configured but the URL: the client names its own default model (Claude
+    Code claude-opus-*, Codex gpt-*; Codex then sends its tools as an `additional_tools`
+    input item of namespaces and a Lark-grammar `custom` tool)."""
+    write_note(tmp_path)
+    engine = ToolLoopEngine(tool="no-such-tool", arguments={}, secret="unseen", final="")
+    with serving(engine) as url, logging_proxy(url) as (proxy_url, proxy):
+        done = run(client, proxy_url, tmp_path, model=None)
+    why = explain(proxy, done)
+    assert not proxy.refused(), why
+    assert proxy.requests_to(client.path), why
+    assert PLAIN_ANSWER in done.stdout and done.returncode == 0, why
+
+
+@pytest.fixture(scope="module")
+def kvserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """kvserve on its defaults (the real default model), two slots."""
+    with running(["--parallel", "2"], tmp_path_factory.mktemp("kvserve")) as server:
+        yield server.url
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("client", CLIENTS, ids=lambda c: c.name)
+def test_a_turn_on_the_default_model(client: Client, kvserve: str, tmp_path: Path) -> None:
+    """One turn of each client on the real model, with the client's own model name and
+    a small output limit where the client has a setting for one."""
+    write_note(tmp_path)
+    with logging_proxy(kvserve) as (proxy_url, proxy):
+        done = run(client, proxy_url, tmp_path, model=None, max_tokens=48, timeout=420)
+    why = explain(proxy, done)
+    assert not proxy.refused(), why
+    assert proxy.requests_to(client.path), why
+    assert done.returncode == 0, why
