@@ -97,7 +97,9 @@ def _json_type(value: Any) -> str:
         return "integer"
     if isinstance(value, float):
         return "number"
-    return {str: "string", list: "array"}.get(type(value), "object")
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
 
 
 _PYTHON_WORDS = {"True": True, "False": False, "None": None}  # as `|string` renders them

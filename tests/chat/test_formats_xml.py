@@ -206,7 +206,7 @@ def qwen3_coder() -> ChatTemplate:
 
 def test_plan_renders_past_calls_in_xml_and_parses_new_ones() -> None:
     tools = (T.special_function_tool, T.python_tool)
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Run it"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {

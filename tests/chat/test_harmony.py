@@ -154,7 +154,7 @@ def test_detection() -> None:
 
 
 def test_plan_renders_past_calls_effort_and_parses_channels() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Run it"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {
