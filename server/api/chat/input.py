@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Literal
 
 from chat.callstream import Delta
 from chat.plan import ChatOptions, OutputParser
+from chat.reasoning import effort_kwargs
 from chat.tools import tool_choice
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.common import function_tool
 from server.serving.state import ParsedOutput, openai_calls, parsed
+
+log = logging.getLogger("kvserve.server")
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -43,14 +47,27 @@ def chat_options(body: ChatCompletionRequest) -> ChatOptions:
         if t.function is not None  # (mcp entries: server/api/chat/mcp.py)
     )
     fmt = body.response_format
+    response_format: Literal["text", "json_object", "json_schema"] = fmt.type if fmt else "text"
+    schema = fmt.json_schema.schema_ if fmt and fmt.json_schema else None
+    if body.reasoning_effort is not None:  # a no-op on a template without these switches
+        log.info("reasoning_effort %r: template kwargs %s", body.reasoning_effort,
+                 effort_kwargs(body.reasoning_effort))  # fmt: skip
+    other = body.constraint  # another server's JSON constraint is the response format
+    if other is not None and other.schema is not None:
+        response_format = "json_object" if other.param.endswith("json_object") else "json_schema"
+        schema = other.schema
     return ChatOptions(
         tools=tools,
         tool_choice=tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls,
-        response_format=fmt.type if fmt else "text",
-        json_schema=fmt.json_schema.schema_ if fmt and fmt.json_schema else None,
+        response_format=response_format,
+        json_schema=schema,
         reasoning_format="none" if body.reasoning_format == "none" else "auto",
-        template_kwargs=dict(body.chat_template_kwargs or {}),
+        # The effort sets the template's thinking switches; explicit kwargs win.
+        template_kwargs={
+            **effort_kwargs(body.reasoning_effort),
+            **(body.chat_template_kwargs or {}),
+        },
     )
 
 

@@ -7,12 +7,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from chat.reasoning import EFFORTS
 from server.api.common import (
     FunctionDef,
     McpToolChoice,
     RequestModel,
     SamplingExtras,
 )
+from server.api.constraints import ConstraintFields
 from server.http.errors import BadRequest, Unsupported
 
 
@@ -72,7 +74,6 @@ CHAT_UNSUPPORTED = (
     "audio",
     "prediction",
     "web_search_options",
-    "reasoning_effort",
     "metadata",
 )
 
@@ -82,7 +83,7 @@ class ResponseFormat(RequestModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-class ChatCompletionRequest(SamplingExtras):
+class ChatCompletionRequest(ConstraintFields, SamplingExtras):
     model: str
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -96,6 +97,8 @@ class ChatCompletionRequest(SamplingExtras):
     parallel_tool_calls: bool = True
     # llama.cpp's: "none" leaves thinking inline; "auto"/"deepseek" split it out.
     reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
+    # OpenAI's: onto the template's thinking switches (chat/reasoning.py effort_kwargs)
+    reasoning_effort: str | None = None
 
     @property
     def has_mcp(self) -> bool:
@@ -113,6 +116,11 @@ class ChatCompletionRequest(SamplingExtras):
         modalities = extra.get("modalities")
         if modalities not in (None, ["text"]):
             raise Unsupported("modalities", "only ['text'] is available")
+        if self.reasoning_effort is not None and self.reasoning_effort not in EFFORTS:
+            raise BadRequest(
+                f"unknown reasoning_effort '{self.reasoning_effort}'; one of {', '.join(EFFORTS)}",
+                param="reasoning_effort",
+            )
         self._check_constraints()
         if self.top_logprobs is not None and not self.logprobs:
             raise BadRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
@@ -164,3 +172,21 @@ class ChatCompletionRequest(SamplingExtras):
                 "'grammar' cannot be combined with tools or a JSON response_format",
                 param="grammar",
             )
+        self.read_constraint(
+            (("response_format", fmt != "text"), ("grammar", self.grammar is not None))
+        )
+        other = self.constraint
+        if other is not None and other.schema is None and has_tools:
+            raise BadRequest(
+                f"'{other.param}' cannot be combined with tools (a JSON schema "
+                "can: it is the answer's format beside the calls)",
+                param=other.param,
+            )
+
+    def record_grammar(self) -> str | None:
+        """A JSON constraint is this request's response format (chat_options says so, and
+        the chat plan builds its grammar, with tools the document beside the calls)."""
+        other = self.constraint
+        if other is None or other.schema is not None:
+            return self.grammar
+        return other.gbnf

@@ -7,10 +7,11 @@ from typing import Annotated
 from pydantic import Field
 
 from server.api.common import Prompt, SamplingExtras
+from server.api.constraints import ConstraintFields
 from server.http.errors import BadRequest, Unsupported
 
 
-class CompletionRequest(SamplingExtras):
+class CompletionRequest(ConstraintFields, SamplingExtras):
     model: str
     prompt: Prompt
     max_tokens: Annotated[int, Field(ge=0)] | None = 16
@@ -30,3 +31,8 @@ class CompletionRequest(SamplingExtras):
             raise BadRequest(
                 "'max_tokens' must be at least 1 unless echo is true", param="max_tokens"
             )
+        self.read_constraint((("grammar", self.grammar is not None),))
+
+    def record_grammar(self) -> str | None:
+        other = self.constraint  # (JSON constraints too: no chat plan here)
+        return self.grammar if other is None else other.gbnf
