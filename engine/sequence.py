@@ -53,6 +53,7 @@ class Sequence:
         "num_saved",
         "arrival",
         "t_scheduled",
+        "announced",
         "t_prompt_done",
         "t_first_token",
         "t_last_token",
@@ -102,6 +103,7 @@ class Sequence:
         # Stage stamps (time.monotonic()) for queue-wait and prefill metrics; set once.
         self.arrival = time.monotonic()
         self.t_scheduled: float | None = None
+        self.announced = False  # the output that tells how much of the prompt was found
         self.t_prompt_done: float | None = None
         self.t_first_token: float | None = None
         self.t_last_token: float | None = None  # for the between-tokens time limit

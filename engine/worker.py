@@ -169,6 +169,9 @@ class Worker:
         failed = self.ops.run(kv.ops)
         if failed:  # planned from a prefix that is not there: re-planned next step
             chunks = [c for c in chunks if c.seq not in failed]
+        for chunk in chunks:
+            if not chunk.seq.announced:
+                self._announce(chunk.seq)
         if not chunks:
             time.sleep(0.001)  # nothing runnable (cannot happen while invariants hold)
             return
@@ -207,6 +210,14 @@ class Worker:
                              action.logprobs)  # fmt: skip
             else:
                 self.ops.run([action])
+
+    def _announce(self, seq: Sequence) -> None:
+        """A sequence's first chunk is placed: how much of its prompt was found is known
+        now, before its prefill (Anthropic's message_start reports it; a long cold
+        prompt's client sees it minutes before the first token)."""
+        seq.announced = True
+        self._emit(seq, SeqOutput("", (), num_prompt_tokens=seq.num_prompt_tokens,
+                                  num_cached_tokens=seq.num_cached))  # fmt: skip
 
     def _emit(self, seq: Sequence, output: SeqOutput) -> None:
         if seq.prompt_logprobs:  # sent once, with the first output after the prompt

@@ -206,6 +206,9 @@ class FakeEngine:
                     ),
                 )
                 return
+            # as the engine's worker announces a placed sequence (engine/worker.py)
+            gen.put(index, SeqOutput("", (), num_prompt_tokens=prompt,
+                                     num_cached_tokens=self.cached))  # fmt: skip
             await asyncio.sleep(self.prefill_delay)
             for token in [*reply, EOS]:
                 await asyncio.sleep(self.delay)

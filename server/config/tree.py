@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import tempfile
 import typing
 from collections.abc import Mapping
@@ -78,6 +79,14 @@ def _hosts(values: tuple[str, ...]) -> tuple[str, ...]:
     return values
 
 
+def _header_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9-]+", name):
+            raise PydanticCustomError("header", "{name} is not an HTTP header name",
+                                      {"name": repr(name)})  # fmt: skip
+    return names
+
+
 @dataclass(frozen=True)
 class ServerSection:
     host: str = "127.0.0.1"
@@ -98,6 +107,12 @@ class ServerSection:
     header_timeout_s: Seconds = 10.0  # a request head must arrive whole this soon
     body_timeout_s: Seconds = 30.0  # a request body must arrive whole this soon after its head
     keep_alive_s: Seconds = 5.0  # an idle connection between requests is closed after this
+    # The headers that name a sticky session, the first one present wins. kvserve's own
+    # name is one no client sends for its own purposes (opencode sends its own
+    # x-session-id on every request); add "X-Session-Id" to keep older clients' header.
+    session_headers: Annotated[tuple[str, ...], AfterValidator(_header_names)] = (
+        "X-Kvserve-Session",
+    )
     # Who may pull, delete, copy, load and unload models (server/models/management.py): "auto"
     # (with keys: an admin key; without: only on a loopback-bound server), "on" (without
     # keys: anyone), "off" (no one).

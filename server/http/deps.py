@@ -171,7 +171,7 @@ class Caller:
     the whole cache; a tenant only its own share."""
 
     tenant: str
-    session_header: str | None  # X-Session-Id
+    session_header: str | None  # X-Kvserve-Session (`[server] session_headers`)
     admin: bool = False
 
     def owns(self, salt: str) -> bool:
@@ -185,11 +185,18 @@ class Caller:
 
 
 def session_header(request: Request) -> str | None:
-    """X-Session-Id, checked by the engine's rule for session ids where every route that
-    reads it gets its caller: a bad one is a 400 naming the header, before the route
-    opens anything (a value longer than the 128 characters of `session_id` was a 500)."""
-    value = request.headers.get("x-session-id")
-    return None if value is None else check_session_id(value, param="X-Session-Id")
+    """The session a request names in a header (`[server] session_headers`, the first
+    present), checked by the engine's rule for session ids where every route that reads
+    it gets its caller: a bad one is a 400 naming the header, before the route opens
+    anything. Written into the access record, so the log line names the session."""
+    for name in request.app.state.settings.server.session_headers:
+        value = request.headers.get(name)
+        if value is not None:
+            record = current_record()
+            if record is not None:  # a bad one too (the log line escapes it)
+                record.session = value[:128]
+            return check_session_id(value, param=name)
+    return None
 
 
 def get_caller(request: Request) -> Caller:

@@ -47,9 +47,6 @@ class AccessMiddleware:
         headers = dict(scope["headers"])
         request_id = request_id_from(headers.get(b"x-request-id", b"").decode("latin-1"))
         record = AccessRecord(request_id, scope["method"], scope["path"], self.metrics)
-        session = headers.get(b"x-session-id")
-        if session:
-            record.session = session.decode("latin-1")[:128]
         echoed = (b"x-request-id", request_id.encode("latin-1"))
 
         async def send_with_id(message: Message) -> None:

@@ -40,6 +40,9 @@ class Choice:
         self.token_ids.extend(out.token_ids)
         self.logprobs.extend(out.logprobs)
         self.prompt_logprobs.extend(out.prompt_logprobs)
+        if out.num_prompt_tokens:  # the prompt's split, known before its prefill
+            self.num_prompt_tokens = out.num_prompt_tokens
+            self.num_cached_tokens = out.num_cached_tokens
         if out.finish_reason is not None:
             self.finish_reason = out.finish_reason
             self.num_prompt_tokens = out.num_prompt_tokens
@@ -65,7 +68,8 @@ class Step:
 
 @dataclass(slots=True)
 class ChoiceState:
-    """A chat choice being streamed: its parser, its totals (set by the finish) and the
+    """A chat choice being streamed: its parser, its totals (the prompt's split as soon
+    as the engine knows it, the rest with the finish) and the
     logprob text offset (for completions' legacy logprobs)."""
 
     index: int
@@ -75,6 +79,9 @@ class ChoiceState:
 
     def advance(self, inc: Choice) -> Step:
         pieces = self.parser.feed("".join(inc.text))
+        if inc.num_prompt_tokens and inc.finish_reason is None:  # known before the finish
+            self.total.num_prompt_tokens = inc.num_prompt_tokens
+            self.total.num_cached_tokens = inc.num_cached_tokens
         if inc.finish_reason is not None:
             self.total = inc  # the counts come with the finish
             pieces += self.parser.finish()

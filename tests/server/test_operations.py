@@ -155,7 +155,7 @@ async def test_request_id_echoed_or_minted_and_one_access_line_per_request(
     r = await two.post(
         "/v1/chat/completions",
         json=chat("gpt-4o-mini"),
-        headers={"X-Request-Id": "req-123", "X-Session-Id": "s-1"},
+        headers={"X-Request-Id": "req-123", "X-Kvserve-Session": "s-1"},
     )
     assert r.headers["x-request-id"] == "req-123"
     minted = (await two.get("/v1/models")).headers["x-request-id"]

@@ -24,8 +24,8 @@ from server.api.messages.protocol import CountTokensRequest, MessagesRequest
 from server.http.deps import Caller, resolve_model
 from server.http.errors import APIError, params_renamed
 from server.serving import sse
-from server.serving.drive import collect, until_disconnect
-from server.serving.events import NamedEvent, named_events
+from server.serving.drive import collect, steps, until_disconnect
+from server.serving.events import NamedEvent
 from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens
 from server.serving.state import Choice, ParsedOutput, coalesced
 
@@ -160,14 +160,32 @@ class Blocks:
 async def _stream(
     generation: Generation, prepared: Prepared, message: dict[str, Any]
 ) -> AsyncIterator[ServerSentEvent]:
-    yield sse.named("message_start", {"message": message})
-    yield sse.named("ping", {})
+    """message_start waits for the engine to place the request, so that its usage
+    carries the cache split (clients show it at once); until then, and throughout,
+    the heartbeat pings (sse.anthropic_ping) keep the client's watchdog fed."""
     blocks = Blocks()
     (state,) = prepared.states()
+    started = False
+
+    def start() -> list[ServerSentEvent]:
+        usage = _usage(len(prepared.prompt), state.total)
+        return [sse.named("message_start", {"message": {**message, "usage": usage}}),
+                sse.named("ping", {})]  # fmt: skip
+
     try:
-        async for name, payload in named_events(generation, state, blocks):
-            yield sse.named(name, payload)
+        async for increment in steps(generation, [state]):
+            if not started:
+                started = True
+                for event in start():
+                    yield event
+            for step in increment:
+                blocks.feed(step.deltas)
+            for name, payload in blocks.drain():
+                yield sse.named(name, payload)
     except APIError as err:
+        if not started:
+            for event in start():
+                yield event
         yield sse.anthropic_error_tail(err)
         return
     blocks.close()

@@ -1,6 +1,6 @@
 """What an MCP request opens is closed on every way out (fake engine, real MCP servers):
 requests refused after naming their servers, with headers of their own, leave no
-connection task, TCP connection or child process behind; a long X-Session-Id is a 400
+connection task, TCP connection or child process behind; a long X-Kvserve-Session is a 400
 naming the header on every route; `headers` on a stdio server are refused; connections
 with a request's own headers are bounded (mcp.max_private_connections)."""
 
@@ -41,11 +41,11 @@ def refused_after_naming(url: str) -> list[tuple[str, dict[str, Any], dict[str, 
     anthropic = [{"type": "url", "url": url, "name": "t", "authorization_token": "tok"}]
     return [
         ("/v1/messages", {"model": MODEL, "max_tokens": 10, "mcp_servers": anthropic,
-                          "messages": [{"role": "system", "content": "x"}]},
+                          "messages": [{"role": "tool", "content": "x"}]},
          BETA, "messages[0].role"),
         ("/v1/responses", {"model": MODEL, "input": "hi", "tools": [OWN]},
-         {"X-Session-Id": LONG}, "X-Session-Id"),
-        ("/v1/chat/completions", chat(tools=[OWN]), {"X-Session-Id": LONG}, "X-Session-Id"),
+         {"X-Kvserve-Session": LONG}, "X-Kvserve-Session"),
+        ("/v1/chat/completions", chat(tools=[OWN]), {"X-Kvserve-Session": LONG}, "X-Kvserve-Session"),
         ("/v1/chat/completions", chat(tools=[OWN], session_id="two words"), {}, "session_id"),
         # these need the listing: refused after it, and closed all the same
         ("/v1/chat/completions", chat(tools=[OWN], tool_choice={
@@ -117,19 +117,19 @@ async def test_a_bad_session_header_is_400_naming_it(
     client: httpx.AsyncClient, fake: FakeEngine, mcp_http: HttpMcp, path: str,
     body: dict[str, Any], value: str,
 ) -> None:  # fmt: skip
-    r = await client.post(path, json=body, headers={"X-Session-Id": value, **BETA})
+    r = await client.post(path, json=body, headers={"X-Kvserve-Session": value, **BETA})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     if isinstance(error, str):  # Ollama's shape
-        assert error.startswith("X-Session-Id: a session id is 1 to 128 characters"), r.text
+        assert error.startswith("X-Kvserve-Session: a session id is 1 to 128 characters"), r.text
     elif "param" in error:  # OpenAI's
-        assert error["param"] == "X-Session-Id", r.text
+        assert error["param"] == "X-Kvserve-Session", r.text
     else:  # Anthropic's
-        assert error["message"].startswith("X-Session-Id: "), r.text
+        assert error["message"].startswith("X-Kvserve-Session: "), r.text
     assert fake.submitted == []
     await no_leaks(client, mcp_http)
     # the longest session id there may be is a session as before
-    r = await client.post(path, json=body, headers={"X-Session-Id": "s" * 128, **BETA})
+    r = await client.post(path, json=body, headers={"X-Kvserve-Session": "s" * 128, **BETA})
     assert r.status_code == 200, r.text
     assert fake.submitted[-1].session_id == "s" * 128
 

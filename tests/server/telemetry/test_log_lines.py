@@ -89,8 +89,8 @@ async def test_the_session_header_is_escaped_too(
     client = make_client(FakeEngine())
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
     r = await client.post("/v1/chat/completions", json=body,
-                          headers={"X-Session-Id": "s\x1b[2J1 status=500"})  # fmt: skip
-    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Session-Id"
+                          headers={"X-Kvserve-Session": "s\x1b[2J1 status=500"})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Kvserve-Session"
     (line,) = _access_lines(buffer)
     assert "\x1b" not in line and 'session="s\\x1b[2J1 status=500"' in line
 

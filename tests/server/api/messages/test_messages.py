@@ -65,6 +65,21 @@ async def test_cached_prefix_is_cache_read(client: httpx.AsyncClient, fake: Fake
     assert usage["input_tokens"] + 20 == len(fake.submitted[0].prompt_tokens)
 
 
+async def test_message_start_carries_the_cache_split(
+    client: httpx.AsyncClient, fake: FakeEngine
+) -> None:
+    """The engine tells how much of the prompt it found before the prefill: the stream's
+    first event reports it (it used to say 0 cached until message_delta)."""
+    fake.cached = 20
+    events = named_events((await post(client, req(stream=True))).text)
+    name, start = events[0]
+    prompt = len(fake.submitted[0].prompt_tokens)
+    assert name == "message_start"
+    assert start["message"]["usage"]["cache_read_input_tokens"] == 20
+    assert start["message"]["usage"]["input_tokens"] == prompt - 20
+    assert events[-2][1]["usage"]["cache_read_input_tokens"] == 20
+
+
 async def test_stream_event_sequence(client: httpx.AsyncClient) -> None:
     events = named_events((await post(client, req(stream=True))).text)
     names = [n for n, _ in events]
