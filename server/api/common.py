@@ -152,12 +152,19 @@ class SamplingExtras(RequestModel):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    def record_grammar(self) -> str | None:
+        """The grammar the sampler gets from the request's own fields: `grammar`, or
+        another server's constraint field (server/api/constraints.py) where the API
+        takes those."""
+        return self.grammar
+
     def sampling_record(self) -> RequestSampling:
         """The sampler fields as the plain record the serving core reads."""
         fields = {name: getattr(self, name) for name in _RECORD_AS_IS}
         breakers = self.dry_sequence_breakers
         return RequestSampling(
             **fields,
+            grammar=self.record_grammar(),
             dry_sequence_breakers=None if breakers is None else tuple(breakers),
             logit_bias=tuple((self.logit_bias or {}).items()),
             stop=self.stop_list,
@@ -168,7 +175,7 @@ class SamplingExtras(RequestModel):
 # The record's fields that SamplingExtras holds with the same name and type.
 _RECORD_AS_IS = tuple(
     name for name in RequestSampling.__dataclass_fields__
-    if name not in ("dry_sequence_breakers", "logit_bias", "stop", "lora")
+    if name not in ("dry_sequence_breakers", "logit_bias", "stop", "lora", "grammar")
 )  # fmt: skip
 
 
