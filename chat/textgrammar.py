@@ -1,0 +1,226 @@
+"""Grammars of free text (a custom tool's input: Lark or a regex) as GBNF.
+
+A custom tool's input travels inside a JSON tool call (`{"input": "<text>"}`: every call
+format kvserve speaks is JSON), so the grammar built here matches the *JSON text* of a
+string whose value is a sentence of the language: a quote, a backslash and the control
+characters are written escaped (`\\"`, `\\\\`, `\\n`, ...), everything else raw. Unlike
+chat/regex.py (JSON schema's `pattern`: search semantics, and a class never holds a
+character JSON must escape), the language is kept whole: a line of a patch may hold a
+quote or a backslash.
+
+The grammar is first an expression tree (`Node`) that chat/lark.py and the regex parser
+below both produce; `JsonText` writes it as GBNF rules into a `RuleSet`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chat.gbnf import RuleSet, literal, repeat
+
+MAX_CODE = 0x10FFFF
+
+
+class TextGrammarError(ValueError):
+    """A grammar kvserve cannot turn into GBNF (the message says what)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lit:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chars:
+    ranges: tuple[tuple[int, int], ...]  # sorted, merged, inclusive code point ranges
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    items: tuple[Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Alt:
+    options: tuple[Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rep:
+    item: Node
+    low: int
+    high: int | None  # None: unbounded
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    name: str  # a rule of the grammar (Lark), resolved by JsonText
+
+
+Node = Lit | Chars | Seq | Alt | Rep | Ref
+
+
+def merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    out, at = [], 0
+    for lo, hi in ranges:
+        if lo > at:
+            out.append((at, lo - 1))
+        at = hi + 1
+    if at <= MAX_CODE:
+        out.append((at, MAX_CODE))
+    return tuple(out)
+
+
+def intersect(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> list[int]:
+    """The code points in both (used with a small `b`: the characters JSON escapes)."""
+    return [c for lo, hi in b for c in range(lo, hi + 1) if any(x <= c <= y for x, y in a)]
+
+
+def casefolded(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """`ranges` with the other case of every ASCII letter in it (a case-insensitive flag)."""
+    extra = []
+    for lo, hi in ranges:
+        for a, b, shift in ((65, 90, 32), (97, 122, -32)):
+            if lo <= b and hi >= a:
+                extra.append((max(lo, a) + shift, min(hi, b) + shift))
+    return merged([*ranges, *extra])
+
+
+def no_case(text: str) -> Node:
+    """A literal matched in either case (Lark's `"..."i`, a regex's `i` flag)."""
+    items: list[Node] = []
+    for ch in text:
+        if ch.lower() != ch.upper() and ch.isascii():
+            items.append(Chars(merged([(ord(ch.lower()),) * 2, (ord(ch.upper()),) * 2])))
+        else:
+            items.append(Lit(ch))
+    return Seq(tuple(items))
+
+
+# What JSON writes escaped: control characters, the quote, the backslash (and DEL, which
+# chat.gbnf's `char` also keeps out of the raw set).
+_UNSAFE = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F))
+_SHORT = {0x22: '\\"', 0x5C: "\\\\", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x08: "\\b",
+          0x0C: "\\f"}  # fmt: skip
+
+
+def json_escaped(code: int) -> str:
+    """How a JSON string writes one character."""
+    if not any(lo <= code <= hi for lo, hi in _UNSAFE):
+        return chr(code)
+    return _SHORT.get(code, f"\\u{code:04x}")
+
+
+def _class_char(code: int) -> str:
+    ch = chr(code)
+    if ch.isascii() and ch.isalnum():
+        return ch
+    return f"\\x{code:02X}" if code < 0x100 else f"\\u{code:04X}" if code < 0x10000 else (
+        f"\\U{code:08X}")  # fmt: skip
+
+
+def _class(ranges: tuple[tuple[int, int], ...], negated: bool) -> str:
+    body = "".join(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
+                   for lo, hi in ranges)  # fmt: skip
+    return f"[^{body}]" if negated else f"[{body}]"
+
+
+class JsonText:
+    """Writes `Node`s as GBNF (for the JSON text of the string) into `rules`; rule names
+    of the source grammar get `prefix`, so that several tools share one RuleSet."""
+
+    def __init__(self, rules: RuleSet, prefix: str, names: dict[str, str] | None = None):
+        self.rules = rules
+        self.prefix = prefix
+        self.names = names or {}  # source rule name -> GBNF rule name
+
+    def expr(self, node: Node) -> str:
+        if isinstance(node, Lit):
+            return literal("".join(json_escaped(ord(c)) for c in node.text)) if node.text else '""'
+        if isinstance(node, Chars):
+            return self.chars(node.ranges)
+        if isinstance(node, Seq):
+            parts = [self.group(i) for i in _joined(node.items)]
+            return " ".join(parts) if parts else '""'
+        if isinstance(node, Alt):
+            return " | ".join(self.expr(o) for o in node.options)
+        if isinstance(node, Rep):
+            return repeat(self.group(node.item), node.low, node.high)
+        return self.names[node.name]
+
+    def group(self, node: Node) -> str:
+        text = self.expr(node)
+        return f"({text})" if isinstance(node, Alt) and len(node.options) > 1 else text
+
+    def chars(self, ranges: tuple[tuple[int, int], ...]) -> str:
+        """A set of characters: the raw ones as one class, each one JSON escapes as its
+        escape. A set that holds most characters is written as a negated class."""
+        if not ranges:
+            raise TextGrammarError("an empty character class matches nothing")
+        safe = merged([(lo, hi) for lo, hi in _subtract(ranges)])
+        parts = []
+        if safe:
+            rest = complement(safe)  # holds the unsafe characters, so [^...] leaves them out
+            parts.append(_class(rest, True) if len(rest) < len(safe) else _class(safe, False))
+        escaped = intersect(ranges, _UNSAFE)
+        if escaped:
+            parts.append(_escapes(escaped))
+        if len(parts) == 1:
+            return parts[0]
+        return self.rules.add(f"{self.prefix}chars", " | ".join(parts))
+
+
+def _escapes(codes: list[int]) -> str:
+    """The JSON escapes of `codes` as one alternative after the backslash: the sampler
+    then keeps one grammar stack for them, not one per character."""
+    short = [ord(_SHORT[c][1]) for c in codes if c in _SHORT]
+    by_head: dict[str, list[int]] = {}
+    for c in codes:
+        if c not in _SHORT:
+            digits = f"{c:04x}"
+            by_head.setdefault(digits[:3], []).append(ord(digits[3]))
+    alts = [_class(merged([(c, c) for c in short]), False)] if short else []
+    if by_head:
+        tails = [f"{literal(head)} {_class(merged([(c, c) for c in last]), False)}"
+                 for head, last in by_head.items()]  # fmt: skip
+        alts.append(f'"u" ({" | ".join(tails)})' if len(tails) > 1 else f'"u" {tails[0]}')
+    return f'"\\\\" ({" | ".join(alts)})' if len(alts) > 1 else f'"\\\\" {alts[0]}'
+
+
+def _joined(items: tuple[Node, ...]) -> list[Node]:
+    """Adjacent literals as one (`"*** Begin Patch"`, not one literal per character)."""
+    out: list[Node] = []
+    for item in items:
+        if isinstance(item, Lit) and out and isinstance(out[-1], Lit):
+            out[-1] = Lit(out[-1].text + item.text)
+        else:
+            out.append(item)
+    return out
+
+
+def _subtract(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """`ranges` without the characters JSON escapes."""
+    out = list(ranges)
+    for h_lo, h_hi in _UNSAFE:
+        nxt = []
+        for a, b in out:
+            if b < h_lo or a > h_hi:
+                nxt.append((a, b))
+                continue
+            if a < h_lo:
+                nxt.append((a, h_lo - 1))
+            if b > h_hi:
+                nxt.append((h_hi + 1, b))
+        out = nxt
+    return out
+
