@@ -23,6 +23,9 @@ Choices made so the output is always valid *and* bounded:
   `minimum >= 0` (or 1 for integers) forbids the sign (and zero). Other bounds are NOT
   enforced by the grammar (accepted, since agents' tool schemas carry them; the README
   says so).
+- Length and count bounds (minLength/maxLength, minItems/maxItems, a pattern's `{m,n}`)
+  past what llama.cpp can write out become unbounded repetitions (chat.gbnf `bounds`,
+  docs/tools.md "Large bounds"): never a refusal of a valid schema.
 - `oneOf` is treated as `anyOf`: exclusivity is not enforced.
 - `allOf` branches are merged into one schema (properties and required united).
 """

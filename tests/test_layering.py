@@ -26,8 +26,9 @@ KNOWN_CIRCLES: list[set[str]] = []
 MAX_LINES = 400
 KNOWN_LONG: set[str] = set()  # code files allowed past MAX_LINES: none since issue 19
 API = ROOT / "server" / "api"
-# What every API package may share: the request models several APIs read.
-API_SHARED = {"server.api", "server.api.common"}
+# What every API package may share: the request models several APIs read (the other
+# servers' constraint fields: chat and completions both take them).
+API_SHARED = {"server.api", "server.api.common", "server.api.constraints"}
 # Modules outside server/api/ that import API packages: the app mounts their routers, and
 # the model gate parses each gated route's body with that route's model (and resolves
 # Ollama's names) before a load.
