@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.agent_clients import CLAUDE, CLIENTS, CODEX, Client, run
-from tests.helpers.agent_engine import PLAIN_ANSWER, ToolLoopEngine
+from tests.helpers.agent_clients import CLAUDE, CLIENTS, CODEX_OWN_MODEL, Client, run
+from tests.helpers.agent_engine import ToolLoopEngine
 from tests.helpers.logging_proxy import LoggingProxy, logging_proxy
 from tests.helpers.threaded_server import serving
 from tests.kvserve_process import running
@@ -47,34 +47,26 @@ def write_note(root: Path) -> str:
     return secret
 
 
-@pytest.mark.parametrize("client", CLIENTS, ids=lambda c: c.name)
-def test_tool_loop_on_the_fake_engine(client: Client, tmp_path: Path) -> None:
+# Each client with the served model's name, then Claude Code and Codex with nothing
+# configured but the URL: their own default model names (claude-opus-*, gpt-*), which
+# Codex follows with other tools (CODEX_OWN_MODEL).
+TOOL_LOOPS = [(c, FAKE_MODEL) for c in CLIENTS] + [(CLAUDE, None), (CODEX_OWN_MODEL, None)]
+
+
+@pytest.mark.parametrize(("client", "model"), TOOL_LOOPS,
+                         ids=[c.name + ("" if m else "-own-name") for c, m in TOOL_LOOPS])  # fmt: skip
+def test_tool_loop_on_the_fake_engine(client: Client, model: str | None, tmp_path: Path) -> None:
     secret = write_note(tmp_path)
     final = f"The note is read: done-{uuid.uuid4().hex[:8]}."
     engine = ToolLoopEngine(tool=client.tool, arguments=client.arguments, secret=secret,
                             final=final)  # fmt: skip
     with serving(engine) as url, logging_proxy(url) as (proxy_url, proxy):
-        done = run(client, proxy_url, tmp_path, model=FAKE_MODEL)
+        done = run(client, proxy_url, tmp_path, model=model)
     why = explain(proxy, done)
     assert not proxy.refused(), why
     assert len(proxy.requests_to(client.path)) >= 2, why  # the call, then the answer
     assert engine.saw_tool_result(), why  # the tool's output reached the next prompt
     assert final in done.stdout and done.returncode == 0, why
-
-
-@pytest.mark.parametrize("client", [CLAUDE, CODEX], ids=lambda c: c.name)
-def test_default_model_name_on_the_fake_engine(client: Client, tmp_path: Path) -> None:
-    """Nothing configured but the URL: the client names its own default model (Claude
-    Code claude-opus-*, Codex gpt-*; Codex then sends its tools as an `additional_tools`
-    input item of namespaces and a Lark-grammar `custom` tool)."""
-    write_note(tmp_path)
-    engine = ToolLoopEngine(tool="no-such-tool", arguments={}, secret="unseen", final="")
-    with serving(engine) as url, logging_proxy(url) as (proxy_url, proxy):
-        done = run(client, proxy_url, tmp_path, model=None)
-    why = explain(proxy, done)
-    assert not proxy.refused(), why
-    assert proxy.requests_to(client.path), why
-    assert PLAIN_ANSWER in done.stdout and done.returncode == 0, why
 
 
 @pytest.fixture(scope="module")

@@ -129,6 +129,13 @@ OPENCODE = Client("opencode", "/v1/chat/completions", "bash",
 QWEN = Client("qwen", "/v1/chat/completions", "run_shell_command",
               {"command": "cat note.txt", "description": "Show the note"}, _qwen)  # fmt: skip
 CLIENTS = (CLAUDE, CODEX, OPENCODE, QWEN)
+# Codex with its own default model sends its tools as an `additional_tools` input item:
+# namespaces, the shell reachable only from `functions.exec`, a `custom` tool whose input
+# is JavaScript (a Lark grammar) calling the others. kvserve shows a namespace's member as
+# `<namespace>__<name>` and a custom tool's input as the string parameter `input`.
+CODEX_OWN_MODEL = Client("codex", "/v1/responses", "functions__exec",
+                         {"input": 'text(await tools.exec_command({cmd: "cat note.txt"}));'},
+                         _codex)  # fmt: skip
 
 
 def run(client: Client, url: str, root: Path, *, model: str | None,
