@@ -68,6 +68,16 @@ async def test_guided_json_with_tools_is_the_document_beside_the_calls(
     assert "doc-document" in grammar.splitlines()[0] and '"\\"tool_calls\\""' in grammar
 
 
+async def test_a_regex_with_tools_turned_off_constrains(
+    client: httpx.AsyncClient, fake: FakeEngine
+) -> None:
+    body = chat(tools=[WEATHER], tool_choice="none", guided_regex="[a-c]+", stream=True)
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    grammar = fake.submitted[0].sampling.grammar or ""
+    assert accepts(grammar, "abc") and not accepts(grammar, "abcd")
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
