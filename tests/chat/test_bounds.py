@@ -1,7 +1,8 @@
 """Large bounds in JSON schemas and regexes: past the grammar's limit they become
 unbounded repetitions (never a refusal of a valid schema), and the grammar still
-constrains the value's shape. Grammars are checked against instances with the tests'
-GBNF recognizer and against the engine's own safety check."""
+constrains the value's shape. Grammars are checked against instances by llama.cpp's own
+grammar engine (tests/chat/gbnf_check.py, vocabulary only) and the tests' GBNF
+recognizer, and against the engine's safety check."""
 
 from __future__ import annotations
 
@@ -16,8 +17,17 @@ from chat.gbnf_read import GbnfError, parse_gbnf
 from chat.regex import PatternError, regex_to_gbnf
 from chat.schema import schema_to_gbnf
 from engine.grammar import check_gbnf
+from tests.chat import gbnf_check
 from tests.chat.test_schema import SCHEMAS
-from tests.helpers.gbnf_match import accepts
+from tests.helpers import gbnf_match
+
+
+def accepts(grammar: str, text: str) -> bool:
+    """Both recognizers agree (llama.cpp's is the reference; ours is what the server
+    tests use)."""
+    verdict = gbnf_check.accepts(grammar, text)
+    assert gbnf_match.accepts(grammar, text) == verdict, (grammar, text)
+    return verdict
 
 
 def dump(value: Any) -> str:
@@ -127,7 +137,7 @@ def test_gbnf_reader_takes_llama_cpp_syntax() -> None:
         'root ::= (item ws)+ "." # trailing\n'
         'item ::= [a-z]{1,3} | "\\x41" | . "!"\n'
         "ws ::= [ \\t]*\n"
-        "tok ::= <think> !<[12]>\n"
+        "tok ::= <[5]> !<[12]>\n"
     )
     parse_gbnf(text)
     assert accepts(text, "ab A ?!.") and not accepts(text, "ab -.")
