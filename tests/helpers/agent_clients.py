@@ -3,7 +3,8 @@
 Each client is installed at the versions pinned in tests/e2e/agents/ (install.sh, shared
 with .ci/run) and run in a temporary HOME of its own, pointed at kvserve the way its
 documentation says (docs/clients.md), with nothing else configured. No client reaches
-the internet in these runs: telemetry, update checks and model catalogues are off.
+the internet in these runs: telemetry, update checks and model catalogues are off, and
+anything else meets a proxy that is not there.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 AGENTS_DIR = Path(__file__).resolve().parents[1] / "e2e" / "agents"
 KEY = "sk-agent-clients"  # any key: the test servers check none unless told
+NO_PROXY_THERE = "http://127.0.0.1:9"  # the discard port: refused at once
 PROMPT = "Run `cat note.txt` with your shell tool, then tell me what the note says."
 
 
@@ -77,7 +79,6 @@ def _codex(s: Setup) -> tuple[list[str], dict[str, str]]:
 
 def _opencode(s: Setup) -> tuple[list[str], dict[str, str]]:
     # opencode has no default model for a provider of one's own: the model is named.
-    # It installs @ai-sdk/openai-compatible from npm into its cache on first use.
     name = s.model or "kvserve-default"
     model: dict[str, Any] = {"name": name}
     if s.max_tokens:
@@ -146,9 +147,13 @@ def run(client: Client, url: str, root: Path, *, model: str | None,
     cwd.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
     argv, extra = client.command(Setup(bin_dir(), url, model, cwd, home, max_tokens))
-    # Only what a client needs from the outer environment: no proxy settings, keys or
-    # configuration of the machine's own user leak in.
+    # Only what a client needs from the outer environment: no keys or configuration of
+    # the machine's own user leak in. Everything but loopback goes to a proxy that is not
+    # there, so a run never depends on the internet (opencode tries to npm-install its
+    # plugin package at start, and carries on without it).
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-           "LANG": "C.UTF-8", "TERM": "dumb", "NO_COLOR": "1", **extra}  # fmt: skip
+           "LANG": "C.UTF-8", "TERM": "dumb", "NO_COLOR": "1",
+           "HTTP_PROXY": NO_PROXY_THERE, "HTTPS_PROXY": NO_PROXY_THERE,
+           "NO_PROXY": "127.0.0.1,localhost", **extra}  # fmt: skip
     return subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)  # fmt: skip
