@@ -1,19 +1,34 @@
 """A Responses-API request -> chat messages, tools and options for the serving core.
 
 Input items map onto chat turns: `message` items (text parts) -> system/user/assistant
-turns, consecutive `function_call` items -> one assistant turn's tool calls,
-`function_call_output` -> a tool turn. `reasoning` items sent back are dropped (chat
-templates do not render past reasoning either). Anything else is refused, naming it.
+turns, consecutive `function_call` / `custom_tool_call` items -> one assistant turn's
+tool calls (a custom tool's input as its `input` argument, a namespaced function under
+the name the model knows it by: server/api/responses/tools.py), `function_call_output` /
+`custom_tool_call_output` -> a tool turn. A `reasoning` item sent back with kvserve's
+`encrypted_content` (server/api/responses/sealed.py) gives the next assistant turn its
+`reasoning_content`; without one it is dropped (its `content` and `summary` are the
+client's copy, not restored). Anything else is refused, naming it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from chat.plan import ChatOptions
-from chat.tools import Tool, tool_choice
+from chat.reasoning import effort_kwargs
+from chat.tools import tool_choice
 from server.api.responses.protocol import ResponsesRequest
+from server.api.responses.tools import (
+    ToolNames,
+    custom_arguments,
+    request_tools,
+    response_tools,
+)
 from server.http.errors import BadRequest, Unsupported
+
+# A reasoning item's encrypted_content (and its field name) -> its text, or None to drop it.
+Unseal = Callable[[object, str], str | None]
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -48,7 +63,9 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+def input_messages(
+    body: ResponsesRequest, unseal: Unseal | None = None, names: ToolNames | None = None
+) -> list[dict[str, Any]]:
     """This request's `input` as chat messages."""
     if isinstance(body.input, str):
         if not body.input:
@@ -56,7 +73,9 @@ def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         return [{"role": "user", "content": body.input}]
     if not body.input:
         raise BadRequest("'input' must not be empty", param="input")
+    names = names or ToolNames()
     out: list[dict[str, Any]] = []
+    reasoning: list[str] = []  # restored reasoning, for the next assistant turn
     for i, item in enumerate(body.input):
         where = f"input[{i}]"
         kind = item.get("type", "message" if "role" in item else None)
@@ -69,23 +88,22 @@ def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
                 raise BadRequest(f"'{where}.content' is required", param=f"{where}.content")
             text = _text_of(item["content"], f"{where}.content")
             out.append({"role": "system" if role == "developer" else role, "content": text})
-        elif kind == "function_call":
-            call = {"id": _string(item, "call_id", where), "type": "function", "function": {
-                "name": _string(item, "name", where), "arguments": item.get("arguments", "")}}
-            if not isinstance(call["function"]["arguments"], str):  # type: ignore[index]
-                raise BadRequest(f"'{where}.arguments' must be a string",
-                                 param=f"{where}.arguments")  # fmt: skip
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+            if role == "assistant":
+                _give_reasoning(out[-1], reasoning)
+        elif kind in ("function_call", "custom_tool_call"):
+            _add_call(out, _call(item, where, names))
+            _give_reasoning(out[-1], reasoning)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _string(item, "call_id", where)
             output = _text_of(item.get("output"), f"{where}.output")
             out.append({"role": "tool", "tool_call_id": call_id, "content": output})
-        elif kind in ("reasoning", "mcp_list_tools", "mcp_approval_response"):
-            continue  # (approval responses: read by server/api/responses/mcp.py)
+        elif kind == "reasoning":
+            sealed = item.get("encrypted_content")
+            if sealed is not None and unseal is not None:
+                text = unseal(sealed, f"{where}.encrypted_content")
+                reasoning += [text] if text else []
+        elif kind in ("mcp_list_tools", "mcp_approval_response", "additional_tools"):
+            continue  # (approval responses: mcp.py; additional tools: tools.py)
         elif kind in ("mcp_call", "mcp_approval_request"):
             out += mcp_history(item, where)
         elif isinstance(kind, str):
@@ -93,6 +111,42 @@ def input_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         else:
             raise BadRequest(f"'{where}' needs a 'type' (or a 'role')", param=f"{where}.type")
     return out
+
+
+def _call(item: dict[str, Any], where: str, names: ToolNames) -> dict[str, Any]:
+    """A function_call / custom_tool_call item as a chat tool call."""
+    name = _string(item, "name", where)
+    if item["type"] == "custom_tool_call":
+        text = item.get("input", "")
+        if not isinstance(text, str):
+            raise BadRequest(f"'{where}.input' must be a string", param=f"{where}.input")
+        arguments = custom_arguments(text)
+    else:
+        arguments = item.get("arguments", "")
+        if not isinstance(arguments, str):
+            raise BadRequest(f"'{where}.arguments' must be a string", param=f"{where}.arguments")
+    namespace = item.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise BadRequest(f"'{where}.namespace' must be a string", param=f"{where}.namespace")
+    name = names.visible(name, namespace)
+    return {"id": _string(item, "call_id", where), "type": "function",
+            "function": {"name": name, "arguments": arguments}}  # fmt: skip
+
+
+def _add_call(out: list[dict[str, Any]], call: dict[str, Any]) -> None:
+    """Consecutive calls are one assistant turn's (after its text, if it had some)."""
+    last = out[-1] if out else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def _give_reasoning(turn: dict[str, Any], reasoning: list[str]) -> None:
+    """The reasoning restored since the last assistant turn goes to this one."""
+    if reasoning:
+        turn["reasoning_content"] = (turn.get("reasoning_content") or "") + "".join(reasoning)
+        reasoning.clear()
 
 
 def mcp_history(item: dict[str, Any], where: str) -> list[dict[str, Any]]:
@@ -111,57 +165,33 @@ def mcp_history(item: dict[str, Any], where: str) -> list[dict[str, Any]]:
     return turns
 
 
-def response_tools(body: ResponsesRequest) -> tuple[Tool, ...]:
-    """The function tools (`mcp` entries are the MCP loop's: server/api/responses/mcp.py)."""
-    tools = []
-    for i, tool in enumerate(body.tools or []):
-        where = f"tools[{i}]"
-        kind = tool.get("type")
-        if kind == "mcp":
-            continue
-        if kind != "function":
-            if isinstance(kind, str):
-                raise Unsupported(f"{where}.type", f"'{kind}' tools are not available; "
-                                  "only 'function' and 'mcp'")  # fmt: skip
-            raise BadRequest(f"'{where}.type' is required", param=f"{where}.type")
-        name = tool.get("name")
-        if not isinstance(name, str):
-            raise BadRequest(f"'{where}.name' must be a string", param=f"{where}.name")
-        description = tool.get("description") or ""
-        if not isinstance(description, str):
-            raise BadRequest(f"'{where}.description' must be a string",
-                             param=f"{where}.description")  # fmt: skip
-        parameters = tool.get("parameters")
-        if parameters is None:
-            parameters = {"type": "object", "properties": {}}
-        if not isinstance(parameters, dict | bool):
-            raise BadRequest(f"'{where}.parameters' must be a JSON schema object",
-                             param=f"{where}.parameters")  # fmt: skip
-        if tool.get("strict") not in (None, True, False):
-            raise BadRequest(f"'{where}.strict' must be a boolean", param=f"{where}.strict")
-        tools.append(Tool(name, description, parameters))
-    return tuple(tools)
-
-
 def response_options(body: ResponsesRequest) -> ChatOptions:
     fmt = body.text.format if body.text and body.text.format else None
     if fmt is not None and fmt.type == "json_schema" and fmt.schema_ is None:
         raise BadRequest("a json_schema format needs 'schema'", param="text.format.schema")
+    tools, _ = response_tools(request_tools(body.tools, body.input))
     return ChatOptions(
-        tools=response_tools(body),
+        tools=tools,
         tool_choice=tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=fmt.type if fmt else "text",
         json_schema=fmt.schema_ if fmt else None,
+        # reasoning.effort -> the template's thinking switches (chat/reasoning.py)
+        template_kwargs=effort_kwargs(body.effort),
     )
 
 
-def chat_param(param: str | None) -> str | None:
-    """A chat-layer field name as this API spells it."""
+def chat_param(param: str | None, fields: tuple[str, ...] = ()) -> str | None:
+    """A chat-layer field name as this API spells it (`fields`: where each tool the model
+    sees is in the request, when hosted tools were left out or namespaces flattened)."""
     if param is None:
         return None
     if param.startswith("messages"):  # a rendering error: the conversation as a whole
         return "input"
     param = param.replace(".function.", ".").replace("response_format.json_schema.schema",
                                                      "text.format.schema")  # fmt: skip
+    if param.startswith("tools[") and fields:
+        index, _, rest = param[6:].partition("]")
+        if index.isdigit() and int(index) < len(fields):
+            param = fields[int(index)] + rest
     return param.replace("response_format", "text.format")

@@ -91,7 +91,8 @@ def _echo_tools(body: ResponsesRequest, response: dict[str, Any]) -> None:
 
 async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: Caller) -> Any:
     body.log_unknown("responses")
-    store, previous, served, conversation = await open_turn(body, request, caller)
+    body.log_hints()
+    store, previous, served, conversation, _ = await open_turn(body, request, caller)
     engine = served.engine
     # Everything that can be refused without the MCP servers, before any is contacted.
     options = response_options(body)

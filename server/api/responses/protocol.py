@@ -6,14 +6,18 @@ Scalars are validated here; `input` items and `tools` are taken as JSON and read
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from chat.reasoning import EFFORTS
 from server.api.common import McpToolChoice as McpChoice
 from server.api.common import Probability, RequestModel
-from server.http.errors import Unsupported
+from server.http.errors import BadRequest, Unsupported
 from server.serving.request_sampling import RequestSampling
+
+log = logging.getLogger("kvserve.server")
 
 
 class TextFormat(RequestModel):
@@ -30,20 +34,34 @@ class TextConfig(RequestModel):
 
 
 class NamedFunctionChoice(RequestModel):
-    type: Literal["function"]
+    type: Literal["function", "custom"]
     name: str
+
+
+class HostedChoice(RequestModel):
+    """A tool_choice naming a hosted tool (web search, ...): refused, kvserve cannot run it."""
+
+    type: str
 
 
 class Reasoning(RequestModel):
     effort: str | None = None
-    summary: str | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 # Defined by OpenAI for /v1/responses, not implemented here: refused when set.
 RESPONSES_UNSUPPORTED = (
-    "background", "conversation", "prompt", "include", "max_tool_calls", "top_logprobs",
-    "prompt_cache_key", "safety_identifier", "context_management", "moderation", "image",
+    "background", "conversation", "prompt", "max_tool_calls", "top_logprobs", "moderation",
+    "image",
 )  # fmt: skip
+# `include` values: what kvserve returns, and what can never be there (the items they
+# add to are those of hosted tools, which kvserve leaves out, or input images, refused).
+INCLUDE_HONOURED = frozenset({"reasoning.encrypted_content"})
+INCLUDE_VACUOUS = frozenset({
+    "web_search_call.action.sources", "web_search_call.results", "file_search_call.results",
+    "code_interpreter_call.outputs", "computer_call_output.output.image_url",
+    "message.input_image.image_url",
+})  # fmt: skip
 
 
 class ResponsesRequest(RequestModel):
@@ -51,7 +69,8 @@ class ResponsesRequest(RequestModel):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | McpChoice | None = None
+    tool_choice: (Literal["none", "auto", "required"] | NamedFunctionChoice | McpChoice
+                  | HostedChoice | None) = None  # fmt: skip
     parallel_tool_calls: bool = True
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -66,6 +85,10 @@ class ResponsesRequest(RequestModel):
     reasoning: Reasoning | None = None
     truncation: Literal["auto", "disabled"] | None = None
     service_tier: str | None = None
+    include: Annotated[list[str], Field(max_length=16)] | None = None
+    prompt_cache_key: str | None = None  # kvserve keys its prefix cache by the tokens
+    safety_identifier: str | None = None
+    context_management: Any = None  # server-side compaction: kvserve does none
     # kvserve / llama.cpp extras that map one to one onto the sampler
     seed: int | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
@@ -91,20 +114,47 @@ class ResponsesRequest(RequestModel):
             session_id=session_id,
         )  # fmt: skip
 
+    @property
+    def encrypted_reasoning(self) -> bool:
+        return "reasoning.encrypted_content" in (self.include or [])
+
+    @property
+    def effort(self) -> str | None:
+        return self.reasoning.effort if self.reasoning else None
+
     def refuse_unsupported(self) -> None:
         extra = self.model_extra or {}
         for name in RESPONSES_UNSUPPORTED:
             if extra.get(name) not in (None, False, [], {}):
                 raise Unsupported(name, "not implemented by this server")
-        if self.reasoning is not None and self.reasoning.effort not in (None, "none"):
-            raise Unsupported(
-                "reasoning.effort", "the reasoning effort of local models is not adjustable"
-            )
-        if self.reasoning is not None and self.reasoning.summary not in (None,):
-            raise Unsupported("reasoning.summary", "reasoning summaries are not produced")
+        if self.effort is not None and self.effort not in EFFORTS:
+            raise BadRequest(f"'reasoning.effort' must be one of {', '.join(EFFORTS)}",
+                             param="reasoning.effort")  # fmt: skip
+        for value in self.include or []:
+            if value not in INCLUDE_HONOURED | INCLUDE_VACUOUS:
+                raise Unsupported("include", f"'{value}' is not returned by this server; "
+                                  "only 'reasoning.encrypted_content'")  # fmt: skip
+        if isinstance(self.tool_choice, HostedChoice):
+            kind = self.tool_choice.type
+            if kind in ("function", "custom", "mcp"):
+                raise BadRequest(f"a '{kind}' tool_choice needs its fields ('name')",
+                                 param="tool_choice")  # fmt: skip
+            raise Unsupported("tool_choice", f"'{kind}' names a tool this server cannot run "
+                              "(hosted tools are left out)")  # fmt: skip
         if self.truncation == "auto":
             raise Unsupported("truncation", "only 'disabled'")
-        if self.service_tier not in (None, "auto", "default"):
-            raise Unsupported("service_tier", "only 'auto' or 'default'")
-        if self.text is not None and self.text.verbosity not in (None, "medium"):
-            raise Unsupported("text.verbosity", "only 'medium'")
+
+    def log_hints(self) -> None:
+        """The hints that are set: accepted, changing nothing here (docs/api.md, Responses)."""
+        values: dict[str, Any] = {"prompt_cache_key": self.prompt_cache_key,
+                  "safety_identifier": self.safety_identifier,
+                  "context_management": self.context_management,
+                  "service_tier": self.service_tier,
+                  "text.verbosity": self.text.verbosity if self.text else None,
+                  "reasoning.summary": self.reasoning.summary if self.reasoning else None}
+        for part, model in (("reasoning", self.reasoning), ("text", self.text)):
+            for key in (model.model_extra or {}) if model is not None else {}:
+                values[f"{part}.{key}"] = True  # e.g. Codex's reasoning.context
+        hints = sorted(name for name, value in values.items() if value is not None)
+        if hints:
+            log.info("responses: accepted hints that change nothing here: %s", ", ".join(hints))

@@ -7,7 +7,7 @@ session (its slot keeps the KV), so the next turn prefills only what is new;
 
 A chain's session is minted here in a pool of its own (SessionPool.CHAIN), so stored
 responses never use up or push out the sessions a client names; a turn that names a
-session (X-Session-Id, what a load balancer routes on) runs on that one instead.
+session (X-Kvserve-Session, what a load balancer routes on) runs on that one instead.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from engine.client import (
 from server.api.responses.input import chat_param, input_messages, response_options
 from server.api.responses.output import OutputBuilder, assistant_turn
 from server.api.responses.protocol import ResponsesRequest
+from server.api.responses.sealed import reasoning_seal
 from server.api.responses.store import ResponseStore, Stored
+from server.api.responses.tools import ToolNames, request_tools, response_tools
 from server.http.deps import Caller, resolve_model
 from server.http.errors import APIError, BadRequest, params_renamed
 from server.models.served import ServedModel
@@ -58,6 +60,7 @@ class Turn(NamedTuple):
     previous: Stored | None  # the stored response it continues
     served: ServedModel
     conversation: list[dict[str, Any]]  # the stored conversation, then this input
+    names: ToolNames  # what the model's tool names stand for
 
 
 async def open_turn(body: ResponsesRequest, request: Request, caller: Caller) -> Turn:
@@ -68,16 +71,32 @@ async def open_turn(body: ResponsesRequest, request: Request, caller: Caller) ->
                                    "previous_response_id")  # fmt: skip
     served = resolve_model(request, body.model)
     history = previous.conversation if previous else []
-    return Turn(store, previous, served, [*history, *input_messages(body)])
+    seal = reasoning_seal(request)
+    _, names = response_tools(request_tools(body.tools, body.input))
+    current = input_messages(body, lambda blob, param: seal.open(blob, served.id, param), names)
+    return Turn(store, previous, served, [*history, *current], names)
+
+
+def output_builder(body: ResponsesRequest, request: Request, turn: Turn) -> OutputBuilder:
+    """The builder of this turn's items, with what the request asked of them."""
+    seal = reasoning_seal(request)
+    model = turn.served.id
+    return OutputBuilder(
+        turn.names,
+        (lambda text: seal.seal(text, model)) if body.encrypted_reasoning else None,
+        summary=body.reasoning is not None and body.reasoning.summary is not None,
+    )
 
 
 async def serve_response(body: ResponsesRequest, request: Request, caller: Caller) -> Any:
     body.log_unknown("responses")
-    store, previous, served, conversation = await open_turn(body, request, caller)
+    body.log_hints()
+    turn = await open_turn(body, request, caller)
+    store, previous, served, conversation, names = turn
     engine = served.engine
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     session_id, pool = _session(body, caller, previous)
-    with params_renamed(chat_param):
+    with params_renamed(lambda param: chat_param(param, names.fields)):
         prepared = await prepare_chat(
             engine, served.template, [*system, *conversation], response_options(body),
             body.sampling_record(session_id), caller, max_tokens=body.max_output_tokens,
@@ -88,17 +107,18 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
 
     async def keep(final: dict[str, Any], builder: OutputBuilder) -> None:
         if body.store and final["status"] in ("completed", "incomplete"):
-            turn = assistant_turn(builder.items)
-            entry = Stored(caller.tenant, final, [*conversation, turn], session_id, pool)
+            reply = assistant_turn(builder.items, names)
+            entry = Stored(caller.tenant, final, [*conversation, reply], session_id, pool)
             await store.put(entry)
 
     log.info("response %s: %d prompt tokens, stream=%s, previous=%s", response["id"],
              len(prepared.prompt), body.stream, body.previous_response_id)  # fmt: skip
     if body.stream:
-        events = _stream(engine, generation, prepared, response, keep)
+        builder = output_builder(body, request, turn)
+        events = _stream(engine, generation, prepared, response, keep, builder)
         return sse.event_stream(events, on_close=generation.abort)
     (choice,) = await until_disconnect(request, collect(generation, 1))
-    builder = OutputBuilder()
+    builder = output_builder(body, request, turn)
     parser = prepared.plan.parser()
     builder.feed(parser.feed("".join(choice.text)) + parser.finish())
     final = _finished(engine, response, builder, choice, len(prepared.prompt))
@@ -156,7 +176,8 @@ def _skeleton(body: ResponsesRequest, model: str) -> dict[str, Any]:
         "output": [],
         "parallel_tool_calls": body.parallel_tool_calls,
         "previous_response_id": body.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": body.effort,
+                      "summary": body.reasoning.summary if body.reasoning else None},
         "service_tier": "default",
         "store": body.store,
         "temperature": 1.0 if body.temperature is None else body.temperature,
@@ -164,14 +185,21 @@ def _skeleton(body: ResponsesRequest, model: str) -> dict[str, Any]:
                  else {"type": "text"}},
         "tool_choice": "auto" if choice is None else choice if isinstance(choice, str)
         else choice.model_dump(),
-        "tools": [{"type": "function", "name": t.get("name"), "description": t.get("description"),
-                   "parameters": t.get("parameters"), "strict": t.get("strict", True)}
-                  for t in body.tools or []],
+        "tools": [_echo_tool(t) for t in body.tools or []],
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": "disabled",
         "usage": None,
         "user": body.user,
     }  # fmt: skip
+
+
+def _echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as the response lists it: a function with its defaults filled in, any other
+    as sent (hosted ones included: the response says what was asked)."""
+    if tool.get("type") != "function":
+        return tool
+    return {"type": "function", "name": tool.get("name"), "description": tool.get("description"),
+            "parameters": tool.get("parameters"), "strict": tool.get("strict", True)}  # fmt: skip
 
 
 def _finished(
@@ -217,6 +245,7 @@ async def _stream(
     prepared: Prepared,
     response: dict[str, Any],
     keep: Any,
+    builder: OutputBuilder,
 ) -> AsyncIterator[ServerSentEvent]:
     """The documented event sequence, every event numbered by `sequence_number`."""
     number = 0
@@ -228,7 +257,6 @@ async def _stream(
 
     yield event("response.created", {"response": response})
     yield event("response.in_progress", {"response": response})
-    builder = OutputBuilder()
     (state,) = prepared.states()
     try:
         async for name, payload in named_events(generation, state, builder):

@@ -257,7 +257,7 @@ BAD = [
      "tool_choice.name"),
     ({"input": [{"type": "mcp_approval_response", "approval_request_id": "mcpr_x",
                  "approve": True}]}, "input[0].approval_request_id"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "bogus_tool"}]}, "tools[0].type"),
 ]  # fmt: skip
 
 
