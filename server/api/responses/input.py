@@ -18,7 +18,7 @@ from typing import Any
 from chat.plan import ChatOptions
 from chat.reasoning import effort_kwargs
 from chat.tools import tool_choice
-from server.api.responses.protocol import ResponsesRequest
+from server.api.responses.protocol import HostedChoice, ResponsesRequest
 from server.api.responses.tools import (
     ToolNames,
     custom_arguments,
@@ -100,8 +100,8 @@ def input_messages(
         elif kind == "reasoning":
             sealed = item.get("encrypted_content")
             if sealed is not None and unseal is not None:
-                text = unseal(sealed, f"{where}.encrypted_content")
-                reasoning += [text] if text else []
+                restored = unseal(sealed, f"{where}.encrypted_content")
+                reasoning += [restored] if restored else []
         elif kind in ("mcp_list_tools", "mcp_approval_response", "additional_tools"):
             continue  # (approval responses: mcp.py; additional tools: tools.py)
         elif kind in ("mcp_call", "mcp_approval_request"):
@@ -172,7 +172,8 @@ def response_options(body: ResponsesRequest) -> ChatOptions:
     tools, _ = response_tools(request_tools(body.tools, body.input))
     return ChatOptions(
         tools=tools,
-        tool_choice=tool_choice(body.tool_choice),
+        tool_choice=tool_choice(None if isinstance(body.tool_choice, HostedChoice)
+                                else body.tool_choice),  # (a hosted one is refused)
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=fmt.type if fmt else "text",
         json_schema=fmt.schema_ if fmt else None,
