@@ -34,6 +34,8 @@ class Setup:
     cwd: Path  # where it works (note.txt lies there)
     home: Path  # its HOME, empty at first
     max_tokens: int | None  # an output limit set through the client's own setting
+    prompt: str
+    tools: bool  # whether its shell and editing tools run without asking (else refused)
 
 
 # A client's argv and extra environment for a run (its configuration files written).
@@ -49,7 +51,10 @@ def bin_dir() -> Path:
 
 
 def _claude(s: Setup) -> tuple[list[str], dict[str, str]]:
-    argv = [str(s.bins / "claude"), "-p", PROMPT, "--allowedTools", "Bash"]
+    # -p mode refuses a tool that is not allowed (nobody is there to ask).
+    argv = [str(s.bins / "claude"), "-p", s.prompt]
+    if s.tools:
+        argv += ["--allowedTools", "Bash"]
     if s.model:
         argv += ["--model", s.model]
     env = {"ANTHROPIC_BASE_URL": s.url, "ANTHROPIC_API_KEY": KEY,
@@ -71,9 +76,10 @@ def _codex(s: Setup) -> tuple[list[str], dict[str, str]]:
               'name = "kvserve"', f'base_url = "{s.url}/v1"', 'wire_api = "responses"',
               'env_key = "KVSERVE_API_KEY"']  # fmt: skip
     (codex_home / "config.toml").write_text("\n".join(lines) + "\n")
-    # `codex exec` never asks for approval; its read-only sandbox still runs `cat`.
+    # `codex exec` never asks for approval; its read-only sandbox still runs `cat` and
+    # writes nothing, so `tools` changes nothing here.
     argv = [str(s.bins / "codex"), "exec", "--skip-git-repo-check", "--sandbox", "read-only",
-            PROMPT]  # fmt: skip
+            s.prompt]  # fmt: skip
     return argv, {"CODEX_HOME": str(codex_home), "KVSERVE_API_KEY": KEY}
 
 
@@ -93,8 +99,10 @@ def _opencode(s: Setup) -> tuple[list[str], dict[str, str]]:
         "autoupdate": False,
         "share": "disabled",
     }  # fmt: skip
+    if not s.tools:  # opencode runs its tools without asking unless told otherwise
+        config["permission"] = {"bash": "deny", "edit": "deny", "webfetch": "deny"}
     (s.cwd / "opencode.json").write_text(json.dumps(config, indent=1))
-    argv = [str(s.bins / "opencode"), "run", PROMPT]
+    argv = [str(s.bins / "opencode"), "run", s.prompt]
     h = s.home
     env = {"XDG_CONFIG_HOME": str(h / ".config"), "XDG_DATA_HOME": str(h / ".local/share"),
            "XDG_CACHE_HOME": str(h / ".cache"), "XDG_STATE_HOME": str(h / ".local/state"),
@@ -103,8 +111,8 @@ def _opencode(s: Setup) -> tuple[list[str], dict[str, str]]:
 
 
 def _qwen(s: Setup) -> tuple[list[str], dict[str, str]]:
-    # --yolo: tools run without asking (a headless run has nobody to ask).
-    argv = [str(s.bins / "qwen"), "-p", PROMPT, "--yolo"]
+    # --yolo: tools run without asking; without it a headless run refuses them.
+    argv = [str(s.bins / "qwen"), "-p", s.prompt] + (["--yolo"] if s.tools else [])
     env = {"OPENAI_BASE_URL": f"{s.url}/v1", "OPENAI_API_KEY": KEY,
            "OPENAI_MODEL": s.model or "kvserve-default",
            "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}  # fmt: skip
@@ -140,13 +148,16 @@ CODEX_OWN_MODEL = Client("codex", "/v1/responses", "functions__exec",
 
 
 def run(client: Client, url: str, root: Path, *, model: str | None,
-        max_tokens: int | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        max_tokens: int | None = None, prompt: str = PROMPT, tools: bool = True,
+        timeout: float = 240) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """`client` run once in root/work (note.txt there is the caller's) with root/home
-    as its HOME; its stdout and stderr together are the result's stdout."""
+    as its HOME; its stdout and stderr together are the result's stdout. `tools`: its
+    shell runs without asking (only for a scripted model: a real one may ask for any
+    command)."""
     cwd, home = root / "work", root / "home"
     cwd.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
-    argv, extra = client.command(Setup(bin_dir(), url, model, cwd, home, max_tokens))
+    argv, extra = client.command(Setup(bin_dir(), url, model, cwd, home, max_tokens, prompt, tools))
     # Only what a client needs from the outer environment: no keys or configuration of
     # the machine's own user leak in. Everything but loopback goes to a proxy that is not
     # there, so a run never depends on the internet (opencode tries to npm-install its
