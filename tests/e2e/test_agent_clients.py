@@ -71,8 +71,11 @@ def test_tool_loop_on_the_fake_engine(client: Client, model: str | None, tmp_pat
 
 @pytest.fixture(scope="module")
 def kvserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """kvserve on its defaults (the real default model), two slots."""
-    with running(["--parallel", "2"], tmp_path_factory.mktemp("kvserve")) as server:
+    """kvserve on the real default model, two slots of a 32k context: the clients' first
+    prompts (Claude Code's about 19k tokens, Qwen Code's 16k, Codex's 6k) do not fit the
+    default 4096, and a prompt that alone overflows is rightly a 400."""
+    args = ["--parallel", "2", "--n-ctx", "32768"]
+    with running(args, tmp_path_factory.mktemp("kvserve")) as server:
         yield server.url
 
 
