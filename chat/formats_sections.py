@@ -1,0 +1,312 @@
+"""Calls in a section of special tokens, each a header naming the function and then its
+arguments as one JSON object (DeepSeek V3.1 / R1, Kimi K2):
+
+    DeepSeek V3.1  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{..}
+                   <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+    DeepSeek R1    <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+                   ```json
+                   {..}
+                   ```<｜tool▁call▁end｜>\\n<｜tool▁call▁begin｜>...<｜tool▁calls▁end｜>
+    Kimi K2        <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+                   <|tool_call_argument_begin|>{..}<|tool_call_end|>...<|tool_calls_section_end|>
+
+(each call is one line; IDX counts the calls of the conversation). As llama.cpp
+reads them (test-chat.cpp's cases; common/parsers/kimi-k2.cpp): text before the section
+is content; a call's closing tokens, the R1 code fence and the section's end are
+optional; Kimi may leave out the section tokens and call from inside its thinking, so
+its parser splits `<think>` itself. Kimi's ids: llama.cpp reports `functions.NAME:IDX`;
+kvserve issues its own unique ids (the templates recompute IDX from the conversation).
+
+In `required` / named mode the grammar lets thinking come first (the DeepSeek templates
+open `<think>` in the prompt when thinking is on; Kimi writes it itself), so a forced
+call does not land inside the reasoning.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chat.callformat import (
+    CallParser,
+    GrammarSpec,
+    document_key,
+    excluding,
+    memo_grammar,
+    tools_key,
+)
+from chat.callstream import Delta, new_call_id
+from chat.gbnf import RuleSet, literal
+from chat.schema import SchemaConverter, SchemaError
+from chat.tools import ChatInputError, Tool, ToolChoice
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class SectionFormat:
+    name: str
+    section_open: str
+    section_close: str
+    call_open: str
+    head: str  # after call_open, before the JSON: "{name}" and "{index}" are filled in
+    call_close: str  # after the JSON
+    separator: str  # between calls, as the template writes it
+    head_pattern: str  # the parser's regex for a head (group "name"), up to the JSON
+    trailer: tuple[str, ...]  # what may come after the JSON (all optional when parsed)
+    think_open: str  # thinking the grammar lets come first: "<think>", or "" (prompt-opened)
+    lazy_from_call: bool = False  # the lazy grammar starts at a call, not at the section
+    owns_reasoning: bool = False  # calls may come from inside `<think>`: split here
+    native: bool = True
+
+    def grammar(
+        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
+    ) -> GrammarSpec:
+        key, doc = tools_key(tools), document_key(document, choice)
+        return memo_grammar(
+            f"{self.name}|{choice.mode}|{parallel}|{key}|{doc}",
+            lambda: _grammar(self, key, choice.mode, parallel, doc),
+        )
+
+    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
+        return SectionParser(self, calls=bool(tools), reasoning=reasoning and self.owns_reasoning)
+
+    @property
+    def trigger(self) -> str:
+        return self.call_open if self.lazy_from_call else self.section_open
+
+
+_DS_CALL, _DS_SEP, _DS_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+DEEPSEEK_V3 = SectionFormat(
+    "deepseek-v3.1", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _DS_CALL,
+    "{name}" + _DS_SEP, _DS_CALL_END, "",
+    r"\s*(?P<name>[^<]+?)\s*" + re.escape(_DS_SEP) + r"\s*", (_DS_CALL_END,), "",
+)  # fmt: skip
+DEEPSEEK_R1 = SectionFormat(
+    "deepseek-r1", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", _DS_CALL,
+    "function" + _DS_SEP + "{name}\n```json\n", "\n```" + _DS_CALL_END, "\n",
+    r"\s*\w*" + re.escape(_DS_SEP) + r"(?P<name>[^\n`]+?)\s*(?:```(?:json)?)?\s*",
+    ("```", _DS_CALL_END), "",
+)  # fmt: skip
+_KIMI_ARGS = "<|tool_call_argument_begin|>"
+KIMI_K2 = SectionFormat(
+    "kimi-k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+    "functions.{name}:{index}" + _KIMI_ARGS, "<|tool_call_end|>", "",
+    r"\s*(?:functions\.)?(?P<name>[^<]+?)(?::\d+)?\s*" + re.escape(_KIMI_ARGS) + r"\s*",
+    ("<|tool_call_end|>",), THINK_OPEN, lazy_from_call=True, owns_reasoning=True,
+)  # fmt: skip
+
+
+def detect_sections(source: str) -> SectionFormat | None:
+    """Kimi K2 by its section tokens (llama.cpp's rule); DeepSeek by its calls token, R1
+    when the template fences the arguments in ```json (V3.1 writes them bare). A DeepSeek
+    template that writes the arguments without `tojson` (R1 Distill Llama 8B: it joins
+    them as a string, and writes calls only when the content is null) cannot render the
+    calls kvserve sends back: it keeps the generic envelope (llama.cpp tests it for
+    reasoning only)."""
+    if "<|tool_calls_section_begin|>" in source and "<|tool_call_begin|>" in source:
+        return KIMI_K2
+    if "<｜tool▁calls▁begin｜>" in source and "tojson" in source:
+        return DEEPSEEK_R1 if "```json" in source else DEEPSEEK_V3
+    return None
+
+
+def _grammar(fmt: SectionFormat, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+    rules = RuleSet()
+    alternatives = []
+    for i, (name, parameters) in enumerate(json.loads(key)):
+        try:
+            if parameters in ({}, True):
+                args = rules.primitive("object")
+            else:
+                args = SchemaConverter(rules, parameters, f"t{i}-").convert(parameters, "args")
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+        head = " [0-9]{1,4} ".join(
+            literal(part) for part in (fmt.call_open + fmt.head.replace("{name}", name)).split(
+                "{index}"))  # fmt: skip
+        alternatives.append(rules.add(f"call-{i}", f"{head} {args} {literal(fmt.call_close)}"))
+    call = rules.add("call", " | ".join(alternatives))
+    sep = f"{literal(fmt.separator)} " if fmt.separator else ""
+    calls = f"{call} ({sep}{call})*" if parallel else call
+    close = literal(fmt.section_close)
+    lazy = mode == "auto" and not doc_key
+    if lazy and fmt.lazy_from_call:  # the section's opening (if any) was free text
+        return _lazy(fmt, rules.text(f"{calls} {close}?"))
+    section = rules.add("section", f"{literal(fmt.section_open)} {calls} {close}")
+    if lazy:
+        return _lazy(fmt, rules.text(section))
+    thinking = excluding(rules, "thinking", THINK_CLOSE)
+    think = rules.add("think", f"{literal(fmt.think_open) if fmt.think_open else ''} "
+                               f"{thinking} {literal(THINK_CLOSE)}".strip())  # fmt: skip
+    root = f"({think})? {section}"
+    if doc_key:  # auto with a response schema: calls, or the document
+        document = json.loads(doc_key)
+        try:
+            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        root = f"({think})? ({section} | {value})"
+    return GrammarSpec(rules.text(root))
+
+
+def _lazy(fmt: SectionFormat, gbnf: str) -> GrammarSpec:
+    pattern = rf"[\s\S]*?({re.escape(fmt.trigger)})[\s\S]*"
+    return GrammarSpec(gbnf, lazy=True, trigger_patterns=(pattern,), trigger_words=(fmt.trigger,))
+
+
+def _held(buf: str, words: Sequence[str]) -> int:
+    """How many characters at the end of `buf` may begin one of `words`."""
+    return max(
+        (k for w in words for k in range(1, min(len(w), len(buf) + 1)) if w.startswith(buf[-k:])),
+        default=0,
+    )
+
+
+class SectionParser:
+    """Output -> reasoning / content / call deltas, incrementally. Text that may still
+    open a section (or a call, or end the thinking) is held back until it resolves; a
+    call's arguments stream as they arrive."""
+
+    def __init__(self, fmt: SectionFormat, *, calls: bool, reasoning: bool):
+        self._fmt = fmt
+        self._calls = calls
+        self._head = re.compile(fmt.head_pattern)
+        self._starts = (fmt.section_open, fmt.call_open) if calls else ()
+        self._buf = ""
+        self._state = "start" if reasoning else "text"  # start|think|text|head|args|between
+        self._depth = 0
+        self._in_string = self._escape = False
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        self._buf += text
+        out: list[Delta] = []
+        while self._buf and self._step(out):
+            pass
+        return [d for d in out if d.text or d.kind == "start"]
+
+    def finish(self) -> list[Delta]:
+        out: list[Delta] = []
+        if self._state in ("start", "text"):
+            out.append(Delta("content", self._buf))
+        elif self._state == "head":  # a call opened but never named: the text it was
+            out.append(Delta("content", self._fmt.call_open + self._buf))
+        elif self._state == "think":
+            out.append(Delta("reasoning", self._buf))
+        self._buf = ""
+        return [d for d in out if d.text]
+
+    def _step(self, out: list[Delta]) -> bool:
+        """One move; False when more text is needed."""
+        if self._state == "start":
+            return self._start()
+        if self._state == "think":
+            return self._think(out)
+        if self._state == "text":
+            return self._text(out)
+        if self._state == "head":
+            return self._open_call(out)
+        if self._state == "args":
+            return self._args(out)
+        return self._between()
+
+    def _start(self) -> bool:
+        stripped = self._buf.lstrip()
+        if stripped.startswith(THINK_OPEN):
+            self._buf, self._state = stripped[len(THINK_OPEN) :], "think"
+            return True
+        if THINK_OPEN.startswith(stripped):
+            return False
+        self._state = "text"
+        return True
+
+    def _think(self, out: list[Delta]) -> bool:
+        ends = (THINK_CLOSE, *self._starts)
+        found = [(self._buf.find(e), e) for e in ends if e in self._buf]
+        if not found:
+            keep = _held(self._buf, ends)
+            out.append(Delta("reasoning", self._buf[: len(self._buf) - keep]))
+            self._buf = self._buf[len(self._buf) - keep :]
+            return False
+        at, end = min(found)
+        out.append(Delta("reasoning", self._buf[:at]))
+        # a call from inside the thinking: the thinking ends there (llama.cpp's reading)
+        self._buf = self._buf[at:].removeprefix(THINK_CLOSE).lstrip("\n")
+        self._state = "text"
+        return True
+
+    def _text(self, out: list[Delta]) -> bool:
+        found = [(self._buf.find(s), s) for s in self._starts if s in self._buf]
+        if not found:
+            keep = _held(self._buf, self._starts)
+            out.append(Delta("content", self._buf[: len(self._buf) - keep]))
+            self._buf = self._buf[len(self._buf) - keep :]
+            return False
+        at, start = min(found)
+        out.append(Delta("content", self._buf[:at]))
+        self._buf = self._buf[at + len(start) :]
+        self._state = "between" if start == self._fmt.section_open else "head"
+        return True
+
+    def _open_call(self, out: list[Delta]) -> bool:
+        at = self._buf.find("{")
+        if at < 0:
+            return False
+        match = self._head.fullmatch(self._buf[:at])
+        if match is None:  # not a call after all: what was read is text
+            out.append(Delta("content", self._fmt.call_open + self._buf[:at]))
+            self._buf, self._state = self._buf[at:], "text"
+            return True
+        out.append(Delta("start", match.group("name"), self.num_calls, new_call_id()))
+        self._buf, self._state = self._buf[at:], "args"
+        self._depth, self._in_string, self._escape = 0, False, False
+        return True
+
+    def _args(self, out: list[Delta]) -> bool:
+        """Copy the JSON object's text until its closing brace."""
+        for i, ch in enumerate(self._buf):
+            if self._in_string:
+                if self._escape:
+                    self._escape = False
+                elif ch == "\\":
+                    self._escape = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    out.append(Delta("args", self._buf[: i + 1], self.num_calls))
+                    self.num_calls += 1
+                    self._buf, self._state = self._buf[i + 1 :], "between"
+                    return True
+        out.append(Delta("args", self._buf, self.num_calls))
+        self._buf = ""
+        return False
+
+    def _between(self) -> bool:
+        """After a call (or the section's opening): its optional closing pieces, then
+        another call, the section's end, or text again."""
+        self._buf = self._buf.lstrip()
+        for piece in self._fmt.trailer:
+            if self._buf.startswith(piece):
+                self._buf = self._buf[len(piece) :]
+                return True
+        if self._buf.startswith(self._fmt.call_open):
+            self._buf, self._state = self._buf[len(self._fmt.call_open) :], "head"
+            return True
+        if self._buf.startswith(self._fmt.section_close):
+            self._buf, self._state = self._buf[len(self._fmt.section_close) :], "text"
+            return True
+        words = (*self._fmt.trailer, self._fmt.call_open, self._fmt.section_close)
+        if not self._buf or any(w.startswith(self._buf) for w in words):
+            return False
+        self._state = "text"
+        return True

@@ -1,0 +1,244 @@
+"""DeepSeek V3.1 and R1 calls, against the cases of llama.cpp's tests/test-chat.cpp (the
+blocks of deepseek-ai-DeepSeek-V3.1.jinja, llama-cpp-deepseek-r1.jinja and the two
+R1 distills): the whole plan's parser (thinking split included) fed whole and one
+character at a time, the grammars checked by llama.cpp's own grammar engine
+(tests/chat/gbnf_check.py), past calls rendered through the templates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chat.formats import GENERIC, detect_format
+from chat.formats_sections import DEEPSEEK_R1, DEEPSEEK_V3
+from chat.plan import ChatOptions, plan_chat
+from chat.template import ChatTemplate
+from chat.tools import Tool, ToolChoice
+from tests.chat import llama_tools as T
+from tests.chat.gbnf_check import accepts
+from tests.chat.plan_run import run
+
+TEMPLATES = Path(__file__).parent / "templates"
+V31 = "deepseek-ai-DeepSeek-V3.1.jinja"
+R1 = "llama-cpp-deepseek-r1.jinja"
+R1_QWEN = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
+R1_LLAMA = "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
+BEGIN, END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+HELLO = "Hello, world!\nWhat's up?"
+
+
+def v31(name: str, args: str) -> str:
+    return f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜>"
+
+
+def r1(name: str, args: str) -> str:
+    return (
+        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}```<｜tool▁call▁end｜>"
+    )
+
+
+def template(name: str) -> ChatTemplate:
+    return ChatTemplate((TEMPLATES / name).read_text(), bos_token="", eos_token="",
+                        add_bos=False)  # fmt: skip
+
+
+USER = [{"role": "user", "content": "Hi"}]
+# (the test-chat.cpp case, template, thinking, tools, output, reasoning, content, calls)
+CASES: list[tuple[str, str, bool, list[Tool], str, str, str, list[tuple[str, Any]]]] = [
+    ("V3.1: a call, thinking off", V31, False, [T.get_time_tool],
+     BEGIN + v31("get_time", '{"city": "XYZCITY"}') + END, "", "",
+     [("get_time", {"city": "XYZCITY"})]),
+    ("V3.1: reasoning then a call", V31, True, [T.get_time_tool],
+     "REASONING</think>" + BEGIN + v31("get_time", '{"city": "Tokyo"}') + END, "REASONING", "",
+     [("get_time", {"city": "Tokyo"})]),
+    ("V3.1: reasoning, content, parallel calls", V31, True, [T.get_time_tool, T.get_weather_tool],
+     "REASONING</think>CONTENT" + BEGIN + v31("get_time", '{"city": "Paris"}')
+     + v31("get_weather", '{"city": "Paris"}') + END, "REASONING", "CONTENT",
+     [("get_time", {"city": "Paris"}), ("get_weather", {"city": "Paris"})]),
+    ("V3.1: reasoning then content", V31, True, [], "REASONING</think>\nCONTENT", "REASONING",
+     "CONTENT", []),
+    ("V3.1: content, thinking off", V31, False, [], "CONTENT", "", "CONTENT", []),
+    ("R1 (llama.cpp's): empty thinking", R1, True, [], "</think>" + HELLO, "", HELLO, []),
+    ("R1 (llama.cpp's): thoughts", R1, True, [], "I'm\nthinking</think>" + HELLO, "I'm\nthinking",
+     HELLO, []),
+    ("R1 (llama.cpp's): a call", R1, True, [T.special_function_tool],
+     "</think>" + BEGIN + r1("special_function", '{"arg1": 1}') + END, "", "",
+     [("special_function", {"arg1": 1})]),
+    ("R1 Distill Qwen: empty thinking", R1_QWEN, True, [], "</think>" + HELLO, "", HELLO, []),
+    ("R1 Distill Qwen: thoughts", R1_QWEN, True, [], "I'm\nthinking</think>" + HELLO,
+     "I'm\nthinking", HELLO, []),
+    ("R1 Distill Qwen: a call, thinking off", R1_QWEN, False, [T.special_function_tool],
+     BEGIN + r1("special_function", '{"arg1": 1}') + END, "", "",
+     [("special_function", {"arg1": 1})]),
+    ("R1 Distill Llama: empty thinking", R1_LLAMA, True, [], "</think>" + HELLO, "", HELLO, []),
+    ("R1 Distill Llama: thoughts", R1_LLAMA, True, [], "I'm\nthinking</think>" + HELLO,
+     "I'm\nthinking", HELLO, []),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("step", [1, 4, 100_000])
+@pytest.mark.parametrize(
+    ("case", "name", "thinking", "tools", "text", "reasoning", "content", "calls"), CASES,
+    ids=[c[0] for c in CASES],
+)  # fmt: skip
+def test_parser_matches_llama_cpp(
+    case: str, name: str, thinking: bool, tools: list[Tool], text: str, reasoning: str,
+    content: str, calls: list[Any], step: int,
+) -> None:  # fmt: skip
+    kwargs = {"thinking": thinking, "enable_thinking": thinking}
+    plan = plan_chat(template(name), USER, ChatOptions(tools=tuple(tools), template_kwargs=kwargs))
+    got = run(plan.parser(), text, step)
+    # llama.cpp compares content and reasoning stripped (assert_msg_equals)
+    assert got["reasoning_content"].strip() == reasoning
+    assert got["content"].strip() == content
+    assert got["tool_calls"] == calls
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        (DEEPSEEK_V3, BEGIN + v31("get_time", '{"city": "Paris"}') + END),
+        (DEEPSEEK_V3, "I think.</think>" + BEGIN + v31("get_time", '{"city": "Paris"}') + END),
+        (
+            DEEPSEEK_V3,
+            BEGIN
+            + v31("get_time", '{"city": "Paris"}')
+            + v31("get_weather", '{"city": "Rome"}')
+            + END,
+        ),  # fmt: skip
+        (DEEPSEEK_R1, BEGIN + r1("get_time", '{"city": "Paris"}').replace("}```", "}\n```") + END),
+        (
+            DEEPSEEK_R1,
+            BEGIN
+            + r1("get_time", '{"city": "Paris"}').replace("}```", "}\n```")
+            + "\n"
+            + r1("get_weather", '{"city": "Rome"}').replace("}```", "}\n```")
+            + END,
+        ),  # fmt: skip
+    ],
+)
+def test_required_grammar_accepts_calls(fmt: Any, text: str) -> None:
+    spec = fmt.grammar([T.get_time_tool, T.get_weather_tool], ToolChoice("required"), True)
+    assert not spec.lazy
+    assert accepts(spec.gbnf, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        BEGIN + v31("get_time", '{"city": 1}') + END,  # a string parameter given a number
+        BEGIN + v31("get_date", '{"city": "Paris"}') + END,  # not offered
+        BEGIN + v31("get_time", '{"city": "Paris"}'),  # the section never ends
+        v31("get_time", '{"city": "Paris"}'),  # no section
+        "Sure." + BEGIN + v31("get_time", '{"city": "Paris"}') + END,  # text, no </think>
+        "a</think>b</think>" + BEGIN + v31("get_time", '{"city": "Paris"}') + END,
+    ],
+)
+def test_required_grammar_rejects_malformed_calls(text: str) -> None:
+    spec = DEEPSEEK_V3.grammar([T.get_time_tool], ToolChoice("required"), parallel=True)
+    assert not accepts(spec.gbnf, text)
+
+
+def test_parallel_false_allows_one_call() -> None:
+    spec = DEEPSEEK_V3.grammar([T.get_time_tool], ToolChoice("required"), parallel=False)
+    one = v31("get_time", '{"city": "Paris"}')
+    assert accepts(spec.gbnf, BEGIN + one + END)
+    assert not accepts(spec.gbnf, BEGIN + one + one + END)
+
+
+def test_lazy_grammar_in_auto_mode_starts_at_the_section() -> None:
+    spec = DEEPSEEK_V3.grammar([T.get_time_tool], ToolChoice("auto"), parallel=True)
+    assert spec.lazy
+    assert spec.trigger_words == (BEGIN,)
+    assert spec.trigger_patterns == (r"[\s\S]*?(<｜tool▁calls▁begin｜>)[\s\S]*",)
+    assert accepts(spec.gbnf, BEGIN + v31("get_time", '{"city": "Paris"}') + END)
+    assert not accepts(spec.gbnf, "x</think>" + BEGIN + v31("get_time", '{"city": "P"}') + END)
+
+
+def test_auto_with_a_response_schema_is_calls_or_the_document() -> None:
+    doc = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    spec = DEEPSEEK_V3.grammar([T.get_time_tool], ToolChoice("auto"), True, doc)
+    assert not spec.lazy
+    assert accepts(spec.gbnf, 'ok</think>{"answer": "hi"}')
+    assert accepts(spec.gbnf, BEGIN + v31("get_time", '{"city": "Paris"}') + END)
+    assert not accepts(spec.gbnf, '{"other": 1}')
+
+
+def test_truncated_call_is_not_reported() -> None:
+    plan = plan_chat(template(V31), USER, ChatOptions(tools=(T.get_time_tool,)))
+    got = run(plan.parser(), "Hi " + BEGIN + v31("get_time", '{"city": "Par'), 1)
+    assert got == {"content": "Hi ", "reasoning_content": "", "tool_calls": []}
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [(V31, DEEPSEEK_V3), (R1, DEEPSEEK_R1), (R1_QWEN, DEEPSEEK_R1), (R1_LLAMA, GENERIC)],
+)
+def test_detection_from_llama_cpp_templates(name: str, fmt: object) -> None:
+    assert detect_format((TEMPLATES / name).read_text()) is fmt
+
+
+HISTORY: list[dict[str, Any]] = [
+    {"role": "user", "content": "Weather and time in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": json.dumps({"city": "Paris"})}},
+        {"id": "c2", "type": "function", "function": {
+            "name": "get_time", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    {"role": "tool", "tool_call_id": "c2", "content": "noon"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "rendered"),
+    [
+        (
+            V31,
+            BEGIN
+            + v31("get_weather", '{"city": "Paris"}')
+            + v31("get_time", '{"city": "Paris"}')
+            + END,
+        ),  # fmt: skip
+        (
+            R1,
+            BEGIN
+            + r1("get_weather", '{"city": "Paris"}\n')
+            + "\n"
+            + r1("get_time", '{"city": "Paris"}\n')
+            + END,
+        ),  # fmt: skip
+        (
+            R1_QWEN,
+            BEGIN
+            + r1("get_weather", '{"city": "Paris"}\n')
+            + "\n"
+            + r1("get_time", '{"city": "Paris"}\n')
+            + END,
+        ),  # fmt: skip
+    ],
+)
+def test_past_calls_render_in_the_templates_syntax_and_the_grammar_accepts_them(
+    name: str, rendered: str
+) -> None:
+    # the arguments reach the template as a mapping (`arguments | tojson`, not a quoted
+    # string), and the calls as rendered are what the grammar lets the model write, so
+    # a sampled call sent back renders to the same text
+    tools = (T.get_weather_tool, T.get_time_tool)
+    plan = plan_chat(template(name), HISTORY, ChatOptions(tools=tools))
+    assert rendered in plan.prompt.text
+    fmt = detect_format((TEMPLATES / name).read_text())
+    assert accepts(fmt.grammar(list(tools), ToolChoice("required"), True).gbnf, rendered)
+
+
+def test_thinking_switch_opens_the_reasoning_in_the_prompt() -> None:
+    on = plan_chat(template(V31), USER, ChatOptions(template_kwargs={"thinking": True}))
+    off = plan_chat(template(V31), USER, ChatOptions(template_kwargs={"thinking": False}))
+    assert on.prompt.text.endswith("<｜Assistant｜><think>") and on.reasoning_inside
+    assert off.prompt.text.endswith("<think></think>") and not off.reasoning_inside
+    # `enable_thinking` (what reasoning_effort sets) reaches the template's `thinking`
+    effort = plan_chat(template(V31), USER, ChatOptions(template_kwargs={"enable_thinking": True}))
+    assert effort.reasoning_inside
