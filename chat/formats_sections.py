@@ -117,7 +117,7 @@ def detect_sections(source: str) -> SectionFormat | None:
 def _grammar(fmt: SectionFormat, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     rules = RuleSet()
     alternatives = []
-    for i, (name, parameters) in enumerate(json.loads(key)):
+    for i, (name, parameters, *_) in enumerate(json.loads(key)):
         try:
             if parameters in ({}, True):
                 args = rules.primitive("object")
