@@ -136,7 +136,11 @@ def _grammar(fmt: SectionFormat, key: str, mode: str, parallel: bool, doc_key: s
     lazy = mode == "auto" and not doc_key
     if lazy and fmt.lazy_from_call:  # the section's opening (if any) was free text
         return _lazy(fmt, rules.text(f"{calls} {close}?"))
-    section = rules.add("section", f"{literal(fmt.section_open)} {calls} {close}")
+    section_open = literal(fmt.section_open)
+    if fmt.lazy_from_call:  # Kimi: the section tokens are optional (llama.cpp's grammar)
+        section = rules.add("section", f"{section_open}? {calls} {close}?")
+    else:
+        section = rules.add("section", f"{section_open} {calls} {close}")
     if lazy:
         return _lazy(fmt, rules.text(section))
     thinking = excluding(rules, "thinking", THINK_CLOSE)
