@@ -1,11 +1,12 @@
 """A custom tool's grammar (`format: {type: "grammar", syntax: "lark" | "regex"}`) -> GBNF
-for the JSON text of its input string (chat/textgrammar.py says why JSON text).
+for its input string: the JSON text of the string (JSON call formats) or the raw text
+(Qwen3-Coder's XML parameters), chat/textgrammar.py's two writers.
 
 Lark (https://lark-parser.readthedocs.io/en/latest/grammar.html), the subset grammars
 for tools use: rules and terminals (`name: ...`, `NAME: ...`, priorities and the `_ ? !`
 modifiers read and dropped), alternatives over several lines, aliases (`-> name`,
 dropped), strings (`"..."`, `"..."i`), character ranges (`"a".."z"`), regexes
-(`/.../flags`, chat/regex_node.py), groups, `[optional]`, `? * +`, `~ n` and `~ n..m`,
+(`/.../flags`, chat/regex.py), groups, `[optional]`, `? * +`, `~ n` and `~ n..m`,
 `%import common.NAME` (one or a list, with `-> alias`), `%ignore` (allowed between the
 items of a rule, as Lark's lexer skips it between tokens) and `//` or `#` comments.
 The grammar is taken as the context-free grammar it writes: Lark's lexer (longest match,
@@ -22,17 +23,19 @@ from dataclasses import dataclass
 
 from chat.gbnf import RuleSet
 from chat.lark_rules import IGNORE, check_left_recursion, reachable, with_ignore
-from chat.regex_node import parse_regex
+from chat.regex import parse_regex
 from chat.textgrammar import (
     Alt,
     Chars,
     JsonText,
     Lit,
     Node,
+    PlainText,
     Ref,
     Rep,
     Seq,
     TextGrammarError,
+    TextWriter,
     no_case,
 )
 
@@ -317,21 +320,29 @@ def parse_lark(source: str) -> LarkGrammar:
     return LarkGrammar({n: rules[n] for n in rules if n in used})
 
 
-def lark_to_gbnf(source: str, rules: RuleSet, prefix: str) -> str:
-    """The GBNF expression (a rule of `rules`) for the JSON text of `source`'s sentences."""
+def _writer(rules: RuleSet, prefix: str, json_text: bool, names: dict[str, str] | None = None
+            ) -> TextWriter:  # fmt: skip
+    return (JsonText if json_text else PlainText)(rules, prefix, names)
+
+
+def lark_to_gbnf(source: str, rules: RuleSet, prefix: str, json_text: bool = True) -> str:
+    """The GBNF expression (a rule of `rules`) for `source`'s sentences: their JSON text
+    (`json_text`) or the text itself."""
     grammar = parse_lark(source)
     names = {n: rules.reserve(prefix + n.replace("_", "-")) for n in grammar.rules}
-    out = JsonText(rules, prefix, names)
+    out = _writer(rules, prefix, json_text, names)
     for name, body in grammar.rules.items():
         rules.define(names[name], out.expr(body))
     return names["start"]
 
 
-def tool_input_gbnf(syntax: str, definition: str, rules: RuleSet, prefix: str) -> str:
+def tool_input_gbnf(
+    syntax: str, definition: str, rules: RuleSet, prefix: str, json_text: bool = True
+) -> str:
     """A custom tool's input grammar (`syntax` "lark" or "regex") as a GBNF expression
-    for the JSON text of the input string."""
+    for the JSON text of the input string (`json_text`), or for the text itself."""
     if syntax == "lark":
-        return lark_to_gbnf(definition, rules, prefix)
+        return lark_to_gbnf(definition, rules, prefix, json_text)
     if syntax == "regex":
-        return JsonText(rules, prefix).group(parse_regex(definition))
+        return _writer(rules, prefix, json_text).group(parse_regex(definition))
     raise TextGrammarError(f"grammar syntax '{syntax}' is not supported; only lark and regex")

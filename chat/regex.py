@@ -1,265 +1,248 @@
-"""A practical subset of regexes -> GBNF: JSON-schema `pattern`s and whole-output regexes.
+"""The one regex converter: a Python-`re` / ECMAScript pattern -> a
+`chat.textgrammar.Node` (matched whole), written as GBNF by chat/textgrammar.py's writers.
 
-`pattern_to_gbnf`: the expression matches the *JSON text* inside the quotes of a string,
-so characters that JSON escapes (quote, backslash, control characters) are written
-escaped. `regex_to_gbnf`: a grammar whose whole output matches the regex (vLLM's
-`guided_regex`, SGLang's `regex`), characters as they are. Supported:
-literals, escapes (\\d \\w \\s \\D \\W \\S and escaped punctuation), `.`, character
-classes (ranges, negation), groups `(...)` / `(?:...)`, alternation, quantifiers
-`* + ? {n} {n,} {n,m}`, and `^` / `$` at the ends. A pattern without `^` (or `$`) may
-have anything before (or after) its match, as JSON schema's search semantics say.
-Anything else (lookaround, backreferences, lazy quantifiers, \\b) raises PatternError.
+- `regex_to_gbnf`: a grammar whose whole output matches (vLLM's `guided_regex`, SGLang's
+  `regex`), characters as they are.
+- `pattern_to_gbnf`: JSON schema's `pattern`, for the JSON text inside a string's quotes
+  (search semantics: without `^` / `$` anything may come before / after the match).
+- `parse_regex`: a Lark terminal's `/.../flags`, a custom tool's `regex` format
+  (chat/lark.py writes them as the JSON text or the raw text of a tool's input).
+
+Supported: literals, escapes (`\\d \\w \\s` and their negations, ASCII as ECMAScript's;
+`\\n \\t \\r \\f \\v \\0 \\xHH \\uHHHH \\UHHHHHHHH`, escaped punctuation), `.`, classes
+(ranges, negation, escapes), groups (`(...)`, `(?:...)`, `(?P<n>...)`), alternation,
+greedy and lazy quantifiers (a lazy one matches the same whole strings), anchors at the
+ends, and the flags `i` and `s`. Lookaround, backreferences, `\\b` and possessive
+quantifiers change what "matches" means beyond a context-free grammar: they raise
+PatternError.
 """
 
 from __future__ import annotations
 
-from chat.gbnf import RuleSet, literal
+import re
 
-# Characters a JSON string may hold raw; everything else in a class is excluded.
-_JSON_UNSAFE = '"\\\\\\x00-\\x1F\\x7F'
-_ANY = f"[^{_JSON_UNSAFE}]"
-_NEGATED_ESCAPES = {"D": "0-9", "W": "a-zA-Z0-9_", "S": " \\t\\n\\r"}
+from chat.gbnf import RuleSet
+from chat.textgrammar import (
+    MAX_CODE,
+    Alt,
+    Chars,
+    JsonText,
+    Lit,
+    Node,
+    PlainText,
+    Rep,
+    Seq,
+    TextGrammarError,
+    casefolded,
+    complement,
+    merged,
+    no_case,
+)
 
+PatternError = TextGrammarError  # the name the schema and constraint layers catch
 
-class PatternError(ValueError):
-    pass
-
-
-def _class_char(ch: str) -> str:
-    if ch.isascii() and ch.isalnum():
-        return ch
-    code = ord(ch)
-    return (
-        f"\\x{code:02X}"
-        if code < 0x100
-        else f"\\u{code:04X}"
-        if code < 0x10000
-        else f"\\U{code:08X}"
-    )
-
-
-def _char_literal(ch: str) -> str:
-    # A JSON string writes these escaped; the regex means the character itself.
-    return literal(ch if ch not in '"\\' and ord(ch) >= 0x20 else _json_escape(ch))
-
-
-def _json_escape(ch: str) -> str:
-    return {"\n": "\\n", "\t": "\\t", "\r": "\\r", '"': '\\"', "\\": "\\\\"}.get(
-        ch, f"\\u{ord(ch):04x}"
-    )
+_DIGIT = ((0x30, 0x39),)
+_WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+_SPACE = ((0x09, 0x0D), (0x20, 0x20))
+_CLASSES = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
+_CONTROL = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0", "a": "\a"}
 
 
 class _Parser:
-    """`json`: characters as a JSON string writes them (else as they are). Repetitions go
-    through `rules` (chat.gbnf's one rule for bounds; compound atoms become rules)."""
-
-    def __init__(self, pattern: str, rules: RuleSet, json: bool):
+    def __init__(self, pattern: str, flags: str):
         self.src = pattern
         self.i = 0
-        self.rules = rules
-        self.json = json
+        self.nocase = "i" in flags
+        self.dotall = "s" in flags
+
+    def error(self, what: str) -> TextGrammarError:
+        return TextGrammarError(f"regex /{self.src}/: {what} (at {self.i})")
 
     def peek(self) -> str | None:
         return self.src[self.i] if self.i < len(self.src) else None
 
     def take(self) -> str:
-        ch = self.src[self.i]
+        if self.i >= len(self.src):
+            raise self.error("unexpected end")
         self.i += 1
-        return ch
+        return self.src[self.i - 1]
 
-    def alternation(self) -> str:
-        branches = [self.sequence()]
+    def alternation(self) -> Node:
+        options = [self.sequence()]
         while self.peek() == "|":
             self.take()
-            branches.append(self.sequence())
-        return branches[0] if len(branches) == 1 else "(" + " | ".join(branches) + ")"
+            options.append(self.sequence())
+        return options[0] if len(options) == 1 else Alt(tuple(options))
 
-    def sequence(self) -> str:
-        items: list[str] = []
+    def sequence(self) -> Node:
+        items: list[Node] = []
         while self.peek() not in (None, "|", ")"):
             if self.peek() == "$" and self.i == len(self.src) - 1:
+                self.take()  # an anchor at the end: the match is whole anyway
                 break
             items.append(self.quantified(self.atom()))
-        return " ".join(items) if items else '""'
+        return items[0] if len(items) == 1 else Seq(tuple(items))
 
-    def quantified(self, atom: str) -> str:
+    def quantified(self, atom: Node) -> Node:
         ch = self.peek()
         if ch not in ("*", "+", "?", "{"):
             return atom
-        self.take()
         if ch == "{":
             end = self.src.find("}", self.i)
-            if end < 0:
-                raise PatternError("unterminated {} quantifier")
-            body, self.i = self.src[self.i : end], end + 1
+            body = self.src[self.i + 1 : end] if end > 0 else ""
             low_s, comma, high_s = body.partition(",")
-            if not low_s.isdigit() or (high_s and not high_s.isdigit()):
-                raise PatternError(f"bad quantifier {{{body}}}")
-            low, high = int(low_s), (int(high_s) if high_s else None if comma else int(low_s))
+            if end < 0 or not (low_s.isdigit() or (comma and not low_s)) or (
+                    high_s and not high_s.isdigit()):  # fmt: skip
+                return atom  # Python reads a brace that is no quantifier as itself
+            self.i = end + 1
+            low = int(low_s or 0)
+            high = int(high_s) if high_s else None if comma else low
+            if high is not None and high < low:
+                raise self.error(f"bad quantifier {{{body}}}")
         else:
+            self.take()
             low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[ch]
-        if self.peek() in ("?", "+"):
-            raise PatternError("lazy and possessive quantifiers are not supported")
-        return self.rules.repeat("re", atom, low, high)
+        if self.peek() == "+":
+            raise self.error("possessive quantifiers are not supported")
+        if self.peek() == "?":
+            self.take()  # lazy: the same whole matches
+        return Rep(atom, low, high)  # bounds too large to write: chat.gbnf `bounds`
 
-    def atom(self) -> str:
+    def atom(self) -> Node:
         ch = self.take()
         if ch == "(":
             if self.src.startswith("?:", self.i):
                 self.i += 2
+            elif self.src.startswith("?P<", self.i) or (self.src.startswith("?<", self.i)
+                                                         and self.src[self.i + 2 : self.i + 3]
+                                                         not in ("=", "!")):  # fmt: skip
+                self.i = self.src.index(">", self.i) + 1
             elif self.peek() == "?":
-                raise PatternError("lookaround and named groups are not supported")
+                raise self.error("lookaround, inline flags and conditionals are not supported")
             inner = self.alternation()
             if self.peek() != ")":
-                raise PatternError("unbalanced parenthesis")
+                raise self.error("unbalanced parenthesis")
             self.take()
-            return f"({inner})"
+            return inner
         if ch == "[":
-            return self.char_class()
+            return self.chars(self.char_class())
         if ch == ".":
-            return _ANY if self.json else "[^\\n]"
+            return Chars(((0, MAX_CODE),) if self.dotall else complement(((10, 10),)))
         if ch == "\\":
             return self.escape()
-        if ch in "*+?{)":
-            raise PatternError(f"unexpected '{ch}'")
+        if ch == "^" and self.i == 1:
+            return Seq(())  # an anchor at the start
+        if ch in "*+?)":
+            raise self.error(f"unexpected '{ch}'")
         if ch in "^$":
-            raise PatternError("anchors are only supported at the ends of the pattern")
-        return self.char(ch)
+            raise self.error("anchors are only supported at the ends of the pattern")
+        return no_case(ch) if self.nocase else Lit(ch)
 
-    def char(self, ch: str) -> str:
-        return _char_literal(ch) if self.json else literal(ch)
+    def chars(self, ranges: tuple[tuple[int, int], ...]) -> Chars:
+        return Chars(casefolded(ranges) if self.nocase else ranges)
 
-    def escape(self) -> str:
-        if self.peek() is None:
-            raise PatternError("trailing backslash")
+    def escape(self) -> Node:
         ch = self.take()
-        if ch in ("d", "w") or (ch == "s" and not self.json):
-            return "[" + "".join(_range_text(lo, hi) for lo, hi in self.class_ranges(ch)) + "]"
-        if ch == "s":
-            return '(" " | "\\\\t" | "\\\\n" | "\\\\r")'
-        if ch in _NEGATED_ESCAPES:
-            return f"[^{_NEGATED_ESCAPES[ch]}{_JSON_UNSAFE if self.json else ''}]"
-        if ch in "nrt":
-            raw = {"n": "\n", "r": "\r", "t": "\t"}[ch]
-            return literal(_json_escape(raw) if self.json else raw)
+        if ch.lower() in _CLASSES:
+            ranges = _CLASSES[ch.lower()]
+            return Chars(ranges if ch.islower() else complement(ranges))
+        if ch in "AZ" and (self.i == 2 or self.i == len(self.src)):
+            return Seq(())  # \A at the start, \Z at the end
+        code = self.code_escape(ch)
+        if code is None:
+            raise self.error(f"the escape \\{ch} is not supported")
+        text = chr(code)
+        return no_case(text) if self.nocase else Lit(text)
+
+    def code_escape(self, ch: str) -> int | None:
+        """The character an escape stands for (None: not a character escape)."""
+        if ch in _CONTROL:
+            return ord(_CONTROL[ch])
+        width = {"x": 2, "u": 4, "U": 8}.get(ch)
+        if width is not None:
+            digits = self.src[self.i : self.i + width]
+            if len(digits) != width or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise self.error(f"bad \\{ch} escape")
+            self.i += width
+            return int(digits, 16)
         if ch.isalnum():
-            raise PatternError(f"the escape \\{ch} is not supported")
-        return self.char(ch)
+            return None  # \b, backreferences, \p{..}: not a character
+        return ord(ch)
 
-    def class_ranges(self, ch: str) -> tuple[tuple[int, int], ...]:
-        return _RAW_SPACE if ch == "s" and not self.json else _CLASS_RANGES[ch]
-
-    def char_class(self) -> str:
+    def char_class(self) -> tuple[tuple[int, int], ...]:
         negated = self.peek() == "^"
         if negated:
             self.take()
         ranges: list[tuple[int, int]] = []
         first = True
         while True:
-            ch = self.peek()
-            if ch is None:
-                raise PatternError("unterminated character class")
-            if ch == "]" and not first:
+            if self.peek() is None:
+                raise self.error("unterminated character class")
+            if self.peek() == "]" and not first:
                 self.take()
                 break
             first = False
             low = self.class_member()
-            if isinstance(low, list):
+            if isinstance(low, tuple):
                 ranges += low
                 continue
             if self.peek() == "-" and self.src[self.i + 1 : self.i + 2] not in ("]", ""):
                 self.take()
                 high = self.class_member()
-                if isinstance(high, list) or high < low:
-                    raise PatternError("bad range in a character class")
+                if isinstance(high, tuple) or high < low:
+                    raise self.error("bad range in a character class")
                 ranges.append((low, high))
             else:
                 ranges.append((low, low))
-        if negated:
-            body = "".join(_range_text(lo, hi) for lo, hi in ranges)
-            return f"[^{body}{_JSON_UNSAFE if self.json else ''}]"
-        # JSON-unsafe characters in a positive class are left out (the output stays a
-        # subset of what the pattern allows, so it always validates).
-        safe = _subtract(ranges, _UNSAFE_CODES) if self.json else ranges
-        if not safe:
-            raise PatternError("a character class holds only characters JSON must escape")
-        return "[" + "".join(_range_text(lo, hi) for lo, hi in safe) + "]"
+        out = merged(ranges)
+        if self.nocase:
+            out = casefolded(out)
+        return complement(out) if negated else out
 
-    def class_member(self) -> int | list[tuple[int, int]]:
+    def class_member(self) -> int | tuple[tuple[int, int], ...]:
         ch = self.take()
         if ch != "\\":
             return ord(ch)
-        if self.peek() is None:
-            raise PatternError("trailing backslash")
         esc = self.take()
-        if esc in _CLASS_RANGES:
-            return list(self.class_ranges(esc))
-        if esc in "nrt":
-            return ord({"n": "\n", "r": "\r", "t": "\t"}[esc])
-        if esc.isalnum():
-            raise PatternError(f"the escape \\{esc} is not supported in a class")
-        return ord(esc)
+        if esc.lower() in _CLASSES:
+            ranges = _CLASSES[esc.lower()]
+            return ranges if esc.islower() else complement(ranges)
+        if esc == "b":
+            return 0x08  # backspace, inside a class
+        code = self.code_escape(esc)
+        if code is None:
+            raise self.error(f"the escape \\{esc} is not supported in a class")
+        return code
 
 
-_CLASS_RANGES = {
-    "d": ((0x30, 0x39),),
-    "w": ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)),
-    "s": ((0x20, 0x20),),  # tab and newline would need JSON escapes: left out
-}
-_RAW_SPACE = ((0x09, 0x0D), (0x20, 0x20))  # \t \n \v \f \r and the space
-_UNSAFE_CODES = ((0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0x7F, 0x7F))
-
-
-def _subtract(
-    ranges: list[tuple[int, int]], holes: tuple[tuple[int, int], ...]
-) -> list[tuple[int, int]]:
-    out = []
-    for lo, hi in ranges:
-        pieces = [(lo, hi)]
-        for h_lo, h_hi in holes:
-            nxt = []
-            for a, b in pieces:
-                if b < h_lo or a > h_hi:
-                    nxt.append((a, b))
-                    continue
-                if a < h_lo:
-                    nxt.append((a, h_lo - 1))
-                if b > h_hi:
-                    nxt.append((h_hi + 1, b))
-            pieces = nxt
-        out += pieces
-    return out
-
-
-def _range_text(lo: int, hi: int) -> str:
-    return _class_char(chr(lo)) if lo == hi else f"{_class_char(chr(lo))}-{_class_char(chr(hi))}"
+def parse_regex(pattern: str, flags: str = "") -> Node:
+    """The whole-match language of `pattern` (`flags`: Lark's / Python's letters)."""
+    unknown = set(flags) - set("isu")  # u (unicode) is Python 3's default
+    if unknown:
+        raise TextGrammarError(f"regex /{pattern}/: the flags {''.join(sorted(unknown))} "
+                               "are not supported")  # fmt: skip
+    parser = _Parser(pattern, flags)
+    node = parser.alternation()
+    if parser.peek() is not None:
+        raise parser.error(f"unexpected '{parser.peek()}'")
+    return node
 
 
 def pattern_to_gbnf(pattern: str, rules: RuleSet) -> str:
     """A GBNF expression for the JSON text of strings that `pattern` matches (rules it
     needs are added to `rules`, which must also define chat.gbnf's `char`)."""
-    anchored_start = pattern.startswith("^")
-    parser = _Parser(pattern[1:] if anchored_start else pattern, rules, json=True)
-    expr = parser.alternation()
-    anchored_end = parser.peek() == "$"
-    if anchored_end:
-        parser.take()
-    if parser.peek() is not None:
-        raise PatternError(f"unexpected '{parser.peek()}' at {parser.i}")
-    free = "char*"  # the JSON string character rule of chat.gbnf
-    return " ".join(
-        p for p in ("" if anchored_start else free, f"({expr})", "" if anchored_end else free) if p
-    )
+    expr = JsonText(rules, "re-").group(parse_regex(pattern))
+    start = "" if pattern.startswith(("^", "\\A")) else "char*"  # chat.gbnf's JSON char
+    end = "" if _ANCHORED_END.search(pattern) else "char*"
+    return " ".join(p for p in (start, expr, end) if p)
+
+
+# A `$` or `\Z` at the end that no backslash escapes.
+_ANCHORED_END = re.compile(r"(?<!\\)(?:\\\\)*(?:\$|\\Z)$")
 
 
 def regex_to_gbnf(pattern: str) -> str:
     """A complete grammar whose whole output matches `pattern` (anchors at its ends are
     allowed and change nothing: the match is always the whole output, as vLLM's)."""
     rules = RuleSet()
-    parser = _Parser(pattern[1:] if pattern.startswith("^") else pattern, rules, json=False)
-    expr = parser.alternation()
-    if parser.peek() == "$":
-        parser.take()
-    if parser.peek() is not None:
-        raise PatternError(f"unexpected '{parser.peek()}' at {parser.i}")
-    return rules.text(expr)
+    return rules.text(PlainText(rules, "re-").group(parse_regex(pattern)))

@@ -1,22 +1,23 @@
-"""Grammars of free text (a custom tool's input: Lark or a regex) as GBNF.
+"""Grammars of text (a regex, a Lark grammar) as an expression tree, and its two GBNF
+writers.
 
-A custom tool's input travels inside a JSON tool call (`{"input": "<text>"}`: every call
-format kvserve speaks is JSON), so the grammar built here matches the *JSON text* of a
-string whose value is a sentence of the language: a quote, a backslash and the control
-characters are written escaped (`\\"`, `\\\\`, `\\n`, ...), everything else raw. Unlike
-chat/regex.py (JSON schema's `pattern`: search semantics, and a class never holds a
-character JSON must escape), the language is kept whole: a line of a patch may hold a
-quote or a backslash.
+The parsers (chat/regex.py, chat/lark.py) produce `Node`s; a writer turns them into GBNF
+rules in a `RuleSet`:
+- `PlainText`: the characters as they are (a whole output: vLLM's `guided_regex`; the raw
+  text of a Qwen3-Coder XML parameter).
+- `JsonText`: the *JSON text* of a string holding them (a custom tool's `input` in a JSON
+  tool call, a schema's `pattern`): a quote, a backslash and the control characters are
+  written escaped (`\\"`, `\\\\`, `\\n`, ...), everything else raw. The language is kept
+  whole: a line of a patch may hold a quote or a backslash.
 
-The grammar is first an expression tree (`Node`) that chat/lark.py and the regex parser
-below both produce; `JsonText` writes it as GBNF rules into a `RuleSet`.
+Repetitions go through `RuleSet.repeat` (chat.gbnf's one rule for bounds).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chat.gbnf import RuleSet, literal, repeat
+from chat.gbnf import RuleSet, literal
 
 MAX_CODE = 0x10FFFF
 
@@ -54,13 +55,14 @@ class Rep:
 
 @dataclass(frozen=True, slots=True)
 class Ref:
-    name: str  # a rule of the grammar (Lark), resolved by JsonText
+    name: str  # a rule of the grammar (Lark), resolved by the writer
 
 
 Node = Lit | Chars | Seq | Alt | Rep | Ref
+Ranges = tuple[tuple[int, int], ...]
 
 
-def merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+def merged(ranges: list[tuple[int, int]]) -> Ranges:
     out: list[tuple[int, int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1] + 1:
@@ -70,7 +72,7 @@ def merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+def complement(ranges: Ranges) -> Ranges:
     out, at = [], 0
     for lo, hi in ranges:
         if lo > at:
@@ -81,12 +83,7 @@ def complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ..
     return tuple(out)
 
 
-def intersect(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]) -> list[int]:
-    """The code points in both (used with a small `b`: the characters JSON escapes)."""
-    return [c for lo, hi in b for c in range(lo, hi + 1) if any(x <= c <= y for x, y in a)]
-
-
-def casefolded(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+def casefolded(ranges: Ranges) -> Ranges:
     """`ranges` with the other case of every ASCII letter in it (a case-insensitive flag)."""
     extra = []
     for lo, hi in ranges:
@@ -129,50 +126,82 @@ def _class_char(code: int) -> str:
         f"\\U{code:08X}")  # fmt: skip
 
 
-def _class(ranges: tuple[tuple[int, int], ...], negated: bool) -> str:
+def _class(ranges: Ranges, negated: bool = False) -> str:
     body = "".join(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
                    for lo, hi in ranges)  # fmt: skip
     return f"[^{body}]" if negated else f"[{body}]"
 
 
-class JsonText:
-    """Writes `Node`s as GBNF (for the JSON text of the string) into `rules`; rule names
-    of the source grammar get `prefix`, so that several tools share one RuleSet."""
+def _shortest_class(ranges: Ranges) -> str:
+    """`ranges` as a class, negated where that is shorter (`.`: [^\\x0A])."""
+    rest = complement(ranges)
+    if not rest:
+        return "."  # every character (llama.cpp's `.` matches any one)
+    return _class(rest, True) if len(rest) < len(ranges) else _class(ranges)
+
+
+class TextWriter:
+    """Writes `Node`s as GBNF into `rules`; rule names of the source grammar map through
+    `names`, and the rules the writer adds get `prefix` (several tools share a RuleSet).
+    Subclasses say how a literal and a set of characters are written."""
 
     def __init__(self, rules: RuleSet, prefix: str, names: dict[str, str] | None = None):
         self.rules = rules
         self.prefix = prefix
         self.names = names or {}  # source rule name -> GBNF rule name
 
+    def lit(self, text: str) -> str:
+        raise NotImplementedError
+
+    def chars(self, ranges: Ranges) -> str:
+        raise NotImplementedError
+
     def expr(self, node: Node) -> str:
         if isinstance(node, Lit):
-            return literal("".join(json_escaped(ord(c)) for c in node.text)) if node.text else '""'
+            return self.lit(node.text) if node.text else '""'
         if isinstance(node, Chars):
+            if not node.ranges:
+                raise TextGrammarError("an empty character class matches nothing")
             return self.chars(node.ranges)
         if isinstance(node, Seq):
-            parts = [self.group(i) for i in _joined(node.items)]
+            parts = [p for p in map(self.group, _joined(node.items)) if p != '""']
             return " ".join(parts) if parts else '""'
         if isinstance(node, Alt):
             return " | ".join(self.expr(o) for o in node.options)
         if isinstance(node, Rep):
-            return repeat(self.group(node.item), node.low, node.high)
+            item = self.group(node.item)
+            return self.rules.repeat(f"{self.prefix}rep", item, node.low, node.high)
         return self.names[node.name]
 
     def group(self, node: Node) -> str:
         text = self.expr(node)
         return f"({text})" if isinstance(node, Alt) and len(node.options) > 1 else text
 
-    def chars(self, ranges: tuple[tuple[int, int], ...]) -> str:
-        """A set of characters: the raw ones as one class, each one JSON escapes as its
-        escape. A set that holds most characters is written as a negated class."""
-        if not ranges:
-            raise TextGrammarError("an empty character class matches nothing")
-        safe = merged([(lo, hi) for lo, hi in _subtract(ranges)])
+
+class PlainText(TextWriter):
+    """The characters as they are."""
+
+    def lit(self, text: str) -> str:
+        return literal(text)
+
+    def chars(self, ranges: Ranges) -> str:
+        return _shortest_class(ranges)
+
+
+class JsonText(TextWriter):
+    """The JSON text of a string holding the characters."""
+
+    def lit(self, text: str) -> str:
+        return literal("".join(json_escaped(ord(c)) for c in text))
+
+    def chars(self, ranges: Ranges) -> str:
+        """The raw characters as one class, each one JSON escapes as its escape."""
         parts = []
-        if safe:
-            rest = complement(safe)  # holds the unsafe characters, so [^...] leaves them out
-            parts.append(_class(rest, True) if len(rest) < len(safe) else _class(safe, False))
-        escaped = intersect(ranges, _UNSAFE)
+        safe = _subtract(ranges, _UNSAFE)
+        if safe:  # its complement holds the unsafe characters: [^...] leaves them out
+            parts.append(_shortest_class(safe))
+        escaped = [c for lo, hi in _UNSAFE for c in range(lo, hi + 1)
+                   if any(x <= c <= y for x, y in ranges)]  # fmt: skip
         if escaped:
             parts.append(_escapes(escaped))
         if len(parts) == 1:
@@ -189,9 +218,9 @@ def _escapes(codes: list[int]) -> str:
         if c not in _SHORT:
             digits = f"{c:04x}"
             by_head.setdefault(digits[:3], []).append(ord(digits[3]))
-    alts = [_class(merged([(c, c) for c in short]), False)] if short else []
+    alts = [_class(merged([(c, c) for c in short]))] if short else []
     if by_head:
-        tails = [f"{literal(head)} {_class(merged([(c, c) for c in last]), False)}"
+        tails = [f"{literal(head)} {_class(merged([(c, c) for c in last]))}"
                  for head, last in by_head.items()]  # fmt: skip
         alts.append(f'"u" ({" | ".join(tails)})' if len(tails) > 1 else f'"u" {tails[0]}')
     return f'"\\\\" ({" | ".join(alts)})' if len(alts) > 1 else f'"\\\\" {alts[0]}'
@@ -208,10 +237,10 @@ def _joined(items: tuple[Node, ...]) -> list[Node]:
     return out
 
 
-def _subtract(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
-    """`ranges` without the characters JSON escapes."""
+def _subtract(ranges: Ranges, holes: Ranges) -> Ranges:
+    """`ranges` without the code points in `holes`."""
     out = list(ranges)
-    for h_lo, h_hi in _UNSAFE:
+    for h_lo, h_hi in holes:
         nxt = []
         for a, b in out:
             if b < h_lo or a > h_hi:
@@ -222,5 +251,4 @@ def _subtract(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
             if b > h_hi:
                 nxt.append((h_hi + 1, b))
         out = nxt
-    return out
-
+    return merged(out)

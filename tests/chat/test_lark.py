@@ -1,5 +1,5 @@
 """Lark / regex custom-tool grammars -> GBNF for the JSON text of the input string
-(chat/lark.py, chat/regex_node.py, chat/textgrammar.py), checked by matching real inputs:
+(chat/lark.py, chat/regex.py, chat/textgrammar.py), checked by matching real inputs:
 the GBNF the converter writes is turned into a Python regex (the grammars here are not
 recursive) and must match the JSON text of every sentence, and of nothing else."""
 

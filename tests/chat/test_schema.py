@@ -5,6 +5,7 @@ tests/integration/test_structured.py.)"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from chat.gbnf import RuleSet
 from chat.regex import PatternError, pattern_to_gbnf
 from chat.schema import SchemaError, schema_to_gbnf
+from tests.chat.gbnf_check import accepts
 
 SCHEMAS: list[Any] = [
     True,
@@ -121,10 +123,19 @@ def test_invalid_or_unresolvable_schemas_raise(schema: Any) -> None:
 
 
 def test_pattern_expression() -> None:
-    assert pattern_to_gbnf("^ab$", RuleSet()) == '("a" "b")'
-    assert pattern_to_gbnf("a", RuleSet()).startswith("char* ")
+    assert pattern_to_gbnf("^ab$", RuleSet()) == '"ab"'
+    assert pattern_to_gbnf("a", RuleSet()) == 'char* "a" char*'  # search semantics
+    assert pattern_to_gbnf("^a\\$", RuleSet()) == '"a$" char*'  # an escaped $ is no anchor
     with pytest.raises(PatternError):
-        pattern_to_gbnf('["]', RuleSet())
+        pattern_to_gbnf("(?=x)x", RuleSet())
+
+
+def test_pattern_characters_json_escapes_are_written_escaped() -> None:
+    """A quote or a control character the pattern allows is matched as its JSON escape
+    (the grammar is for the JSON text between the quotes)."""
+    grammar = schema_to_gbnf({"type": "string", "pattern": '^say "[^"]*"\\s$'})
+    assert accepts(grammar, json.dumps('say "hi"\n')) and accepts(grammar, json.dumps('say ""\t'))
+    assert not accepts(grammar, json.dumps('say "a"b"\n')) and not accepts(grammar, '"say ""')
 
 
 # What Pydantic emits for a tuple, a set and a discriminated union (pydantic 2.x).
