@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
           "h": 3600.0}  # fmt: skip
-_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+# One way to match each number (`\d+\.?\d*` split a run of digits every way: a long
+# string without a unit took minutes to refuse).
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 def parse_keep_alive(value: Any) -> float | None:
@@ -48,23 +50,36 @@ def parse_keep_alive(value: Any) -> float | None:
                          "seconds", param="keep_alive")  # fmt: skip
     if isinstance(value, str):
         seconds = _go_duration(value.strip())
-    elif math.isnan(value):
+    elif isinstance(value, float) and math.isnan(value):
         raise BadRequest("'keep_alive' must be a number", param="keep_alive")
     else:
-        seconds = float(value) if math.isinf(value) else float(int(value))  # whole seconds
+        seconds = _whole_seconds(value)
     return math.inf if seconds < 0 else seconds
+
+
+def _whole_seconds(value: int | float) -> float:
+    """A number of seconds, whole, as a float. A JSON integer has no bound: one past a
+    float's range (`1` and 400 zeros; float() and math's functions raise OverflowError
+    on it) means for ever, as `1e400` (read as inf) does."""
+    if isinstance(value, float):
+        return value if math.isinf(value) else float(int(value))
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _go_duration(text: str) -> float:
     sign = -1.0 if text.startswith("-") else 1.0
     body = text.lstrip("+-")
-    try:  # bare seconds, as Ollama's OLLAMA_KEEP_ALIVE takes them ("-1", "300")
-        return sign * float(int(body))
-    except ValueError:
-        pass
+    if body.isascii() and body.isdigit():
+        # Bare seconds, as Ollama's OLLAMA_KEEP_ALIVE takes them ("-1", "300"); float()
+        # of a string has no digit limit and reads one past its range as inf.
+        return sign * float(body)
     total, at = 0.0, 0
-    for match in _PART.finditer(body):
-        if match.start() != at:
+    while at < len(body):  # each part where the last ended: linear in the text
+        match = _PART.match(body, at)
+        if match is None:
             break
         total += float(match.group(1)) * _UNITS[match.group(2)]
         at = match.end()

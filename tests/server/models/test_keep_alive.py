@@ -4,6 +4,8 @@ for everyone only by a caller who may manage models."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +15,8 @@ import pytest
 from engine.client import EngineState
 from server.app import create_app
 from server.config.tree import AuthSection, ModelSection, Settings
+from server.http.errors import BadRequest
+from server.models.keep_alive import parse_keep_alive
 from tests.fakes import FakeEngine
 
 ADMIN, USER, OTHER = "sk-admin", "sk-user", "sk-other"
@@ -134,3 +138,37 @@ async def test_a_refused_keep_alive_does_not_load_the_model(app: Any) -> None:
         r = await c.post("/api/chat", json={"model": MODEL, "keep_alive": 0, "messages": []})
     assert r.status_code == 403 and "keep_alive" in r.json()["error"]
     assert served.engine.num_starts == 0
+
+
+HUGE = int("1" + "0" * 400)  # past a float's range: float(HUGE) raises OverflowError
+
+
+@pytest.mark.parametrize("path", ["/api/generate", "/api/chat", "/api/embed"])
+@pytest.mark.parametrize("huge", [HUGE, -HUGE, str(HUGE), "9" * 5000])
+async def test_a_keep_alive_past_a_floats_range_means_for_ever_not_a_500(
+    app: Any, path: str, huge: Any
+) -> None:
+    """As `1e400` (JSON's inf) does: an admin's request keeps the model loaded."""
+    body: dict[str, Any] = {"model": MODEL, "stream": False, "keep_alive": huge}
+    if path == "/api/generate":
+        body["prompt"] = "hi"
+    elif path == "/api/chat":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["input"] = "hi"
+        engine = app.state.models.default.engine
+        engine._info = dataclasses.replace(engine.info, embed_n_ctx=64)  # embeds
+    async with _as(app, ADMIN) as c:
+        r = await c.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert app.state.models.default.unload_after_s is None  # never unloaded
+
+
+def test_a_long_string_that_is_no_duration_is_refused_at_once() -> None:
+    """The duration's pattern split a run of digits every way it could: 5,000 digits
+    without a unit took minutes to refuse, on the event loop."""
+    start = time.monotonic()
+    with pytest.raises(BadRequest):
+        parse_keep_alive("9" * 20_000 + "x")
+    assert time.monotonic() - start < 1.0
+    assert parse_keep_alive("1h30m") == 5400 and parse_keep_alive(".5s") == 0.5
