@@ -22,6 +22,7 @@ from typing import Any
 
 from chat.callformat import CallFormat, GrammarSpec, document_key, memo_grammar, tools_key
 from chat.callstream import CallScanner, Delta
+from chat.formats_glm import detect_glm
 from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
 from chat.gbnf import RuleSet, literal
@@ -96,6 +97,9 @@ def detect_format(template_source: str) -> CallFormat:
     sections = detect_sections(template_source)  # DeepSeek V3.1 / R1, Kimi K2
     if sections is not None:
         return sections
+    glm = detect_glm(template_source)  # <tool_call> with <arg_key> tags, before Hermes
+    if glm is not None:
+        return glm
     if "<tool_call>" in template_source:
         return HERMES
     if "[TOOL_CALLS]" in template_source:

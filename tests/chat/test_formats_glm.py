@@ -1,0 +1,186 @@
+"""GLM 4.6 and 4.7 Flash calls, against the cases of llama.cpp's tests/test-chat.cpp (the
+GLM-4.6.jinja and GLM-4.7-Flash.jinja blocks): the plan's parser (thinking split
+included) fed whole and one character at a time, the grammars checked by llama.cpp's
+own grammar engine (tests/chat/gbnf_check.py), past calls rendered through the templates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chat.formats import detect_format
+from chat.formats_glm import GLM_45, GLM_47
+from chat.plan import ChatOptions, plan_chat
+from chat.template import ChatTemplate
+from chat.tools import Tool, ToolChoice
+from tests.chat import llama_tools as T
+from tests.chat.gbnf_check import accepts
+from tests.chat.plan_run import run
+
+TEMPLATES = Path(__file__).parent / "templates"
+G46, G47 = "GLM-4.6.jinja", "GLM-4.7-Flash.jinja"
+HELLO = "Hello, world!\nWhat's up?"
+SPECIAL = [("special_function", {"arg1": 1})]
+NO_ARGS = Tool(
+    "read_file_diff_md",
+    "Reads a file diff",
+    {
+        "type": "object",
+        "properties": {"review_id": {"type": "string"}, "file_id": {"type": "string"}},
+    },
+)
+
+
+def call(name: str, *args: tuple[str, str], nl: str = "") -> str:
+    body = "".join(f"<arg_key>{k}</arg_key>{nl}<arg_value>{v}</arg_value>{nl}" for k, v in args)
+    return f"<tool_call>{name}{nl if args else ''}{body}</tool_call>"
+
+
+def template(name: str) -> ChatTemplate:
+    return ChatTemplate((TEMPLATES / name).read_text(), bos_token="", eos_token="", add_bos=False)
+
+
+USER = [{"role": "user", "content": "Hi"}]
+# (the test-chat.cpp case, template, thinking, tools, output, reasoning, content, calls)
+CASES: list[tuple[str, str, bool, list[Tool], str, str, str, list[tuple[str, Any]]]] = [
+    ("GLM-4.6: a call", G46, False, [T.special_function_tool],
+     call("special_function", ("arg1", "1"), nl="\n"), "", "", SPECIAL),
+    ("GLM-4.6: thinking, then a call", G46, True, [T.special_function_tool],
+     "\n<think>I'm\nthinking</think>\n" + call("special_function", ("arg1", "1"), nl="\n"),
+     "I'm\nthinking", "", SPECIAL),
+    ("4.7 Flash: pure content", G47, False, [], HELLO, "", HELLO, []),
+    ("4.7 Flash: reasoning with content", G47, True, [], "I'm\nthinking</think>" + HELLO,
+     "I'm\nthinking", HELLO, []),
+    ("4.7 Flash: tool call without reasoning", G47, False, [T.special_function_tool],
+     call("special_function", ("arg1", "1")), "", "", SPECIAL),
+    ("4.7 Flash: tool call with reasoning", G47, True, [T.special_function_tool],
+     "I'm\nthinking</think>" + call("special_function", ("arg1", "1")), "I'm\nthinking", "",
+     SPECIAL),
+    ("4.7 Flash: parallel calls", G47, False,
+     [T.special_function_tool, T.special_function_tool_with_optional_param],
+     call("special_function", ("arg1", "1"))
+     + call("special_function_with_opt", ("arg1", "1"), ("arg2", "2")), "", "",
+     SPECIAL + [("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
+    ("4.7 Flash: #20650 a call without arguments", G47, True, [NO_ARGS],
+     "Let me read the diff content.</think><tool_call>read_file_diff_md</tool_call>",
+     "Let me read the diff content.", "", [("read_file_diff_md", {})]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("step", [1, 5, 100_000])
+@pytest.mark.parametrize(
+    ("case", "name", "thinking", "tools", "text", "reasoning", "content", "calls"),
+    CASES,
+    ids=[c[0] for c in CASES],
+)
+def test_parser_matches_llama_cpp(
+    case: str,
+    name: str,
+    thinking: bool,
+    tools: list[Tool],
+    text: str,
+    reasoning: str,
+    content: str,
+    calls: list[Any],
+    step: int,
+) -> None:
+    opts = ChatOptions(tools=tuple(tools), template_kwargs={"enable_thinking": thinking})
+    got = run(plan_chat(template(name), USER, opts).parser(), text, step)
+    # llama.cpp compares content and reasoning stripped (assert_msg_equals)
+    assert got["reasoning_content"].strip() == reasoning
+    assert got["content"].strip() == content
+    assert got["tool_calls"] == calls
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        (
+            GLM_45,
+            call("edit", ("filename", "a.c"), ("oldString", "x"), ("newString", "y"), nl="\n"),
+        ),
+        (
+            GLM_45,
+            call("edit", ("newString", "y"), ("filename", "a.c"), ("oldString", "x"), nl="\n"),
+        ),
+        (GLM_45, "\n<think>hm</think>\n" + call("python", ("code", "a < b\n"), nl="\n")),
+        (GLM_47, call("python", ("code", "print(1)")) + call("python", ("code", "x"))),
+        (GLM_47, "ok</think>" + call("python", ("code", "print(1)"))),
+    ],
+)
+def test_required_grammar_accepts_calls(fmt: Any, text: str) -> None:
+    spec = fmt.grammar([T.edit_tool, T.python_tool], ToolChoice("required"), parallel=True)
+    assert not spec.lazy
+    assert accepts(spec.gbnf, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        call("special_function", ("arg1", "one"), nl="\n"),  # an integer given text
+        call("special_function", ("arg2", "1"), nl="\n"),  # not a parameter of it
+        call("special_function", nl="\n"),  # the required argument missing
+        call("special_function", ("arg1", "1")),  # GLM 4.6 writes the newlines
+        '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>',
+    ],
+)
+def test_required_grammar_rejects_malformed_calls(text: str) -> None:
+    spec = GLM_45.grammar([T.special_function_tool], ToolChoice("required"), parallel=True)
+    assert not accepts(spec.gbnf, text)
+
+
+def test_a_string_value_cannot_contain_its_closing_tag() -> None:
+    spec = GLM_47.grammar([T.python_tool], ToolChoice("required"), parallel=False)
+    assert accepts(spec.gbnf, call("python", ("code", "a </arg_valu> b")))
+    assert not accepts(spec.gbnf, call("python", ("code", "a </arg_value> b")))
+
+
+def test_lazy_grammar_and_parallel_off() -> None:
+    spec = GLM_47.grammar([T.python_tool], ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_patterns == (r"[\s\S]*?(<tool_call>)[\s\S]*",)
+    one = call("python", ("code", "1"))
+    assert accepts(spec.gbnf, one) and not accepts(spec.gbnf, one + one)
+
+
+@pytest.mark.parametrize(("name", "fmt"), [(G46, GLM_45), (G47, GLM_47)])
+def test_detection_from_llama_cpp_templates(name: str, fmt: object) -> None:
+    assert detect_format((TEMPLATES / name).read_text()) is fmt
+
+
+HISTORY: list[dict[str, Any]] = [
+    {"role": "user", "content": "Run it"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {
+            "name": "special_function", "arguments": '{"arg1": 1}'}},
+        {"id": "c2", "type": "function", "function": {
+            "name": "python", "arguments": '{"code": "print(1)"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    {"role": "tool", "tool_call_id": "c2", "content": "1"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "rendered"),
+    [
+        (
+            G46,
+            GLM_45,
+            call("special_function", ("arg1", "1"), nl="\n")
+            + "\n"
+            + call("python", ("code", "print(1)"), nl="\n"),
+        ),  # fmt: skip
+        (
+            G47,
+            GLM_47,
+            call("special_function", ("arg1", "1")) + call("python", ("code", "print(1)")),
+        ),
+    ],
+)
+def test_past_calls_render_as_the_grammar_writes_them(name: str, fmt: Any, rendered: str) -> None:
+    # the arguments reach the template as a mapping (it iterates `arguments.items()`)
+    tools = (T.special_function_tool, T.python_tool)
+    plan = plan_chat(template(name), HISTORY, ChatOptions(tools=tools))
+    assert rendered in plan.prompt.text
+    assert accepts(fmt.grammar(list(tools), ToolChoice("required"), True).gbnf, rendered)
