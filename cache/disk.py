@@ -331,14 +331,17 @@ class DiskTier:
             return lost
 
     def clear(self) -> int:
-        # Forget every entry under the lock; delete the files after it, so that a
-        # purge of thousands of files does not hold up lookups and saves.
+        # Forget every entry under the lock, then delete the files one lock hold each,
+        # so that a purge of thousands of files does not hold up lookups and saves; a
+        # key saved again meanwhile (tracked, or being written) keeps its new file.
         with self._lock:
             keys = list(self._infos)
             for key in keys:
                 self._untrack(key)
         for key in keys:
-            self._unlink_file(key)
+            with self._lock:
+                if key not in self._infos and key not in self._writing:
+                    self._unlink_file(key)
         return len(keys)
 
     def infos(self) -> Iterator[EntryInfo]:

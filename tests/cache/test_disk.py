@@ -201,3 +201,33 @@ def test_an_unreadable_file_is_a_miss_not_an_error(
     hit = cache.lookup(A)
     assert hit is not None and hit.state == state_for(A)
     assert cache.stats().corrupt_removed == 0
+
+
+def test_a_save_landing_during_a_clear_keeps_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """clear() forgets the entries, then deletes their files: a save of the same key
+    between the two kept its index entry while clear() deleted the new file under it."""
+    from cache.disk import DiskTier
+
+    tier = DiskTier(str(tmp_path / "kv"), "ns", 10 << 20)
+    tokens = list(range(40))
+    entry = Entry(entry_key(seed("ns", ""), tokens), "", tuple(tokens), state_for(tokens))
+    tier.put(entry)
+    unlink = os.unlink
+    saver: list[threading.Thread] = []
+
+    def unlink_after_a_save(path: Any, *args: Any, **kwargs: Any) -> None:
+        if not saver and str(path).endswith(".kv"):  # clear() deletes: a save lands now
+            saver.append(threading.Thread(target=tier.put, args=(entry,)))
+            saver[0].start()
+            saver[0].join(0.5)  # done at once unless clear() holds the tier's lock
+        unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink_after_a_save)
+    assert tier.clear() == 1
+    saver[0].join()
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert tier.contains(entry.key)
+    got = tier.get(entry.key)  # listed, so its file is there
+    assert got is not None and got.tokens == entry.tokens
