@@ -65,11 +65,12 @@ GLM_47 = GlmFormat("glm-4.7", "")
 
 
 def detect_glm(source: str) -> GlmFormat | None:
-    """`<tool_call>` with `<arg_key>` / `<arg_value>` tags; compact when the template
-    writes the key's end and the value's start together."""
+    """`<tool_call>` with `<arg_key>` / `<arg_value>` tags (also Ling 3, Spark 2.5 and
+    Poolside Laguna); the newline form when the template writes a newline after the
+    key's end tag (itself, or `\\n` in a string), else the compact one."""
     if not all(tag in source for tag in (OPEN, KEY, VALUE)):
         return None
-    return GLM_47 if KEY_END + VALUE in source else GLM_45
+    return GLM_45 if KEY_END + "\n" in source or KEY_END + "\\n" in source else GLM_47
 
 
 def _grammar(fmt: GlmFormat, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:

@@ -184,3 +184,24 @@ def test_past_calls_render_as_the_grammar_writes_them(name: str, fmt: Any, rende
     plan = plan_chat(template(name), HISTORY, ChatOptions(tools=tools))
     assert rendered in plan.prompt.text
     assert accepts(fmt.grammar(list(tools), ToolChoice("required"), True).gbnf, rendered)
+
+
+# The other templates llama.cpp ships with these tags: detected by the same rule, and
+# their rendered calls are what the detected form's grammar writes.
+SAME_TAGS = {
+    "Spark2.5.jinja": GLM_47,
+    "inclusionai-ling-3.0-flash.jinja": GLM_45,
+    "poolside-Laguna-S-2.1.jinja": GLM_47,
+    "poolside-Laguna-XS-2.1.jinja": GLM_45,
+    "poolside-Laguna-XS.2.jinja": GLM_45,
+}
+
+
+@pytest.mark.parametrize(("name", "fmt"), SAME_TAGS.items())
+def test_templates_with_the_same_tags(name: str, fmt: Any) -> None:
+    assert detect_format((TEMPLATES / name).read_text()) is fmt
+    tools = (T.special_function_tool, T.python_tool)
+    text = plan_chat(template(name), HISTORY, ChatOptions(tools=tools)).prompt.text
+    start = text.index("<tool_call>special_function")
+    calls = text[start : text.rindex("</tool_call>") + len("</tool_call>")]
+    assert accepts(fmt.grammar(list(tools), ToolChoice("required"), True).gbnf, calls)
