@@ -1,0 +1,96 @@
+"""Which call format kvserve's detection picks for each template llama.cpp ships
+(models/templates/, copied to tests/chat/templates/): a table, so that a change of
+detection shows here. "generic" is the JSON envelope of chat/formats.py, for the
+templates whose own syntax kvserve does not speak yet (docs/tools.md, "Call formats")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chat.formats import detect_format
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+EXPECTED = {
+    "Apertus-8B-Instruct.jinja": "generic",
+    "Apriel-1.6-15b-Thinker-fixed.jinja": "generic",
+    "Bielik-11B-v3.0-Instruct.jinja": "hermes",
+    "ByteDance-Seed-OSS.jinja": "generic",
+    "Cohere2MoE.jinja": "generic",
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "generic",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "generic",
+    "GLM-4.6.jinja": "glm-4.5",
+    "GLM-4.7-Flash.jinja": "glm-4.7",
+    "GigaChat3-10B-A1.8B.jinja": "generic",
+    "GigaChat3.1-10B-A1.8B.jinja": "generic",
+    "HuggingFaceTB-SmolLM3-3B.jinja": "generic",
+    "Kimi-K2-Instruct.jinja": "kimi-k2",
+    "Kimi-K2-Thinking.jinja": "kimi-k2",
+    "Kimi-K3.jinja": "generic",
+    "LFM2-8B-A1B.jinja": "generic",
+    "LFM2.5-8B-A1B.jinja": "generic",
+    "LFM2.5-Instruct.jinja": "generic",
+    "MiMo-VL.jinja": "hermes",
+    "MiniMax-M1.jinja": "generic",
+    "MiniMax-M2.jinja": "generic",
+    "MiniMax-M3.jinja": "hermes",
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "qwen3-xml",
+    "NVIDIA-Nemotron-Nano-v2.jinja": "generic",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": "hermes",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": "hermes",
+    "Qwen-QwQ-32B.jinja": "hermes",
+    "Qwen-Qwen2.5-7B-Instruct.jinja": "hermes",
+    "Qwen-Qwen3-0.6B.jinja": "hermes",
+    "Qwen3-Coder.jinja": "qwen3-coder",
+    "Qwen3.5-4B.jinja": "qwen3-xml",
+    "Reka-Edge.jinja": "hermes",
+    "Spark2.5.jinja": "glm-4.7",
+    "StepFun3.5-Flash.jinja": "qwen3-xml",
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja": "generic",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "deepseek-r1",
+    "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek-v3.1",
+    "deepseek-ai-DeepSeek-V3.2.jinja": "generic",
+    "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": "generic",
+    "deepseek-ai-DeepSeek-V4.jinja": "generic",
+    "fireworks-ai-llama-3-firefunction-v2.jinja": "generic",
+    "google-gemma-2-2b-it.jinja": "generic",
+    "google-gemma-4-31B-it-interleaved.jinja": "generic",
+    "google-gemma-4-31B-it.jinja": "generic",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": "generic",
+    "ibm-granite-granite-4.0.jinja": "hermes",
+    "ibm-granite-granite-4.1.jinja": "hermes",
+    "inclusionai-ling-3.0-flash.jinja": "glm-4.5",
+    "llama-cpp-deepseek-r1.jinja": "deepseek-r1",
+    "llama-cpp-rwkv-world.jinja": "generic",
+    "meetkai-functionary-medium-v3.1.jinja": "llama3",
+    "meetkai-functionary-medium-v3.2.jinja": "generic",
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": "generic",
+    "meta-llama-Llama-3.3-70B-Instruct.jinja": "llama3",
+    "microsoft-Phi-3.5-mini-instruct.jinja": "generic",
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": "mistral",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
+    "moonshotai-Kimi-K2.jinja": "kimi-k2",
+    "muse-glimmer.jinja": "generic",
+    "openai-gpt-oss-120b.jinja": "harmony",
+    "openbmb-MiniCPM5-1B.jinja": "generic",
+    "poolside-Laguna-S-2.1.jinja": "glm-4.7",
+    "poolside-Laguna-XS-2.1.jinja": "glm-4.5",
+    "poolside-Laguna-XS.2.jinja": "glm-4.5",
+    "tencent-Hy3.jinja": "generic",
+    "unsloth-Apriel-1.5.jinja": "hermes",
+    "unsloth-mistral-Devstral-Small-2507.jinja": "mistral",
+    "upstage-Solar-Open-100B.jinja": "generic",
+}
+
+
+def test_the_table_covers_every_template() -> None:
+    assert sorted(EXPECTED) == sorted(p.name for p in TEMPLATES.glob("*.jinja"))
+
+
+@pytest.mark.parametrize(("name", "fmt"), EXPECTED.items())
+def test_detected_format(name: str, fmt: str) -> None:
+    assert detect_format((TEMPLATES / name).read_text()).name == fmt
