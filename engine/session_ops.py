@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 from engine.commands import Fork, ReleaseSession
 from engine.llama import Model
 from engine.sessions import Session, SessionRegistry
-from engine.types import NoSlotError, SessionBusyError
+from engine.types import EngineNotReadyError, NoSlotError, SessionBusyError
 from engine.worker import Worker
 
 log = logging.getLogger("kvserve.engine")
+
+_ALIVE_CHECK_S = 1.0  # how often a wait for the engine thread's answer checks it lives
 
 
 class SessionOps:
     sessions: SessionRegistry
     _worker: Worker | None
+    _thread: threading.Thread | None
 
     if TYPE_CHECKING:  # defined by Engine
 
@@ -106,12 +110,15 @@ class SessionOps:
         target.in_flight = True  # nobody may use it before its KV is in place
         self._command(Fork(source.key, target.key, on_done))
         try:
-            num_tokens, error = await asyncio.shield(done)
+            num_tokens, error = await self._answer_of(done)
         except asyncio.CancelledError:
             # The caller left: the fork still runs on the engine thread (commands run in
             # order), so release the new session's slot after it, and forget the session.
             self.sessions.remove(target)
             self._command(ReleaseSession(target.key))
+            raise
+        except EngineNotReadyError:
+            self.sessions.remove(target)  # nothing was copied: no slot to release
             raise
         finally:
             target.in_flight = False
@@ -120,3 +127,21 @@ class SessionOps:
             raise NoSlotError(f"cannot fork: {error}")
         target.num_tokens = num_tokens
         return target
+
+    async def _answer_of(
+        self, done: asyncio.Future[tuple[int, str | None]]
+    ) -> tuple[int, str | None]:
+        """The engine thread's answer to a command, for as long as a thread lives to
+        give it: one that stopped (an unload, a close) before taking the command never
+        answers, and the request waited for ever. EngineNotReadyError (503) then."""
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(done), _ALIVE_CHECK_S)
+            except TimeoutError:
+                thread = self._thread
+                if thread is not None and thread.is_alive():
+                    continue
+            await asyncio.sleep(0)  # an answer it sent as it ended is delivered first
+            if done.done():
+                return done.result()
+            raise EngineNotReadyError("the engine stopped before it answered; retry")
