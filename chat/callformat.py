@@ -15,8 +15,11 @@ from typing import Any, Protocol
 
 from chat.callstream import Delta
 from chat.gbnf import RuleSet, literal
+from chat.lark import tool_input_gbnf
 from chat.memo import ByteMemo
-from chat.tools import Tool, ToolChoice
+from chat.schema import SchemaConverter, SchemaError
+from chat.textgrammar import TextGrammarError
+from chat.tools import INPUT, ChatInputError, InputGrammar, Tool, ToolChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,54 @@ class CallFormat(Protocol):
 
 
 def tools_key(tools: Sequence[Tool]) -> str:
-    return json.dumps([[t.name, t.parameters] for t in tools], sort_keys=True)
+    """What a call grammar depends on, as a memo key part: `[name, parameters, grammar]`
+    per tool (grammar: `[syntax, definition]` or null). Builders read it back with
+    `keyed_tools`, so that a grammar depends on nothing the key leaves out."""
+    return json.dumps(
+        [[t.name, t.parameters, [t.grammar.syntax, t.grammar.definition] if t.grammar else None]
+         for t in tools],
+        sort_keys=True,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedTool:
+    """One tool as `tools_key` holds it."""
+
+    name: str
+    parameters: Any
+    grammar: InputGrammar | None
+
+
+def keyed_tools(key: str) -> list[KeyedTool]:
+    return [KeyedTool(name, parameters, InputGrammar(*grammar) if grammar else None)
+            for name, parameters, grammar in json.loads(key)]  # fmt: skip
+
+
+def json_arguments(rules: RuleSet, i: int, tool: KeyedTool) -> str:
+    """A rule for the JSON object of tool `i`'s arguments: its parameters' schema, or for
+    a tool with an input grammar `{"input": "<the JSON text of a sentence>"}`."""
+    if tool.grammar is not None:
+        ws = rules.primitive("ws")
+        text = input_grammar(rules, i, tool.grammar, json_text=True)
+        return rules.add(f"t{i}-args", f'"{{" {ws} {literal(json.dumps(INPUT))} {ws} ":" {ws} '
+                                       f'"\\"" {text} "\\"" {ws} "}}"')  # fmt: skip
+    if tool.parameters in ({}, True):
+        return rules.primitive("object")
+    try:
+        return SchemaConverter(rules, tool.parameters, f"t{i}-").convert(tool.parameters, "args")
+    except SchemaError as exc:
+        raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+
+
+def input_grammar(rules: RuleSet, i: int, grammar: InputGrammar, json_text: bool) -> str:
+    """Tool `i`'s input grammar as a GBNF expression: the JSON text of the string
+    (`json_text`) or the text itself. The server converts it once when it reads the request
+    (a 400 naming the format there); this error is for a caller that did not."""
+    try:
+        return tool_input_gbnf(grammar.syntax, grammar.definition, rules, f"t{i}-in-", json_text)
+    except TextGrammarError as exc:
+        raise ChatInputError(str(exc), param=f"tools[{i}].format.definition") from None
 
 
 def document_key(document: Any, choice: ToolChoice) -> str:

@@ -20,7 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chat.callformat import CallFormat, GrammarSpec, document_key, memo_grammar, tools_key
+from chat.callformat import (
+    CallFormat,
+    GrammarSpec,
+    document_key,
+    json_arguments,
+    keyed_tools,
+    memo_grammar,
+    tools_key,
+)
 from chat.callstream import CallScanner, Delta
 from chat.formats_glm import detect_glm
 from chat.formats_sections import detect_sections
@@ -115,16 +123,10 @@ def _grammar(
     rules = RuleSet()
     ws = rules.primitive("ws")
     alternatives = []
-    for i, (name, parameters) in enumerate(json.loads(tools_key)):
-        try:
-            if parameters in ({}, True):
-                args = rules.primitive("object")
-            else:
-                args = SchemaConverter(rules, parameters, f"t{i}-").convert(parameters, "args")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+    for i, tool in enumerate(keyed_tools(tools_key)):
+        args = json_arguments(rules, i, tool)
         body = (
-            f'"{{" {ws} "\\"name\\"" {ws} ":" {ws} {literal(json.dumps(name))} {ws} "," {ws} '
+            f'"{{" {ws} "\\"name\\"" {ws} ":" {ws} {literal(json.dumps(tool.name))} {ws} "," {ws} '
             f'{literal(json.dumps(fmt.args_key))} {ws} ":" {ws} {args} {ws} "}}"'
         )
         alternatives.append(rules.add(f"call-{i}", body))

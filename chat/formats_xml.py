@@ -15,6 +15,9 @@ types, else the raw text (the grammar keeps only the raw-text form there). Requi
 parameters come first in any order, then optional ones. Qwen3-Coder (the template
 without `<think>`) sometimes leaves out the first call's `<tool_call>`: the grammar
 allows that and a `<function=NAME>` of an offered tool also arms the lazy grammar.
+A tool with an input grammar (a custom tool) takes its one string parameter as raw text
+held to that grammar; the grammar cannot also keep `\n</parameter>\n` out of it, so an
+input holding that line would end at it when parsed.
 """
 
 from __future__ import annotations
@@ -30,13 +33,15 @@ from chat.callformat import (
     GrammarSpec,
     document_key,
     excluding,
+    input_grammar,
+    keyed_tools,
     memo_grammar,
     tools_key,
 )
 from chat.callstream import Delta, new_call_id
 from chat.gbnf import RuleSet, literal
 from chat.schema import SchemaConverter, SchemaError
-from chat.tools import ChatInputError, Tool, ToolChoice
+from chat.tools import INPUT, ChatInputError, Tool, ToolChoice
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION = "<function="
@@ -163,13 +168,17 @@ def _grammar(fmt: XmlFormat, key: str, mode: str, parallel: bool, doc_key: str) 
     close = literal(VALUE_END)
     names = []
     alternatives = []
-    for i, (name, parameters) in enumerate(json.loads(key)):
-        names.append(name)
-        try:
-            args = _arguments(rules, parameters, f"t{i}-", close)
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
-        head, tail = literal(f"{FUNCTION}{name}>\n"), literal("</function>\n")
+    for i, tool in enumerate(keyed_tools(key)):
+        names.append(tool.name)
+        if tool.grammar is not None:  # the input as raw text, held to its grammar
+            opener = literal(f"<parameter={INPUT}>\n")
+            args = f"{opener} {input_grammar(rules, i, tool.grammar, json_text=False)} {close}"
+        else:
+            try:
+                args = _arguments(rules, tool.parameters, f"t{i}-", close)
+            except SchemaError as exc:
+                raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+        head, tail = literal(f"{FUNCTION}{tool.name}>\n"), literal("</function>\n")
         alternatives.append(rules.add(f"call-{i}", " ".join(p for p in (head, args, tail) if p)))
     opener = literal(OPEN + "\n")
     body = rules.add("call-body", f"({' | '.join(alternatives)}) {literal(CLOSE)} {ws}")

@@ -30,6 +30,8 @@ from chat.callformat import (
     GrammarSpec,
     document_key,
     excluding,
+    json_arguments,
+    keyed_tools,
     memo_grammar,
     tools_key,
 )
@@ -81,15 +83,9 @@ def _grammar(key: str, mode: str, doc_key: str) -> GrammarSpec:
     constrain = literal("<|constrain|>")
     constraint = rules.add("constraint", f'(" "? {constrain}? [A-Za-z0-9_-]{{1,16}})?')
     alternatives = []
-    for i, (name, parameters) in enumerate(json.loads(key)):
-        try:
-            if parameters in ({}, True):
-                args = rules.primitive("object")
-            else:
-                args = SchemaConverter(rules, parameters, f"t{i}-").convert(parameters, "args")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
-        to = literal(f" to=functions.{name}")
+    for i, tool in enumerate(keyed_tools(key)):
+        args = json_arguments(rules, i, tool)
+        to = literal(f" to=functions.{tool.name}")
         message = literal(MESSAGE)
         alternatives.append(rules.add(
             f"call-{i}",

@@ -18,11 +18,27 @@ class ChatInputError(ValueError):
         self.param = param
 
 
+# A tool whose input is free text in a grammar (the Responses API's `custom` tools) is
+# shown to the model as a function with this one string parameter.
+INPUT = "input"
+
+
+@dataclass(frozen=True, slots=True)
+class InputGrammar:
+    """The grammar a custom tool's input must be a sentence of (its `format`)."""
+
+    syntax: str  # "lark" or "regex" (chat/lark.py `tool_input_gbnf`)
+    definition: str
+
+
 @dataclass(frozen=True, slots=True)
 class Tool:
     name: str
     description: str
     parameters: Any  # a JSON schema (dict or bool)
+    # Set: the tool takes one string, `INPUT`, and the call grammar holds it to this
+    # grammar (`parameters` is then what the model is shown, a schema of that string).
+    grammar: InputGrammar | None = None
 
     def as_openai(self) -> dict[str, Any]:
         return {

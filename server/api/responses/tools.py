@@ -6,9 +6,9 @@ back (server/api/responses/output.py).
   with one string parameter, `input`, whose value is the tool's input; its call comes
   back as a `custom_tool_call` item with that string as `input`. A `grammar` format
   (`syntax` "lark" or "regex") is converted (chat/lark.py) when the request is read, so
-  that a grammar kvserve cannot take is a 400 naming it, and described to the model in
-  the parameter; the call grammar does not yet constrain the string by it (the call
-  formats build a string parameter's grammar from its JSON schema: see docs/api.md).
+  that a grammar kvserve cannot take is a 400 naming it, described to the model in the
+  parameter, and carried on the Tool (`grammar`): every call format's grammar holds the
+  string to it (chat/callformat.py `json_arguments`, the XML format's raw text).
 - `namespace` (Codex's groups of tools: `{name, description, tools: [function | custom]}`):
   each member is shown as `<namespace>__<name>`; its call comes back as a `function_call`
   (or `custom_tool_call`) with `name` and `namespace` apart, as the Responses API writes it.
@@ -31,7 +31,7 @@ from typing import Any
 from chat.gbnf import RuleSet
 from chat.lark import tool_input_gbnf
 from chat.textgrammar import TextGrammarError
-from chat.tools import Tool
+from chat.tools import INPUT, InputGrammar, Tool
 from server.http.errors import BadRequest, Unsupported
 
 log = logging.getLogger("kvserve.server")
@@ -43,7 +43,6 @@ HOSTED = frozenset({
     "file_search", "code_interpreter", "image_generation", "computer_use_preview",
     "computer_use", "local_shell", "shell", "apply_patch", "tool_search",
 })  # fmt: skip
-INPUT = "input"  # the one parameter a custom tool is shown with
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +112,7 @@ def _function(tool: dict[str, Any], where: str, name: str | None = None) -> Tool
 def _custom(tool: dict[str, Any], where: str, name: str | None = None) -> Tool:
     name = name or _string(tool, "name", where)
     described = "The tool's whole input, as free text."
+    grammar = None
     fmt = tool.get("format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") in ("text", "grammar")):
         raise BadRequest(f"'{where}.format.type' must be 'text' or 'grammar'",
@@ -127,7 +127,9 @@ def _custom(tool: dict[str, Any], where: str, name: str | None = None) -> Tool:
         except TextGrammarError as exc:
             raise BadRequest(str(exc), param=f"{where}.format.definition") from None
         described += f" It must be a sentence of this {syntax} grammar:\n{definition}"
-    return Tool(name, _string(tool, "description", where, False), custom_parameters(described))
+        grammar = InputGrammar(syntax, definition)
+    return Tool(name, _string(tool, "description", where, False), custom_parameters(described),
+                grammar)  # fmt: skip
 
 
 def request_tools(
