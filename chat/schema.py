@@ -9,8 +9,10 @@ type lists, $ref to #/$defs and #/definitions.
 Accepted but NOT enforced (valid JSON Schema the grammar cannot express; agents' schemas
 carry them, Pydantic emits several for everyday types): `NOT_ENFORCED` below, a pattern
 the regex subset cannot express (any string), a pattern's length bounds, `discriminator`
-(an annotation beside oneOf). Only a schema that is not valid JSON Schema, or a $ref
-that cannot be resolved locally, raises SchemaError.
+(an annotation beside oneOf). A keyword kvserve does not know is ignored (logged), as
+JSON Schema reads an unknown keyword (an annotation) and as llama.cpp's converter does:
+Codex's `"encrypted": true`, vendors' `x-*`. Only a schema that is not valid JSON Schema,
+or a $ref that cannot be resolved locally, raises SchemaError.
 
 Choices made so the output is always valid *and* bounded:
 - Properties come out in the schema's order, required ones first. A missing
@@ -22,7 +24,8 @@ Choices made so the output is always valid *and* bounded:
 - Number bounds: integers with both bounds and at most 256 values are enumerated, and
   `minimum >= 0` (or 1 for integers) forbids the sign (and zero). Other bounds are NOT
   enforced by the grammar (accepted, since agents' tool schemas carry them; the README
-  says so).
+  says so), however large (Claude Code's `maximum: 9007199254740991`): unlike
+  llama.cpp's converter, no digit-range rules are built from them.
 - Length and count bounds (minLength/maxLength, minItems/maxItems, a pattern's `{m,n}`)
   past what llama.cpp can write out become unbounded repetitions (chat.gbnf `bounds`,
   docs/tools.md "Large bounds"): never a refusal of a valid schema.
@@ -33,6 +36,7 @@ Choices made so the output is always valid *and* bounded:
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import jsonschema
@@ -41,12 +45,14 @@ from chat.gbnf import RuleSet, json_literal, literal
 from chat.memo import ByteMemo
 from chat.regex import PatternError, pattern_to_gbnf
 
+log = logging.getLogger("kvserve.chat")
+
 
 class SchemaError(ValueError):
     """The schema is invalid or uses something the converter does not support."""
 
 
-# Keywords that only annotate: ignored.
+# Keywords that only annotate: ignored (and any other keyword, with a log line).
 _ANNOTATIONS = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment",
     "deprecated", "readOnly", "writeOnly", "$defs", "definitions", "strict", "nullable",
@@ -88,10 +94,16 @@ class SchemaConverter:
         self.root = root_schema
         self.prefix = prefix
         self._refs: dict[str, str] = {}
+        self._ignored: set[str] = set()
 
     def convert(self, schema: Any, name: str = "value") -> str:
         """A rule name matching the JSON text of instances of `schema`."""
-        return self._rule(schema, name)
+        rule = self._rule(schema, name)
+        if self._ignored:
+            log.info("JSON schema keyword(s) %s ignored (unknown: annotations)",
+                     ", ".join(sorted(self._ignored)))  # fmt: skip
+            self._ignored.clear()
+        return rule
 
     def _rule(self, schema: Any, name: str) -> str:
         expr = self._expr(schema, name)
@@ -104,9 +116,7 @@ class SchemaConverter:
             raise SchemaError(f"'{name}' admits no value (schema false)")
         if not isinstance(schema, dict):
             raise SchemaError(f"'{name}': a schema must be an object or a boolean")
-        unknown = set(schema) - _SUPPORTED - _ANNOTATIONS - NOT_ENFORCED
-        if unknown:
-            raise SchemaError(f"unsupported JSON schema keyword(s) {sorted(unknown)} at '{name}'")
+        self._ignored |= set(schema) - _SUPPORTED - _ANNOTATIONS - NOT_ENFORCED
         if "allOf" in schema:
             return self._expr(_merged(schema), name)
         if "$ref" in schema:
@@ -253,7 +263,7 @@ class SchemaConverter:
         return f'"\\"" {self.rules.repeat(f"{self.prefix}{name}-chars", char, low, high)} "\\""'
 
     def _integer(self, schema: dict[str, Any], name: str) -> str:
-        low, high = self._bounds(schema, name, integer=True)
+        low, high = self._bounds(schema, integer=True)
         if low is not None and high is not None and high - low < _MAX_ENUMERATED:
             return " | ".join(f'"{v}"' for v in range(int(low), int(high) + 1)) or '""'
         # Only the sign (and zero) is enforced beyond this; see the module doc.
@@ -264,24 +274,26 @@ class SchemaConverter:
         return self.rules.primitive("integer")
 
     def _number(self, schema: dict[str, Any], name: str) -> str:
-        low, _ = self._bounds(schema, name, integer=False)
+        low, _ = self._bounds(schema, integer=False)
         if low is not None and low >= 0:  # only the sign is enforced; see the module doc
             return '("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})?'
         return self.rules.primitive("number")
 
     @staticmethod
-    def _bounds(schema: dict[str, Any], name: str, integer: bool) -> tuple[Any, Any]:
+    def _bounds(schema: dict[str, Any], integer: bool) -> tuple[Any, Any]:
         low, high = schema.get("minimum"), schema.get("maximum")
         exclusive = schema.get("exclusiveMinimum")
-        if isinstance(exclusive, bool):
-            raise SchemaError(f"'{name}': boolean exclusiveMinimum (draft 4) is unsupported")
+        if isinstance(exclusive, bool):  # draft 4: the minimum itself is excluded
+            exclusive = low if exclusive else None
         if exclusive is not None:
             # For numbers this errs towards allowing the bound itself (unenforced).
-            bound = exclusive + 1 if integer else exclusive
+            bound = exclusive // 1 + 1 if integer else exclusive
             low = bound if low is None else max(low, bound)
         ex_high = schema.get("exclusiveMaximum")
-        if isinstance(ex_high, int | float) and not isinstance(ex_high, bool):
-            bound = ex_high - 1 if integer else ex_high
+        if isinstance(ex_high, bool):  # draft 4, as above
+            ex_high = high if ex_high else None
+        if isinstance(ex_high, int | float):
+            bound = -(-ex_high // 1) - 1 if integer else ex_high
             high = bound if high is None else min(high, bound)
         if integer:
             low = None if low is None else -(-low // 1)

@@ -166,3 +166,69 @@ def test_pydantic_tuple_set_and_discriminated_union_convert() -> None:
     point = next(line for line in grammar.splitlines() if line.startswith("root-value-point ::="))
     assert point.count("root-value-point-0") == 2 and "*" not in point  # two numbers, no more
     assert "def-cat ::=" in grammar and "def-dog ::=" in grammar
+
+
+# Claude Code 2.1's `Read` tool (captured; descriptions cut): `$schema`, and integers
+# bounded by JavaScript's Number.MAX_SAFE_INTEGER.
+READ_SCHEMA: Any = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+    "properties": {
+        "file_path": {"description": "The absolute path to the file to read", "type": "string"},
+        "offset": {"description": "The line number to start reading from.", "type": "integer",
+                   "minimum": 0, "maximum": 9007199254740991},
+        "limit": {"description": "The number of lines to read.", "type": "integer",
+                  "exclusiveMinimum": 0, "maximum": 9007199254740991},
+        "pages": {"description": "Page range for PDF files.", "type": "string"},
+        "allow_large": {"description": "Read a file over the usual size limits.",
+                        "type": "boolean"},
+    },
+    "required": ["file_path"], "additionalProperties": False,
+}  # fmt: skip
+
+
+def test_claude_code_read_schema_with_huge_integer_bounds() -> None:
+    grammar = schema_to_gbnf(READ_SCHEMA)
+    assert len(grammar) < 2000  # no digit-range rules built from the bounds
+    # (required first, then the canonical (sorted) order of the memo key)
+    good = {"file_path": "/a.py", "allow_large": True, "limit": 1, "offset": 9007199254740991}
+    assert accepts(grammar, json.dumps(good))
+    assert accepts(grammar, json.dumps({"file_path": "/a.py", "offset": 0}))
+    for bad in ({"file_path": "/a.py", "offset": -1}, {"file_path": "/a.py", "limit": 0},
+                {"offset": 3}, {"file_path": "/a.py", "extra": 1}):  # fmt: skip
+        assert not accepts(grammar, json.dumps(bad)), bad
+
+
+def test_huge_and_signed_bounds_convert() -> None:
+    both = schema_to_gbnf({"type": "integer", "minimum": -9007199254740991,
+                           "maximum": 9007199254740991})  # fmt: skip
+    assert accepts(both, "-9007199254740991") and not accepts(both, "1.5")
+    near = schema_to_gbnf({"type": "integer", "minimum": 9007199254740900,
+                           "maximum": 9007199254740991})  # few values: enumerated  # fmt: skip
+    assert accepts(near, "9007199254740991") and not accepts(near, "9007199254740899")
+    assert accepts(schema_to_gbnf({"type": "number", "maximum": 1e308}), "-2.5")
+
+
+@pytest.mark.parametrize("keyword", [
+    {"encrypted": True}, {"x-vendor": {"any": "thing"}}, {"$comment": "why"},
+    {"examples": ["a"]}, {"deprecated": True}, {"readOnly": True}, {"markdownDescription": "x"},
+])  # fmt: skip
+def test_unknown_and_annotation_keywords_are_ignored(
+    keyword: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """As llama.cpp's converter (and JSON Schema): a keyword that is not read changes
+    nothing; one kvserve does not know is logged."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", **keyword}},
+              "required": ["s"]}  # fmt: skip
+    plain = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+    with caplog.at_level("INFO", logger="kvserve.chat"):
+        assert schema_to_gbnf(schema) == schema_to_gbnf(plain)
+    unknown = next(iter(keyword)) in ("encrypted", "x-vendor", "markdownDescription")
+    assert (next(iter(keyword)) in caplog.text) is unknown
+
+
+def test_draft4_boolean_exclusive_bounds() -> None:
+    grammar = schema_to_gbnf({"$schema": "http://json-schema.org/draft-04/schema#",
+                              "type": "integer", "minimum": 0, "exclusiveMinimum": True,
+                              "maximum": 3, "exclusiveMaximum": True})  # fmt: skip
+    assert [accepts(grammar, str(n)) for n in range(5)] == [False, True, True, False, False]
+    assert accepts(schema_to_gbnf({"type": "integer", "exclusiveMinimum": 0.5}), "1")
