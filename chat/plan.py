@@ -7,6 +7,7 @@ Messages arrive as plain dicts in OpenAI's shape (content already joined to a st
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,6 +15,7 @@ from chat.callformat import CallFormat, CallParser
 from chat.callstream import Delta
 from chat.formats import GrammarSpec, detect_format, generic_history, tool_system_prompt
 from chat.reasoning import ReasoningSplitter, has_thinking, starts_inside
+from chat.replay import TurnLookup, render_replaying
 from chat.schema import SchemaError, check_schema, json_object_gbnf, schema_to_gbnf
 from chat.template import ChatTemplate, RenderedPrompt
 from chat.tools import ChatInputError, Tool, ToolChoice, check_tools, parse_arguments
@@ -110,8 +112,13 @@ class ChatPlan:
 
 
 def plan_chat(
-    template: ChatTemplate, messages: list[dict[str, Any]], opts: ChatOptions
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    opts: ChatOptions,
+    replay: TurnLookup | None = None,
 ) -> ChatPlan:
+    """`replay`: the sampled text of past tool turns, which render as they were sampled
+    where that keeps the prompt the model saw (chat/replay.py)."""
     fmt = detect_format(template.source)
     offered = check_tools(list(opts.tools), opts.tool_choice)
     described_choice = opts.prompt_choice or opts.tool_choice
@@ -120,20 +127,31 @@ def plan_chat(
         described = []
     if opts.tool_choice.mode == "none":
         offered = []
-    rendered_messages = _history(messages, fmt)
     tools_var = None
+    system_prompt = None
     if described and fmt.native:
         tools_var = [t.as_openai() for t in described]
     elif described:
-        prompt = tool_system_prompt(described, described_choice, opts.parallel_tool_calls)
-        rendered_messages = _with_system(rendered_messages, prompt)
+        system_prompt = tool_system_prompt(described, described_choice, opts.parallel_tool_calls)
     continue_final = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
-    prompt_text = template.render(
-        rendered_messages,
-        extra=opts.template_kwargs,
-        tools=tools_var,
-        continue_final=continue_final,
-    )
+
+    def render(
+        marks: Mapping[int, str],
+        conversation: list[dict[str, Any]] = messages,
+        generation: bool = True,
+    ) -> RenderedPrompt:
+        rendered_messages = _history(conversation, fmt, marks)
+        if system_prompt is not None:
+            rendered_messages = _with_system(rendered_messages, system_prompt)
+        return template.render(
+            rendered_messages,
+            add_generation_prompt=generation,
+            extra=opts.template_kwargs,
+            tools=tools_var,
+            continue_final=continue_final and conversation is messages,
+        )
+
+    prompt_text = render({}) if replay is None else render_replaying(render, messages, replay)
     grammar = None
     if offered:
         grammar = fmt.grammar(offered, opts.tool_choice, opts.parallel_tool_calls,
@@ -169,13 +187,20 @@ def _document(opts: ChatOptions) -> Any:
     return None
 
 
-def _history(messages: list[dict[str, Any]], fmt: CallFormat) -> list[dict[str, Any]]:
-    """Check tool history and put it in the form the template (or format) expects."""
+def _history(
+    messages: list[dict[str, Any]], fmt: CallFormat, marks: Mapping[int, str]
+) -> list[dict[str, Any]]:
+    """Check tool history and put it in the form the template (or format) expects.
+    `marks`: assistant turns (by index) rendered as this text alone, without their calls
+    (chat/replay.py puts the text they were sampled as in its place)."""
     names: dict[str, str] = {}
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         role = message["role"]
-        if role == "assistant" and message.get("tool_calls"):
+        if i in marks:
+            names.update((call["id"], call["function"]["name"]) for call in message["tool_calls"])
+            out.append({"role": "assistant", "content": marks[i]})
+        elif role == "assistant" and message.get("tool_calls"):
             calls = []
             for j, call in enumerate(message["tool_calls"]):
                 where = f"messages[{i}].tool_calls[{j}]"

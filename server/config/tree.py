@@ -129,6 +129,14 @@ class ResponsesSection:
 
 
 @dataclass(frozen=True)
+class ReplaySection:
+    """Sampled tool turns kept so that a call sent back renders as the tokens the model
+    sampled, not as the template writes it again (server/serving/replay.py)."""
+
+    max_bytes: Count = 32 * 1024 * 1024  # per model, an LRU; 0: off
+
+
+@dataclass(frozen=True)
 class AuthSection:
     api_keys: tuple[str, ...] = ()  # empty (and no admin keys): no authentication
     admin_api_keys: tuple[str, ...] = ()  # also accepted; see the whole cache, purge it
@@ -174,6 +182,7 @@ class Settings:
     loading: LoadingSection = field(default_factory=LoadingSection)
     sessions: SessionLimits = field(default_factory=SessionLimits)
     responses: ResponsesSection = field(default_factory=ResponsesSection)
+    replay: ReplaySection = field(default_factory=ReplaySection)
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
@@ -203,6 +212,7 @@ SECTIONS: dict[str, type] = {
     "loading": LoadingSection,
     "sessions": SessionLimits,
     "responses": ResponsesSection,
+    "replay": ReplaySection,
     "auth": AuthSection,
     "metrics": MetricsSection,
     "logging": LoggingSection,

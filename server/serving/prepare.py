@@ -23,6 +23,7 @@ from typing import Any
 
 from chat.formats import GrammarSpec
 from chat.plan import ChatOptions, ChatPlan, plan_chat
+from chat.replay import TurnLookup
 from chat.template import ChatTemplate, TemplateError
 from chat.tools import ChatInputError
 from engine.client import GenerateRequest
@@ -30,8 +31,9 @@ from server.http.deps import Caller, EngineLike
 from server.http.errors import BadRequest
 from server.http.sampling import generate_requests
 from server.serving.drive import TOKENIZE_INLINE_CHARS, tokenize
+from server.serving.replay import Recorder, Replay
 from server.serving.request_sampling import RequestSampling
-from server.serving.state import ChoiceState
+from server.serving.state import Choice, ChoiceState, Step
 
 # The most messages one chat request may render (its history included): every render
 # and tokenization is linear in them (seconds of CPU at this size), and drop_oldest
@@ -55,9 +57,19 @@ class Prepared:
     prompt: list[int]
     requests: list[GenerateRequest]
     dropped: int = 0  # messages left out to fit the context (context_overflow drop_oldest)
+    recorder: Recorder | None = None  # keeps the tool turns sampled (server/serving/replay.py)
 
     def states(self) -> list[ChoiceState]:
-        return [ChoiceState(i, self.plan.parser()) for i in range(len(self.requests))]
+        """One state per choice, for a stream (each records its turn when it finishes)."""
+        return [self._state(i) for i in range(len(self.requests))]
+
+    def finish(self, index: int, choice: Choice) -> Step:
+        """A whole choice parsed at once (a plain request), its turn recorded."""
+        return self._state(index).advance(choice)
+
+    def _state(self, index: int) -> ChoiceState:
+        on_finish = self.recorder.finished if self.recorder is not None else None
+        return ChoiceState(index, self.plan.parser(), on_finish=on_finish)
 
 
 def make_plan(
@@ -89,11 +101,15 @@ async def prepare_chat(
     max_tokens: int | None,
     logprobs: int | None = None,
     overflow: str = "error",
+    replay: Replay | None = None,
 ) -> Prepared:
+    """`replay`: the caller's sampled tool turns (server/serving/replay.py): the ones the
+    messages send back render as sampled, and this request's own are recorded."""
     check_message_count(messages)
+    lookup = replay.lookup if replay is not None else None
     try:
         plan, prompt, dropped = await plan_within_context(
-            engine, template, messages, options, max_tokens, overflow
+            engine, template, messages, options, max_tokens, overflow, lookup
         )
     except TemplateError as exc:
         raise BadRequest(str(exc), param="messages") from exc
@@ -108,7 +124,8 @@ async def prepare_chat(
         caller=caller,
         overrides=grammar_fields(plan.grammar),
     )
-    return Prepared(plan, prompt, requests, dropped)
+    recorder = Recorder(replay, plan.prompt.text) if replay is not None else None
+    return Prepared(plan, prompt, requests, dropped, recorder)
 
 
 def grammar_fields(spec: GrammarSpec | None) -> dict[str, object]:
@@ -130,6 +147,7 @@ async def plan_within_context(
     opts: ChatOptions,
     max_tokens: int | None,
     overflow: str,
+    replay: TurnLookup | None = None,
 ) -> Fitted:
     """The plan, its prompt tokens, and how many messages were dropped to fit. What
     still does not fit is left to the engine's 400."""
@@ -138,7 +156,7 @@ async def plan_within_context(
     def attempt(turn: int) -> tuple[Fitted, bool]:
         """The plan that keeps the turns from `turn` on, and whether it fits."""
         kept = keep_turns_from(messages, starts, turn)
-        plan = plan_chat(template, kept, opts)
+        plan = plan_chat(template, kept, opts, replay)
         rendered = plan.prompt
         prompt = engine.tokenize(rendered.text, add_special=rendered.add_bos, parse_special=True)
         fits = len(prompt) + (max_tokens or 1) <= engine.info.n_ctx

@@ -9,6 +9,7 @@ totals; a stream feeds each increment and reads the call whose arguments it has 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,23 +69,33 @@ class Step:
 
 @dataclass(slots=True)
 class ChoiceState:
-    """A chat choice being streamed: its parser, its totals (the prompt's split as soon
-    as the engine knows it, the rest with the finish) and the
-    logprob text offset (for completions' legacy logprobs)."""
+    """A chat choice being streamed (or parsed whole): its parser, its totals (the
+    prompt's split as soon as the engine knows it, the rest with the finish), the
+    logprob text offset (for completions' legacy logprobs), and everything it produced:
+    the text as sampled and the parsed output. `on_finish` sees the state once the
+    choice has finished (server/serving/replay.py records tool turns there)."""
 
     index: int
     parser: OutputParser
     total: Choice = field(default_factory=Choice)
     offset: int = 0
+    on_finish: Callable[[ChoiceState], None] | None = None
+    sampled: list[str] = field(default_factory=list)
+    output: ParsedOutput = field(default_factory=lambda: ParsedOutput())
 
     def advance(self, inc: Choice) -> Step:
-        pieces = self.parser.feed("".join(inc.text))
+        text = "".join(inc.text)
+        self.sampled.append(text)
+        pieces = self.parser.feed(text)
         if inc.num_prompt_tokens and inc.finish_reason is None:  # known before the finish
             self.total.num_prompt_tokens = inc.num_prompt_tokens
             self.total.num_cached_tokens = inc.num_cached_tokens
         if inc.finish_reason is not None:
             self.total = inc  # the counts come with the finish
             pieces += self.parser.finish()
+        self.output.add(pieces)
+        if inc.finish_reason is not None and self.on_finish is not None:
+            self.on_finish(self)
         return Step(self.index, pieces, inc.logprobs, inc.finish_reason, self.parser.num_calls)
 
 

@@ -24,6 +24,7 @@ from server.http.deps import Caller
 from server.http.errors import BadRequest, params_renamed
 from server.models.keep_alive import apply_keep_alive
 from server.serving.prepare import prepare_chat
+from server.serving.replay import request_replay
 
 
 def chat_messages(body: OllamaChatRequest) -> list[dict[str, Any]]:
@@ -101,11 +102,13 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
         prepared = await prepare_chat(
             engine, template, chat_messages(body), chat_options(body, template.source, body.model),
             opts.sampling, caller, max_tokens=opts.max_tokens, overflow=overflow,
+            replay=request_replay(request, served.id, caller, by_calls=True),
         )  # fmt: skip
     limit = within_window(opts, len(prepared.prompt))
     requests = [replace(r, max_tokens=limit) for r in prepared.requests]
     apply_keep_alive(served, body.keep_alive)  # the request passed every check
     generation = await engine.generate(requests)
-    return await answer(request, generation, prepared.plan.parser(), model=body.model,
+    (state,) = prepared.states()
+    return await answer(request, generation, state, model=body.model,
                         started=started, stream=body.stream,
                         shape=lambda part: {"message": message(part)})  # fmt: skip

@@ -31,7 +31,6 @@ from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from chat.callstream import Delta
-from chat.plan import OutputParser
 from engine.client import FinishReason, Generation
 from server.api.common import SamplingExtras
 from server.http.deps import claim, gated_model, ready_engine, registry
@@ -253,7 +252,7 @@ def _no_extra(total: Choice) -> dict[str, Any]:
 async def answer(
     request: Request,
     generation: Generation,
-    parser: OutputParser,
+    state: ChoiceState,
     *,
     model: str,
     started: float,
@@ -275,10 +274,10 @@ async def answer(
                 **done_fields(total, started, load_s), **extra(total)}  # fmt: skip
 
     if stream:
-        return StreamingResponse(_lines(generation, parser, chunk, final), media_type=NDJSON,
+        return StreamingResponse(_lines(generation, state, chunk, final), media_type=NDJSON,
                                  background=BackgroundTask(generation.abort))  # fmt: skip
     (choice,) = await until_disconnect(request, collect(generation, 1))
-    return final(choice, piece(parser.feed("".join(choice.text)) + parser.finish()))
+    return final(choice, piece(state.advance(choice).deltas))
 
 
 def line(obj: dict[str, Any]) -> str:
@@ -286,9 +285,8 @@ def line(obj: dict[str, Any]) -> str:
 
 
 async def _lines(
-    generation: Generation, parser: OutputParser, chunk: Shape, final: Final
+    generation: Generation, state: ChoiceState, chunk: Shape, final: Final
 ) -> AsyncIterator[str]:
-    state = ChoiceState(0, parser)
     token_ids: list[int] = []  # the whole output's (an increment carries its own only)
     try:
         async for increment in increments(generation):

@@ -30,6 +30,7 @@ from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel
 from server.serving.drive import tokenize
 from server.serving.prepare import grammar_fields, make_plan, prompt_tokens
+from server.serving.state import ChoiceState
 
 
 def _grammar(body: OllamaGenerateRequest) -> GrammarSpec | None:
@@ -124,6 +125,7 @@ async def serve_ollama_generate(
     def shape(part: Piece) -> dict[str, Any]:
         return {"response": part.content, **({"thinking": part.thinking} if part.thinking else {})}
 
-    return await answer(request, generation, parser, model=body.model, started=started,
+    return await answer(request, generation, ChoiceState(0, parser), model=body.model,
+                        started=started,
                         stream=body.stream, shape=shape,
                         extra=lambda total: {"context": [*prompt, *total.token_ids]})  # fmt: skip
