@@ -87,18 +87,6 @@ def bounds(low: int, high: int | None, spent: int = 0) -> tuple[int, int | None]
     return low, high
 
 
-def repeat(item: str, low: int, high: int | None, spent: int = 0) -> str:
-    """`item` repeated low..high times (high None: unbounded), within `bounds`."""
-    low, high = bounds(low, high, spent)
-    if not _ONE_SYMBOL.fullmatch(item):
-        item = f"({item})"
-    if high is None:
-        return f"{item}{{{low},}}" if low > 1 else f"{item}+" if low else f"{item}*"
-    if low == high == 1:
-        return item
-    return f"{item}{{{low},{high}}}"
-
-
 # A rule name, a literal or a character class: one symbol, repeated without a group.
 _ONE_SYMBOL = re.compile(r'[a-zA-Z0-9-]+|"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
 
@@ -141,15 +129,19 @@ class RuleSet:
         return name
 
     def repeat(self, base: str, item: str, low: int, high: int | None) -> str:
-        """`item` repeated low..high times within `bounds`. A compound item becomes a rule
-        of its own first: llama.cpp then expands one rule reference, whereas a group's
-        expansion is multiplied by the rules inside it (and refused past 2000)."""
-        if not _ONE_SYMBOL.fullmatch(item):
-            item = self.add(base, item)
-        out = repeat(item, low, high, self.spent)
+        """`item` repeated low..high times (high None: unbounded) within `bounds`, counted
+        in `spent`: every repetition a converter writes comes here. A compound item
+        becomes a rule of its own first: llama.cpp then expands one rule reference, whereas
+        a group's expansion is multiplied by the rules inside it (and refused past 2000)."""
         low, high = bounds(low, high, self.spent)
         self.spent += max(low, high or 0)
-        return out
+        if high == 0:
+            return '""'
+        if not _ONE_SYMBOL.fullmatch(item):
+            item = self.add(base, item)
+        if high is None:
+            return f"{item}{{{low},}}" if low > 1 else f"{item}+" if low else f"{item}*"
+        return item if low == high == 1 else f"{item}{{{low},{high}}}"
 
     def text(self, root: str) -> str:
         lines = [f"root ::= {root}"]

@@ -105,6 +105,7 @@ def test_every_schema_grammar_reads_as_gbnf(schema: Any) -> None:
         ("a.c", ["abc", 'a"c'], ["a\nc", "ac"]),
         ("\\s*\\w+\\s*", [" x_1\n"], ["-"]),
         ('[^"]{0,5000}', ["", "x" * 40, "\\"], ['"']),
+        ("ab{0}c|x+?", ["ac", "xx"], ["abc", ""]),  # {0}: nothing; lazy: the same whole matches
     ],
 )
 def test_whole_output_regex(regex: str, good: list[str], bad: list[str]) -> None:
