@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Request, Response
 
 from engine.client import EngineLike, Generation, TokenLogprob
-from server.api.chat.input import chat_messages, chat_options, message, stream_deltas
+from server.api.chat.input import chat_message, chat_messages, chat_options, stream_deltas
 from server.api.chat.protocol import ChatCompletionRequest
 from server.http.deps import Caller, resolve_model
 from server.http.errors import APIError
@@ -24,7 +24,8 @@ from server.serving.drive import (
     until_disconnect,
 )
 from server.serving.prepare import DROPPED_HEADER, Prepared, prepare_chat
-from server.serving.state import Choice, chat_finish_text, usage
+from server.serving.replay import request_replay
+from server.serving.state import Choice, chat_finish_text, parsed, usage
 
 log = logging.getLogger("kvserve.server")
 
@@ -60,6 +61,7 @@ async def serve_chat(
         max_tokens=body.max_completion_tokens or body.max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         overflow=served.context_overflow,
+        replay=request_replay(request, served.id, caller),
     )
     generation = await engine.generate(prepared.requests)
     response_id, created = new_id("chatcmpl"), now()
@@ -94,8 +96,7 @@ async def serve_chat(
 def _choice(
     engine: EngineLike, prepared: Prepared, index: int, choice: Choice, logprobs: bool
 ) -> dict[str, Any]:
-    parser = prepared.plan.parser()
-    msg = message(parser, "".join(choice.text))
+    msg = chat_message(parsed(prepared.finish(index, choice).deltas))
     return {
         "index": index,
         "message": msg,

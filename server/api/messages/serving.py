@@ -27,6 +27,7 @@ from server.serving import sse
 from server.serving.drive import collect, steps, until_disconnect
 from server.serving.events import NamedEvent
 from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens
+from server.serving.replay import request_replay
 from server.serving.state import Choice, ParsedOutput, coalesced
 
 log = logging.getLogger("kvserve.server")
@@ -34,6 +35,11 @@ log = logging.getLogger("kvserve.server")
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def toolu_id(call_id: str) -> str:
+    """A parsed call's id as a tool_use block's (server/serving/replay.py keys by it)."""
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, Any]:
@@ -53,7 +59,9 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
     with params_renamed(chat_param):
         prepared = await prepare_chat(engine, served.template, chat_messages(body),
                                       message_options(body), sampling, caller,
-                                      max_tokens=body.max_tokens)  # fmt: skip
+                                      max_tokens=body.max_tokens,
+                                      replay=request_replay(request, served.id, caller,
+                                                            id_of=toolu_id))  # fmt: skip
     generation = await engine.generate(prepared.requests)
     message: dict[str, Any] = {
         "id": _id("msg"), "type": "message", "role": "assistant", "content": [],
@@ -66,11 +74,11 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
         return sse.event_stream(_stream(generation, prepared, message), on_close=generation.abort,
                                 heartbeat=sse.anthropic_ping)  # fmt: skip
     (choice,) = await until_disconnect(request, collect(generation, 1))
-    parser = prepared.plan.parser()
+    step = prepared.finish(0, choice)
     blocks = Blocks()
-    blocks.feed(parser.feed("".join(choice.text)) + parser.finish())
+    blocks.feed(step.deltas)
     blocks.close()
-    return {**message, "content": blocks.blocks, **_stop(choice, parser.num_calls),
+    return {**message, "content": blocks.blocks, **_stop(choice, step.num_calls),
             "usage": _usage(len(prepared.prompt), choice)}  # fmt: skip
 
 
@@ -104,7 +112,7 @@ class Blocks:
         for d in coalesced(deltas):
             if d.kind == "start":
                 self._call = d.index
-                self._begin("tool_use", {"type": "tool_use", "id": _id("toolu"),
+                self._begin("tool_use", {"type": "tool_use", "id": toolu_id(d.call_id),
                                          "name": d.text, "input": {}})  # fmt: skip
             elif d.kind == "args":
                 self._delta({"type": "input_json_delta", "partial_json": d.text})

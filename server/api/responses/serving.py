@@ -44,6 +44,7 @@ from server.serving import sse
 from server.serving.drive import collect, until_disconnect
 from server.serving.events import named_events
 from server.serving.prepare import Prepared, prepare_chat
+from server.serving.replay import request_replay
 from server.serving.state import Choice
 
 log = logging.getLogger("kvserve.server")
@@ -100,6 +101,7 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
         prepared = await prepare_chat(
             engine, served.template, [*system, *conversation], response_options(body),
             body.sampling_record(session_id), caller, max_tokens=body.max_output_tokens,
+            replay=request_replay(request, served.id, caller),
         )  # fmt: skip
     requests = [replace(r, session_pool=pool) for r in prepared.requests]
     generation, session_id = await _generate(engine, requests)
@@ -119,8 +121,7 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
         return sse.event_stream(events, on_close=generation.abort)
     (choice,) = await until_disconnect(request, collect(generation, 1))
     builder = output_builder(body, request, turn)
-    parser = prepared.plan.parser()
-    builder.feed(parser.feed("".join(choice.text)) + parser.finish())
+    builder.feed(prepared.finish(0, choice).deltas)
     final = _finished(engine, response, builder, choice, len(prepared.prompt))
     await keep(final, builder)
     return final
