@@ -127,6 +127,15 @@ def document_key(document: Any, choice: ToolChoice) -> str:
     return json.dumps(document, sort_keys=True)
 
 
+def document_rule(rules: RuleSet, doc_key: str) -> str:
+    """A rule for one document matching the response schema `document_key` holds."""
+    document = json.loads(doc_key)
+    try:
+        return SchemaConverter(rules, document, "doc-").convert(document, "document")
+    except SchemaError as exc:
+        raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+
+
 def _spec_bytes(spec: GrammarSpec) -> int:
     return len(spec.gbnf) + sum(map(len, spec.trigger_patterns + spec.trigger_words))
 

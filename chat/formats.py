@@ -24,6 +24,7 @@ from chat.callformat import (
     CallFormat,
     GrammarSpec,
     document_key,
+    document_rule,
     json_arguments,
     keyed_tools,
     memo_grammar,
@@ -35,8 +36,7 @@ from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
 from chat.gbnf import RuleSet, literal
 from chat.harmony import HARMONY
-from chat.schema import SchemaConverter, SchemaError
-from chat.tools import ChatInputError, Tool, ToolChoice
+from chat.tools import Tool, ToolChoice
 
 __all__ = ["GENERIC", "HERMES", "LLAMA3", "MISTRAL", "CallFormat", "GrammarSpec", "ToolFormat",
            "ToolParser", "detect_format", "generic_history", "tool_system_prompt"]  # fmt: skip
@@ -135,11 +135,7 @@ def _grammar(
     root = " ".join(p for p in (fmt.prefix, calls, fmt.suffix) if p)
     lazy = mode == "auto"
     if doc_key:  # calls | the document: no longer free text, so not lazy
-        document = json.loads(doc_key)
-        try:
-            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        value = document_rule(rules, doc_key)
         root, lazy = f"({root}) | {value}", False
     return GrammarSpec(
         rules.text(root),

@@ -32,6 +32,7 @@ from chat.callformat import (
     CallParser,
     GrammarSpec,
     document_key,
+    document_rule,
     excluding,
     input_grammar,
     keyed_tools,
@@ -187,11 +188,7 @@ def _grammar(fmt: XmlFormat, key: str, mode: str, parallel: bool, doc_key: str) 
     root = f"{first} {call}*" if parallel else first
     lazy = mode == "auto"
     if doc_key:  # calls | the document: no longer free text, so not lazy
-        document = json.loads(doc_key)
-        try:
-            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        value = document_rule(rules, doc_key)
         root, lazy = f"({root}) | {value}", False
     starts = [OPEN] + ([f"{FUNCTION}{n}>" for n in names] if fmt.bare_first else [])
     patterns = tuple(rf"[\s\S]*?({re.escape(s)})[\s\S]*" for s in starts)

@@ -29,6 +29,7 @@ from chat.callformat import (
     CallParser,
     GrammarSpec,
     document_key,
+    document_rule,
     excluding,
     json_arguments,
     keyed_tools,
@@ -37,8 +38,7 @@ from chat.callformat import (
 )
 from chat.callstream import Delta, new_call_id
 from chat.gbnf import RuleSet, literal
-from chat.schema import SchemaConverter, SchemaError
-from chat.tools import ChatInputError, Tool, ToolChoice
+from chat.tools import Tool, ToolChoice
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 ENDINGS = (END, "<|call|>", "<|return|>")
@@ -102,11 +102,7 @@ def _grammar(key: str, mode: str, doc_key: str) -> GrammarSpec:
     earlier = rules.add("earlier", f"({analysis} | {preamble}) {literal(START + 'assistant')}")
     answer = call
     if doc_key:  # auto with a response schema: a call or a final message matching it
-        document = json.loads(doc_key)
-        try:
-            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        value = document_rule(rules, doc_key)
         final = f"{literal(CHANNEL + 'final')} {constraint} {literal(MESSAGE)} {value}"
         answer = f"({call} | {final})"
     return GrammarSpec(rules.text(f"{earlier}* {answer}"))
