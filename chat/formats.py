@@ -31,6 +31,7 @@ from chat.callformat import (
     tools_key,
 )
 from chat.callstream import CallScanner, Delta
+from chat.formats_cohere import detect_cohere
 from chat.formats_glm import detect_glm
 from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
@@ -108,6 +109,9 @@ def detect_format(template_source: str) -> CallFormat:
     glm = detect_glm(template_source)  # <tool_call> with <arg_key> tags, before Hermes
     if glm is not None:
         return glm
+    cohere = detect_cohere(template_source)  # Command R7B's action blocks
+    if cohere is not None:
+        return cohere
     if "<tool_call>" in template_source:
         return HERMES
     if "[TOOL_CALLS]" in template_source:

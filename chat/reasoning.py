@@ -8,9 +8,11 @@ OPEN, CLOSE = "<think>", "</think>"
 
 
 def has_thinking(template_source: str) -> bool:
-    """`<think>` tags, or gpt-oss's analysis channel (chat/harmony.py splits that one)."""
-    return (OPEN in template_source and CLOSE in template_source) or (
-        "<|channel|>analysis" in template_source
+    """`<think>` tags, or a format's own thinking blocks that its call parser splits:
+    gpt-oss's analysis channel (chat/harmony.py), Command R7B's thinking block
+    (chat/formats_cohere.py)."""
+    return (OPEN in template_source and CLOSE in template_source) or any(
+        mark in template_source for mark in ("<|channel|>analysis", "<|START_THINKING|>")
     )
 
 

@@ -20,7 +20,7 @@ EXPECTED = {
     "ByteDance-Seed-OSS.jinja": "generic",
     "Cohere2MoE.jinja": "generic",
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "generic",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "generic",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command-r7b",
     "GLM-4.6.jinja": "glm-4.5",
     "GLM-4.7-Flash.jinja": "glm-4.7",
     "GigaChat3-10B-A1.8B.jinja": "generic",

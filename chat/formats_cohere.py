@@ -1,0 +1,193 @@
+"""Command R7B's marked blocks: thinking, then an answer or a list of calls.
+
+    <|START_THINKING|>plan<|END_THINKING|><|START_RESPONSE|>answer<|END_RESPONSE|>
+    <|START_THINKING|>plan<|END_THINKING|><|START_ACTION|>[
+        {"tool_call_id": "0", "tool_name": "NAME", "parameters": {..}}
+    ]<|END_ACTION|>
+
+As llama.cpp reads it (test-chat.cpp's Command R7B cases): the thinking block ->
+`reasoning_content`, the response block's text -> `content`, each action -> a call. The
+parser splits the thinking itself (owns_reasoning): the blocks are this format's own
+markers, not `<think>`. An action list is parsed when it closes (a call is released
+only once complete anyway). The template opens no block in the prompt unless thinking
+is off (`<|START_THINKING|><|END_THINKING|>`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chat.callformat import (
+    CallParser,
+    GrammarSpec,
+    document_key,
+    excluding,
+    memo_grammar,
+    tools_key,
+)
+from chat.callstream import Delta, new_call_id
+from chat.gbnf import RuleSet, literal
+from chat.schema import SchemaConverter, SchemaError
+from chat.tools import ChatInputError, Tool, ToolChoice
+
+THINK = ("<|START_THINKING|>", "<|END_THINKING|>")
+RESPONSE = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
+ACTION = ("<|START_ACTION|>", "<|END_ACTION|>")
+
+
+@dataclass(frozen=True, slots=True)
+class CohereFormat:
+    name: str = "command-r7b"
+    native: bool = True
+    owns_reasoning: bool = True
+
+    def grammar(
+        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
+    ) -> GrammarSpec:
+        key, doc = tools_key(tools), document_key(document, choice)
+        return memo_grammar(
+            f"{self.name}|{choice.mode}|{parallel}|{key}|{doc}",
+            lambda: _grammar(key, choice.mode, parallel, doc),
+        )
+
+    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
+        return CohereParser(calls=bool(tools), reasoning=reasoning)
+
+
+COMMAND_R7B = CohereFormat()
+
+
+def detect_cohere(source: str) -> CohereFormat | None:
+    """The action and response markers (Command R7B; Cohere2 MoE's `<|START_TEXT|>`
+    blocks are another format, llama.cpp's common/parsers/cohere2moe.cpp)."""
+    if ACTION[0] in source and RESPONSE[0] in source:
+        return COMMAND_R7B
+    return None
+
+
+def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+    rules = RuleSet()
+    ws = rules.primitive("ws")
+    # the template writes the list with newlines and indents between the calls
+    sp = rules.add("sp", "[ \\n]{0,16}")
+    alternatives = []
+    for i, (name, parameters, *_) in enumerate(json.loads(key)):
+        try:
+            if parameters in ({}, True):
+                args = rules.primitive("object")
+            else:
+                args = SchemaConverter(rules, parameters, f"t{i}-").convert(parameters, "args")
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+        alternatives.append(rules.add(f"call-{i}", (
+            f'"{{" {ws} "\\"tool_call_id\\"" {ws} ":" {ws} "\\"" [0-9]{{1,4}} "\\"" {ws} "," {ws} '
+            f'"\\"tool_name\\"" {ws} ":" {ws} {literal(json.dumps(name))} {ws} "," {ws} '
+            f'"\\"parameters\\"" {ws} ":" {ws} {args} {ws} "}}"'
+        )))  # fmt: skip
+    call = rules.add("call", " | ".join(alternatives))
+    calls = f'{call} ({sp} "," {sp} {call})*' if parallel else call
+    action = rules.add(
+        "action", f"{literal(ACTION[0] + '[')} {sp} {calls} {sp} {literal(']' + ACTION[1])}"
+    )
+    if mode == "auto" and not doc_key:
+        pattern = rf"[\s\S]*?({re.escape(ACTION[0])})[\s\S]*"
+        return GrammarSpec(
+            rules.text(action), lazy=True, trigger_patterns=(pattern,), trigger_words=(ACTION[0],)
+        )
+    thinking = excluding(rules, "thinking", THINK[1])
+    think = rules.add("think", f"{literal(THINK[0])}? {thinking} {literal(THINK[1])}")
+    answer = action
+    if doc_key:  # auto with a response schema: calls, or the document as the response
+        document = json.loads(doc_key)
+        try:
+            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
+        except SchemaError as exc:
+            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        answer = f"({action} | {literal(RESPONSE[0])} {value} {literal(RESPONSE[1])})"
+    return GrammarSpec(rules.text(f"({think})? {answer}"))
+
+
+class CohereParser:
+    """Blocks -> reasoning / content / calls, incrementally. Text that may still be a
+    marker is held back until it resolves."""
+
+    def __init__(self, *, calls: bool, reasoning: bool):
+        self._blocks = {RESPONSE[0]: ("content", RESPONSE[1])}
+        if reasoning:
+            self._blocks[THINK[0]] = ("reasoning", THINK[1])
+        if calls:
+            self._blocks[ACTION[0]] = ("action", ACTION[1])
+        self._buf = ""
+        self._block: tuple[str, str] | None = None  # (kind, end marker) inside a block
+        self._action = ""
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        self._buf += text
+        out: list[Delta] = []
+        while self._buf and self._step(out):
+            pass
+        return [d for d in out if d.text or d.kind == "start"]
+
+    def finish(self) -> list[Delta]:
+        out: list[Delta] = []
+        kind = self._block[0] if self._block else "content"
+        if kind != "action" and self._buf:  # an action cut off is no call
+            out.append(Delta(kind, self._buf))  # type: ignore[arg-type]
+        self._buf = ""
+        return out
+
+    def _step(self, out: list[Delta]) -> bool:
+        if self._block is None:
+            words = tuple(self._blocks)
+            found = [(self._buf.find(w), w) for w in words if w in self._buf]
+            if not found:
+                return self._emit("content", words, out)
+            at, start = min(found)
+            out.append(Delta("content", self._buf[:at]))
+            self._buf, self._block = self._buf[at + len(start) :], self._blocks[start]
+            return True
+        kind, end = self._block
+        at = self._buf.find(end)
+        if at < 0:
+            return self._emit(kind, (end,), out)
+        self._emit_text(kind, self._buf[:at], out)
+        if kind == "action":
+            self._calls(self._action, out)
+            self._action = ""
+        self._buf, self._block = self._buf[at + len(end) :], None
+        return True
+
+    def _emit(self, kind: str, words: tuple[str, ...], out: list[Delta]) -> bool:
+        """Emit what cannot begin one of `words`; False: more text is needed."""
+        keep = max(
+            (k for w in words for k in range(1, min(len(w), len(self._buf) + 1))
+             if w.startswith(self._buf[-k:])),
+            default=0,
+        )  # fmt: skip
+        self._emit_text(kind, self._buf[: len(self._buf) - keep], out)
+        self._buf = self._buf[len(self._buf) - keep :]
+        return False
+
+    def _emit_text(self, kind: str, text: str, out: list[Delta]) -> None:
+        if kind == "action":
+            self._action += text
+        elif text:
+            out.append(Delta(kind, text))  # type: ignore[arg-type]
+
+    def _calls(self, text: str, out: list[Delta]) -> None:
+        try:
+            calls = json.loads(text)
+        except ValueError:
+            return  # not a list of calls (no grammar held it): nothing to report
+        for item in calls if isinstance(calls, list) else []:
+            if not isinstance(item, dict) or not isinstance(item.get("tool_name"), str):
+                continue
+            args = json.dumps(item.get("parameters") or {}, ensure_ascii=False)
+            out.append(Delta("start", item["tool_name"], self.num_calls, new_call_id()))
+            out.append(Delta("args", args, self.num_calls))
+            self.num_calls += 1
