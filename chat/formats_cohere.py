@@ -25,14 +25,16 @@ from chat.callformat import (
     CallParser,
     GrammarSpec,
     document_key,
+    document_rule,
     excluding,
+    json_arguments,
+    keyed_tools,
     memo_grammar,
     tools_key,
 )
 from chat.callstream import Delta, new_call_id
 from chat.gbnf import RuleSet, literal
-from chat.schema import SchemaConverter, SchemaError
-from chat.tools import ChatInputError, Tool, ToolChoice
+from chat.tools import Tool, ToolChoice
 
 THINK = ("<|START_THINKING|>", "<|END_THINKING|>")
 RESPONSE = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
@@ -75,14 +77,8 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     # the template writes the list with newlines and indents between the calls
     sp = rules.add("sp", "[ \\n]{0,16}")
     alternatives = []
-    for i, (name, parameters, *_) in enumerate(json.loads(key)):
-        try:
-            if parameters in ({}, True):
-                args = rules.primitive("object")
-            else:
-                args = SchemaConverter(rules, parameters, f"t{i}-").convert(parameters, "args")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+    for i, tool in enumerate(keyed_tools(key)):
+        args, name = json_arguments(rules, i, tool), tool.name
         alternatives.append(rules.add(f"call-{i}", (
             f'"{{" {ws} "\\"tool_call_id\\"" {ws} ":" {ws} "\\"" [0-9]{{1,4}} "\\"" {ws} "," {ws} '
             f'"\\"tool_name\\"" {ws} ":" {ws} {literal(json.dumps(name))} {ws} "," {ws} '
@@ -102,11 +98,7 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     think = rules.add("think", f"{literal(THINK[0])}? {thinking} {literal(THINK[1])}")
     answer = action
     if doc_key:  # auto with a response schema: calls, or the document as the response
-        document = json.loads(doc_key)
-        try:
-            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
+        value = document_rule(rules, doc_key)
         answer = f"({action} | {literal(RESPONSE[0])} {value} {literal(RESPONSE[1])})"
     return GrammarSpec(rules.text(f"({think})? {answer}"))
 

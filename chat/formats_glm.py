@@ -26,7 +26,10 @@ from chat.callformat import (
     CallParser,
     GrammarSpec,
     document_key,
+    document_rule,
     excluding,
+    input_grammar,
+    keyed_tools,
     memo_grammar,
     tools_key,
 )
@@ -34,7 +37,7 @@ from chat.callstream import Delta, new_call_id
 from chat.formats_xml import ALL_TYPES, MAX_PERMUTE, value_json, value_types
 from chat.gbnf import RuleSet, literal
 from chat.schema import SchemaConverter, SchemaError
-from chat.tools import ChatInputError, Tool, ToolChoice
+from chat.tools import INPUT, ChatInputError, Tool, ToolChoice
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
@@ -76,12 +79,17 @@ def detect_glm(source: str) -> GlmFormat | None:
 def _grammar(fmt: GlmFormat, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     rules = RuleSet()
     alternatives = []
-    for i, (name, parameters, *_) in enumerate(json.loads(key)):
-        try:
-            args = _arguments(rules, fmt, parameters, f"t{i}-")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
-        head = literal(OPEN + name + fmt.nl)
+    for i, tool in enumerate(keyed_tools(key)):
+        if tool.grammar is not None:  # the input as raw text, held to its grammar
+            opener = literal(f"{KEY}{INPUT}{KEY_END}{fmt.nl}{VALUE}")
+            text = input_grammar(rules, i, tool.grammar, json_text=False)
+            args = f"{opener} {text} {literal(VALUE_END + fmt.nl)}"
+        else:
+            try:
+                args = _arguments(rules, fmt, tool.parameters, f"t{i}-")
+            except SchemaError as exc:
+                raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+        head = literal(OPEN + tool.name + fmt.nl)
         alternatives.append(rules.add(f"call-{i}", f"{head} {args} {literal(CLOSE)}".strip()))
     call = rules.add("call", " | ".join(alternatives))
     sep = f"{literal(fmt.nl)} " if fmt.nl else ""
@@ -93,12 +101,7 @@ def _grammar(fmt: GlmFormat, key: str, mode: str, parallel: bool, doc_key: str) 
     think = rules.add("think", f'"\\n"? "<think>"? {thinking} "</think>" "\\n"?')
     answer = rules.add("calls", calls)
     if doc_key:  # auto with a response schema: calls, or the document
-        document = json.loads(doc_key)
-        try:
-            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
-        answer = f"({answer} | {value})"
+        answer = f"({answer} | {document_rule(rules, doc_key)})"
     return GrammarSpec(rules.text(f"({think})? {answer}"))
 
 

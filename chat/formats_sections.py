@@ -24,7 +24,6 @@ call does not land inside the reasoning.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,14 +33,16 @@ from chat.callformat import (
     CallParser,
     GrammarSpec,
     document_key,
+    document_rule,
     excluding,
+    json_arguments,
+    keyed_tools,
     memo_grammar,
     tools_key,
 )
 from chat.callstream import Delta, new_call_id
 from chat.gbnf import RuleSet, literal
-from chat.schema import SchemaConverter, SchemaError
-from chat.tools import ChatInputError, Tool, ToolChoice
+from chat.tools import Tool, ToolChoice
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -117,16 +118,10 @@ def detect_sections(source: str) -> SectionFormat | None:
 def _grammar(fmt: SectionFormat, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     rules = RuleSet()
     alternatives = []
-    for i, (name, parameters, *_) in enumerate(json.loads(key)):
-        try:
-            if parameters in ({}, True):
-                args = rules.primitive("object")
-            else:
-                args = SchemaConverter(rules, parameters, f"t{i}-").convert(parameters, "args")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+    for i, tool in enumerate(keyed_tools(key)):
+        args = json_arguments(rules, i, tool)
         head = " [0-9]{1,4} ".join(
-            literal(part) for part in (fmt.call_open + fmt.head.replace("{name}", name)).split(
+            literal(part) for part in (fmt.call_open + fmt.head.replace("{name}", tool.name)).split(
                 "{index}"))  # fmt: skip
         alternatives.append(rules.add(f"call-{i}", f"{head} {args} {literal(fmt.call_close)}"))
     call = rules.add("call", " | ".join(alternatives))
@@ -148,12 +143,7 @@ def _grammar(fmt: SectionFormat, key: str, mode: str, parallel: bool, doc_key: s
                                f"{thinking} {literal(THINK_CLOSE)}".strip())  # fmt: skip
     root = f"({think})? {section}"
     if doc_key:  # auto with a response schema: calls, or the document
-        document = json.loads(doc_key)
-        try:
-            value = SchemaConverter(rules, document, "doc-").convert(document, "document")
-        except SchemaError as exc:
-            raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
-        root = f"({think})? ({section} | {value})"
+        root = f"({think})? ({section} | {document_rule(rules, doc_key)})"
     return GrammarSpec(rules.text(root))
 
 
