@@ -27,16 +27,14 @@ from chat.regex import parse_regex
 from chat.textgrammar import (
     Alt,
     Chars,
-    JsonText,
     Lit,
     Node,
-    PlainText,
     Ref,
     Rep,
     Seq,
     TextGrammarError,
-    TextWriter,
     no_case,
+    writer,
 )
 
 _TOKEN = re.compile(
@@ -320,17 +318,12 @@ def parse_lark(source: str) -> LarkGrammar:
     return LarkGrammar({n: rules[n] for n in rules if n in used})
 
 
-def _writer(rules: RuleSet, prefix: str, json_text: bool, names: dict[str, str] | None = None
-            ) -> TextWriter:  # fmt: skip
-    return (JsonText if json_text else PlainText)(rules, prefix, names)
-
-
 def lark_to_gbnf(source: str, rules: RuleSet, prefix: str, json_text: bool = True) -> str:
     """The GBNF expression (a rule of `rules`) for `source`'s sentences: their JSON text
     (`json_text`) or the text itself."""
     grammar = parse_lark(source)
     names = {n: rules.reserve(prefix + n.replace("_", "-")) for n in grammar.rules}
-    out = _writer(rules, prefix, json_text, names)
+    out = writer(rules, prefix, json_text, names)
     for name, body in grammar.rules.items():
         rules.define(names[name], out.expr(body))
     return names["start"]
@@ -344,5 +337,5 @@ def tool_input_gbnf(
     if syntax == "lark":
         return lark_to_gbnf(definition, rules, prefix, json_text)
     if syntax == "regex":
-        return _writer(rules, prefix, json_text).group(parse_regex(definition))
+        return writer(rules, prefix, json_text).group(parse_regex(definition))
     raise TextGrammarError(f"grammar syntax '{syntax}' is not supported; only lark and regex")

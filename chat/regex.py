@@ -26,10 +26,8 @@ from chat.textgrammar import (
     MAX_CODE,
     Alt,
     Chars,
-    JsonText,
     Lit,
     Node,
-    PlainText,
     Rep,
     Seq,
     TextGrammarError,
@@ -37,6 +35,7 @@ from chat.textgrammar import (
     complement,
     merged,
     no_case,
+    writer,
 )
 
 PatternError = TextGrammarError  # the name the schema and constraint layers catch
@@ -231,7 +230,7 @@ def parse_regex(pattern: str, flags: str = "") -> Node:
 def pattern_to_gbnf(pattern: str, rules: RuleSet) -> str:
     """A GBNF expression for the JSON text of strings that `pattern` matches (rules it
     needs are added to `rules`, which must also define chat.gbnf's `char`)."""
-    expr = JsonText(rules, "re-").group(parse_regex(pattern))
+    expr = writer(rules, "re-", json_text=True).group(parse_regex(pattern))
     start = "" if pattern.startswith(("^", "\\A")) else "char*"  # chat.gbnf's JSON char
     end = "" if _ANCHORED_END.search(pattern) else "char*"
     return " ".join(p for p in (start, expr, end) if p)
@@ -245,4 +244,4 @@ def regex_to_gbnf(pattern: str) -> str:
     """A complete grammar whose whole output matches `pattern` (anchors at its ends are
     allowed and change nothing: the match is always the whole output, as vLLM's)."""
     rules = RuleSet()
-    return rules.text(PlainText(rules, "re-").group(parse_regex(pattern)))
+    return rules.text(writer(rules, "re-", json_text=False).group(parse_regex(pattern)))

@@ -209,6 +209,12 @@ class JsonText(TextWriter):
         return self.rules.add(f"{self.prefix}chars", " | ".join(parts))
 
 
+def writer(rules: RuleSet, prefix: str, json_text: bool,
+           names: dict[str, str] | None = None) -> TextWriter:  # fmt: skip
+    """The JSON-text writer (`json_text`) or the plain one."""
+    return (JsonText if json_text else PlainText)(rules, prefix, names)
+
+
 def _escapes(codes: list[int]) -> str:
     """The JSON escapes of `codes` as one alternative after the backslash: the sampler
     then keeps one grammar stack for them, not one per character."""
