@@ -44,6 +44,7 @@ from server.config.model_entries import (
 from server.config.sources import hints, later_values, model_entries, read_toml, table
 from server.config.values import ConfigError
 from server.mcp.config import McpSection, McpServerSection, mcp_servers, validate_mcp
+from server.serving.replay import ReplaySection
 from server.telemetry.tracing import TracingSection
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -126,14 +127,6 @@ class ResponsesSection:
 
     max_stored: Count = 1000  # per API key
     ttl_s: Seconds = 3600.0
-
-
-@dataclass(frozen=True)
-class ReplaySection:
-    """Sampled tool turns kept so that a call sent back renders as the tokens the model
-    sampled, not as the template writes it again (server/serving/replay.py)."""
-
-    max_bytes: Count = 32 * 1024 * 1024  # per model, an LRU; 0: off
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Request
+from pydantic import Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from chat.replay import SampledTurn, prompt_digest
 from engine.client import FinishReason
@@ -82,6 +84,14 @@ class ReplayMemory:
                 return []
             self._entries.move_to_end(key)
             return list(found)
+
+
+@pydantic_dataclass(frozen=True)
+class ReplaySection:
+    """`[replay]`: sampled tool turns kept so that a call sent back renders as the tokens
+    the model sampled, not as the template writes it again."""
+
+    max_bytes: Annotated[int, Field(ge=0)] = 32 * 1024 * 1024  # per model, an LRU; 0: off
 
 
 @dataclass(slots=True)
