@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import Request
 from pydantic import Field
@@ -29,7 +29,6 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from chat.replay import SampledTurn, prompt_digest
 from engine.client import FinishReason
-from server.http.deps import Caller
 from server.serving.state import ChoiceState, ParsedCall
 
 Key = tuple[Any, ...]
@@ -182,10 +181,18 @@ def _bytes(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
+class _Caller(Protocol):
+    """server.http.deps.Caller, by what is read of it (that module imports the config
+    tree, which imports this one)."""
+
+    @property
+    def tenant(self) -> str: ...
+
+
 def request_replay(
     request: Request,
     model_id: str,
-    caller: Caller,
+    caller: _Caller,
     *,
     id_of: Callable[[str], str] = _same_id,
     by_calls: bool = False,
