@@ -47,6 +47,21 @@ class Generation:
                 self._open.discard(index)
             yield index, output
 
+    async def outputs(self, idle_s: float) -> AsyncIterator[tuple[int, SeqOutput] | None]:
+        """As iterating, and None after every `idle_s` seconds without an output (a
+        stream's heartbeat, sent in its order with the rest: a long prefill is silent).
+        Waiting on the queue is cancelled by the timeout, never the iteration."""
+        while self._open:
+            try:
+                async with asyncio.timeout(idle_s):
+                    index, output = await self._queue.get()
+            except TimeoutError:
+                yield None
+                continue
+            if output.finish_reason is not None:
+                self._open.discard(index)
+            yield index, output
+
     def ready_nowait(self) -> list[tuple[int, SeqOutput]]:
         """Outputs already waiting, without blocking (lets a slow reader coalesce)."""
         items = []

@@ -114,12 +114,20 @@ def merged(
     return list(by_index.items())
 
 
-async def increments(generation: Generation) -> AsyncIterator[list[tuple[int, Choice]]]:
+async def increments(
+    generation: Generation, beat_s: float | None = None
+) -> AsyncIterator[list[tuple[int, Choice]]]:
+    """The outputs ready at each wake-up, merged per choice; with `beat_s`, an empty
+    list after every `beat_s` seconds without one (the stream's heartbeat)."""
     record = current_record()
     if record is not None:
         record.watch(generation)
     async with generation:
-        async for item in generation:
+        items = generation if beat_s is None else generation.outputs(beat_s)
+        async for item in items:
+            if item is None:
+                yield []
+                continue
             rest = generation.ready_nowait()
             if record is not None:
                 for index, out in [item, *rest]:
@@ -127,10 +135,13 @@ async def increments(generation: Generation) -> AsyncIterator[list[tuple[int, Ch
             yield merged(item, rest)
 
 
-async def steps(generation: Generation, states: list[ChoiceState]) -> AsyncIterator[list[Step]]:
-    """The parsed steps of each increment. A choice the engine failed raises the
-    ServerError naming the cause (a stream turns it into its error tail)."""
-    async for increment in increments(generation):
+async def steps(
+    generation: Generation, states: list[ChoiceState], beat_s: float | None = None
+) -> AsyncIterator[list[Step]]:
+    """The parsed steps of each increment (with `beat_s`, an empty list is a heartbeat:
+    see `increments`). A choice the engine failed raises the ServerError naming the
+    cause (a stream turns it into its error tail)."""
+    async for increment in increments(generation, beat_s):
         out = []
         for index, inc in increment:
             if inc.finish_reason is FinishReason.ERROR:

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from chat.callstream import Delta
 from engine.client import Generation
+from server.serving import sse
 from server.serving.drive import steps
 from server.serving.state import ChoiceState
 
@@ -24,10 +25,16 @@ class EventBuilder(Protocol):
 
 
 async def named_events(
-    generation: Generation, state: ChoiceState, builder: EventBuilder
+    generation: Generation,
+    state: ChoiceState,
+    builder: EventBuilder,
+    beat: NamedEvent | None = None,
 ) -> AsyncIterator[NamedEvent]:
-    """The events `builder` makes of one choice's output, increment by increment."""
-    async for increment in steps(generation, [state]):
+    """The events `builder` makes of one choice's output, increment by increment; with
+    `beat`, that event after every sse.HEARTBEAT_S seconds without output."""
+    async for increment in steps(generation, [state], None if beat is None else sse.HEARTBEAT_S):
+        if not increment and beat is not None:
+            yield beat
         for step in increment:
             builder.feed(step.deltas)
         for event in builder.drain():

@@ -22,31 +22,21 @@ DONE = "[DONE]"
 Event = str | ServerSentEvent
 
 
-# How often a stream sends its heartbeat, whatever else it sends. Agents drop a stream
-# that stays silent past a watchdog (Claude Code and Codex: about 300 s) and retry it
+# How long a stream may stay silent before it sends a heartbeat. Agents drop a stream
+# that sends no event past a watchdog (Claude Code and Codex: about 300 s) and retry it
 # from scratch, and a cold prefill of their 15-20k-token prompts can take that long on a
 # small CPU. Their watchdogs count events, not SSE comments, so the heartbeat is an event
-# of the API's own (Anthropic's `ping`, a repeated `response.in_progress`, an empty chat
-# delta) where the stream has one; proxies that close idle connections are kept off too.
-HEARTBEAT_S = 5
+# of the API's own (Anthropic's `ping`, `response.in_progress` again, a chat chunk with
+# an empty delta), sent by the stream itself in its order (`drive.increments`), never
+# after its last event. The SSE comment every 15 s is for proxies.
+HEARTBEAT_S = 5.0
 
 
-def event_stream(
-    events: AsyncIterator[Event],
-    on_close: Callable[[], None],
-    heartbeat: Callable[[], ServerSentEvent] | None = None,
-) -> EventSourceResponse:
+def event_stream(events: AsyncIterator[Event], on_close: Callable[[], None]) -> EventSourceResponse:
     """The SSE response. `on_close` runs after the stream in every case, also when the
     client left before the first event. A str is one data line; a ServerSentEvent may
-    carry an event name. `heartbeat` makes the event sent every HEARTBEAT_S seconds (by
-    default an SSE comment)."""
-    return EventSourceResponse(events, sep="\n", ping=HEARTBEAT_S,
-                               ping_message_factory=heartbeat,
-                               background=BackgroundTask(on_close))  # fmt: skip
-
-
-def anthropic_ping() -> ServerSentEvent:
-    return named("ping", {})
+    carry an event name."""
+    return EventSourceResponse(events, sep="\n", ping=15, background=BackgroundTask(on_close))
 
 
 def data(payload: dict[str, Any]) -> str:
@@ -83,10 +73,3 @@ def chunk_framing(
         }
     )
     return head[:-1] + ',"choices":', (',"usage":null}' if include_usage else "}")
-
-
-def chunk_heartbeat(head: str, tail: str) -> Callable[[], ServerSentEvent]:
-    """A chat/completions stream's heartbeat: a chunk with an empty delta, which every
-    client reads as "nothing new" (no content, no call, no finish)."""
-    beat = head + '[{"index":0,"delta":{},"logprobs":null,"finish_reason":null}]' + tail
-    return lambda: ServerSentEvent(data=beat, sep="\n")

@@ -13,7 +13,7 @@ import pytest
 from cache import CacheConfig, CacheHit
 from engine.engine import Engine
 from engine.sessions import SessionLimits
-from engine.types import GenerateRequest, SamplingParams, SessionBusyError, SessionNotFoundError
+from engine.types import GenerateRequest, SamplingParams, SessionNotFoundError
 from tests.helpers.exact import reused
 from tests.integration.test_engine import start as start_engine
 
@@ -169,13 +169,15 @@ async def test_session_turns_fork_and_isolation(cold: Engine) -> None:
         # Ids are per tenant: k2's "main" is a new session of its own.
         await run(engine, a, session_id="main", tenant="k2")
         assert engine.get_session("k2", "main") is not engine.get_session("k1", "main")
-        # One request at a time per session.
+        # One request at a time per session: a second one at once runs unpinned (the
+        # default `when_busy`), and the session stays the first one's.
         request = GenerateRequest("r1", a, GREEDY, max_tokens=24, session_id="main", tenant="k1")
         generation = await engine.generate([request])
-        with pytest.raises(SessionBusyError):
-            await run(engine, a, session_id="main", tenant="k1")
+        text, _ = await run(engine, a, session_id="main", tenant="k1")
+        assert text and engine.get_session("k1", "main").in_flight
         async for _ in generation:
             pass
+        assert not engine.get_session("k1", "main").in_flight
         engine.delete_session("k1", "branch")
         with pytest.raises(SessionNotFoundError):
             engine.get_session("k1", "branch")

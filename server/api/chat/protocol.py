@@ -67,14 +67,16 @@ class JsonSchemaFormat(RequestModel):
     strict: bool | None = None
 
 
-# Defined by OpenAI for chat, not implemented here: refused when set.
+# Defined by OpenAI for chat, not implemented here: refused when set. (`metadata`
+# labels a stored completion; nothing is stored without `store`, which is refused, so
+# it is a hint, accepted and logged with the other unknown fields: opencode and the AI
+# SDK send it.)
 CHAT_UNSUPPORTED = (
     "functions",
     "function_call",
     "audio",
     "prediction",
     "web_search_options",
-    "metadata",
 )
 
 

@@ -74,8 +74,7 @@ async def serve_chat(
         framing = sse.chunk_framing("chat.completion.chunk", response_id, created,
                                     engine.info.model_id, include_usage)  # fmt: skip
         events = _stream(engine, generation, prepared, framing, include_usage)
-        stream = sse.event_stream(events, on_close=generation.abort,
-                                  heartbeat=sse.chunk_heartbeat(*framing))  # fmt: skip
+        stream = sse.event_stream(events, on_close=generation.abort)
         stream.headers[DROPPED_HEADER] = str(prepared.dropped)
         return stream
     response.headers[DROPPED_HEADER] = str(prepared.dropped)
@@ -127,7 +126,10 @@ async def _stream(
     states = prepared.states()
     yield chunk([part(s.index, {"role": "assistant", "content": ""}) for s in states])
     try:
-        async for increment in steps(generation, states):
+        async for increment in steps(generation, states, sse.HEARTBEAT_S):
+            if not increment:  # the heartbeat: a chunk every client reads as nothing new
+                yield chunk([part(0, {})])
+                continue
             parts: list[dict[str, Any]] = []
             finals: list[dict[str, Any]] = []
             for step in increment:

@@ -71,8 +71,8 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
     log.info("message %s: %d prompt tokens, stream=%s", message["id"], len(prepared.prompt),
              body.stream)  # fmt: skip
     if body.stream:
-        return sse.event_stream(_stream(generation, prepared, message), on_close=generation.abort,
-                                heartbeat=sse.anthropic_ping)  # fmt: skip
+        return sse.event_stream(_stream(generation, prepared, message),
+                                on_close=generation.abort)  # fmt: skip
     (choice,) = await until_disconnect(request, collect(generation, 1))
     step = prepared.finish(0, choice)
     blocks = Blocks()
@@ -169,8 +169,8 @@ async def _stream(
     generation: Generation, prepared: Prepared, message: dict[str, Any]
 ) -> AsyncIterator[ServerSentEvent]:
     """message_start waits for the engine to place the request, so that its usage
-    carries the cache split (clients show it at once); until then, and throughout,
-    the heartbeat pings (sse.anthropic_ping) keep the client's watchdog fed."""
+    carries the cache split (clients show it at once); until then, and whenever the
+    stream is silent for sse.HEARTBEAT_S, a `ping` keeps the client's watchdog fed."""
     blocks = Blocks()
     (state,) = prepared.states()
     started = False
@@ -181,7 +181,10 @@ async def _stream(
                 sse.named("ping", {})]  # fmt: skip
 
     try:
-        async for increment in steps(generation, [state]):
+        async for increment in steps(generation, [state], sse.HEARTBEAT_S):
+            if not increment:
+                yield sse.named("ping", {})
+                continue
             if not started:
                 started = True
                 for event in start():

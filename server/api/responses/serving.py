@@ -12,6 +12,7 @@ session (X-Kvserve-Session, what a load balancer routes on) runs on that one ins
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import time
@@ -248,19 +249,20 @@ async def _stream(
     keep: Any,
     builder: OutputBuilder,
 ) -> AsyncIterator[ServerSentEvent]:
-    """The documented event sequence, every event numbered by `sequence_number`."""
-    number = 0
+    """The documented event sequence, every event numbered by `sequence_number`; while
+    the stream is silent (a long prefill), `response.in_progress` again every
+    sse.HEARTBEAT_S (Codex drops a stream that sends no event for 300 s)."""
+    numbers = itertools.count()
 
     def event(name: str, payload: dict[str, Any]) -> ServerSentEvent:
-        nonlocal number
-        number += 1
-        return sse.named(name, {**payload, "sequence_number": number - 1})
+        return sse.named(name, {**payload, "sequence_number": next(numbers)})
 
     yield event("response.created", {"response": response})
     yield event("response.in_progress", {"response": response})
     (state,) = prepared.states()
     try:
-        async for name, payload in named_events(generation, state, builder):
+        beat = ("response.in_progress", {"response": response})
+        async for name, payload in named_events(generation, state, builder, beat):
             yield event(name, payload)
     except APIError as err:
         final = _finished(engine, response, builder, state.total, len(prepared.prompt), err)

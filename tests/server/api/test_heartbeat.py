@@ -54,3 +54,20 @@ async def test_chat_stream_sends_empty_deltas_during_prefill(
                for c in beats)  # fmt: skip
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == REPLY
+
+
+async def test_responses_stream_repeats_in_progress_during_prefill(
+    make_client: ClientFactory, slow_prefill: FakeEngine
+) -> None:
+    client = make_client(slow_prefill)
+    body = {"model": MODEL, "stream": True, "input": "Hi"}
+    r = await client.post("/v1/responses", json=body)
+    assert not any(line.startswith(":") for line in r.text.splitlines())
+    events = named_events(r.text)
+    names = [name for name, _ in events]
+    assert names[:2] == ["response.created", "response.in_progress"]
+    first_item = names.index("response.output_item.added")
+    assert names[2:first_item].count("response.in_progress") >= 3, names
+    assert names[-1] == "response.completed"
+    numbers = [data["sequence_number"] for _, data in events]
+    assert numbers == list(range(len(numbers)))  # one count for the events and the beats
