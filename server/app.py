@@ -150,7 +150,8 @@ def _served_models(
         if model.on_demand:
             the_engine.state = EngineState.UNLOADED  # until a request needs it
         served.append(model)
-    return ModelRegistry(served)
+    names = settings.model_names
+    return ModelRegistry(served, names.patterns, any_with_one=names.any_with_one_model)
 
 
 def _hub_models(

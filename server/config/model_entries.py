@@ -1,5 +1,6 @@
 """The `[[models]]` entries: one served model each (its names, its file or hub source,
-its chat template, its LoRA adapters, its own engine settings), and their checks."""
+its chat template, its LoRA adapters, its own engine settings), and their checks; and
+`[model_names]`, the names no entry has."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
 
 from engine.client import EngineSettings
 from server.config.values import ConfigError
@@ -168,3 +170,44 @@ def chat_template_source(model: ModelSection) -> str | None:
     if os.path.isfile(value):
         return Path(value).read_text(encoding="utf-8")
     return value
+
+
+def _name_patterns(values: tuple[str, ...]) -> tuple[str, ...]:
+    for value in values:
+        pattern, sep, target = value.partition("=")
+        if not sep or not pattern.strip() or not target.strip():
+            raise PydanticCustomError(
+                "alias", "{value} is not 'pattern=model' such as 'claude-*=qwen3'",
+                {"value": repr(value)},
+            )  # fmt: skip
+    return values
+
+
+@dataclass(frozen=True)
+class ModelNamesSection:
+    """How a request's model name that no model is called finds one
+    (server/models/served.py, `ModelRegistry.stand_in`): agents name models this server
+    does not serve (Claude Code a Haiku for its background requests, Codex gpt-5-codex)."""
+
+    # With a single model served, a request naming any model gets it (llama-server's
+    # way); false: a name no model has is a 404.
+    any_with_one_model: bool = True
+    # "pattern=model": a name matching the glob (*, ?, [..]; case ignored) is answered
+    # by that model (an id or alias); the first match wins. E.g. "claude-*=qwen3".
+    aliases: Annotated[tuple[str, ...], AfterValidator(_name_patterns)] = ()
+
+    @property
+    def patterns(self) -> tuple[tuple[str, str], ...]:
+        """`aliases` as (glob, model name) pairs."""
+        pairs = (a.partition("=") for a in self.aliases)
+        return tuple((pattern.strip(), target.strip()) for pattern, _, target in pairs)
+
+    def check(self, models: tuple[ModelSection, ...]) -> None:
+        """A pattern must name a configured model (an id or alias): at start, not on
+        the first request it matches."""
+        names = {n for m in models for n in (m.id, *m.aliases)}
+        for pattern, target in self.patterns:
+            if target not in names:
+                known = ", ".join(sorted(names))
+                raise ConfigError(f"model_names.aliases: {pattern!r} names {target!r}, which "
+                                  f"no model is called (models: {known})")  # fmt: skip

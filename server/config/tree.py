@@ -34,6 +34,7 @@ from server.config.mask import masked
 from server.config.model_entries import (
     HubSection,
     LoraSection,
+    ModelNamesSection,
     ModelSection,
     chat_template_source,
     check_models,
@@ -170,6 +171,7 @@ class Settings:
     server: ServerSection = field(default_factory=ServerSection)
     engine: EngineSettings = field(default_factory=EngineSettings)
     models: tuple[ModelSection, ...] = (ModelSection(),)
+    model_names: ModelNamesSection = field(default_factory=ModelNamesSection)
     cache: CacheConfig = field(default_factory=lambda: CacheConfig(disk_dir=AUTO_DISK_DIR))
     hub: HubSection = field(default_factory=HubSection)
     loading: LoadingSection = field(default_factory=LoadingSection)
@@ -206,6 +208,7 @@ SECTIONS: dict[str, type] = {
     "sessions": SessionLimits,
     "responses": ResponsesSection,
     "replay": ReplaySection,
+    "model_names": ModelNamesSection,
     "auth": AuthSection,
     "metrics": MetricsSection,
     "logging": LoggingSection,
@@ -329,6 +332,7 @@ def _validate(s: Settings, labels: list[str]) -> None:
     if s.server.max_body_bytes_total < s.server.max_body_bytes:
         raise ConfigError("server.max_body_bytes_total: must be at least server.max_body_bytes")
     check_models(labels, s.models, s.hub)
+    s.model_names.check(s.models)
     validate_mcp(s.mcp)
 
 
@@ -357,6 +361,7 @@ __all__ = [
     "LoggingSection",
     "LoraSection",
     "MetricsSection",
+    "ModelNamesSection",
     "ModelSection",
     "ResponsesSection",
     "ServerSection",

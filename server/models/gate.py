@@ -45,7 +45,7 @@ from server.api.responses.protocol import ResponsesRequest
 from server.http.deps import GATED_MODEL, leave_gated_body
 from server.http.errors import APIError
 from server.models.keep_alive import keep_alive_refusal
-from server.models.served import resolve_ollama_model
+from server.models.served import requested_model
 
 if TYPE_CHECKING:
     from server.models.loader import ModelLoader
@@ -112,13 +112,12 @@ class ModelGate:
         name: Any = None  # the model's name in the body (none for the default model's paths)
         if path in DEFAULT_MODEL_PATHS:
             served = self.loader.models.default
-        elif ollama:
-            name = (fields.get("model") or fields.get("name")) if isinstance(fields, dict) else None
-            models = self.loader.models
-            served = resolve_ollama_model(models, name) if isinstance(name, str) else None
         else:
             name = fields.get("model") if isinstance(fields, dict) else None
-            served = self.loader.models.find(name) if isinstance(name, str) else None
+            if ollama and isinstance(fields, dict):
+                name = fields.get("model") or fields.get("name")
+            models = self.loader.models
+            served = requested_model(models, name, ollama=ollama) if isinstance(name, str) else None
         if served is not None and isinstance(name, str):
             # the route reads it (deps.gated_model) instead of looking the name up again
             scope.setdefault("state", {})[GATED_MODEL] = (name, served)

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvserve.server")
 
 PREFIXES = ("hf.co/", "huggingface.co/")
+MISS_RESCAN_S = 1.0  # the least time between two looks at the hub cache for unknown names
 # A file's quant tag, as a whole word of its name: "SmolLM2.Q4_K_M.gguf" -> "Q4_K_M".
 _QUANT = re.compile(r"(?:^|[-._])(I?Q\d[A-Z0-9_]*|BF16|F16|F32)(?=[-.])", re.IGNORECASE)
 _SHARD = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
@@ -140,6 +141,7 @@ class HubModels:
         self.follow = follow  # rescan the directory (a server's; tests that name one)
         self._seen: frozenset[str] | None = None  # the snapshot links of the last scan
         self._deleting: set[str] = set()  # files a delete here is removing: not found
+        self._missed_at = -MISS_RESCAN_S  # time.monotonic() of the last look on a miss
         if follow:
             models.on_miss = self.found
 
@@ -219,10 +221,16 @@ class HubModels:
 
     def found(self, name: str) -> bool:
         """A request named `name`, which nothing here serves: when it is a hub name,
-        look at the directory again (another replica may have pulled it). Whether it
-        did look."""
+        look at the directory again (another replica may have pulled it), unless a look
+        was taken less than `MISS_RESCAN_S` ago. Whether it did look. (The look walks
+        the cache's directories on the event loop: a client naming unknown hub models
+        in a loop costs one walk per interval, not one per request.)"""
         if HubName.parse(name) is None:
             return False
+        now = time.monotonic()
+        if now - self._missed_at < MISS_RESCAN_S:
+            return False
+        self._missed_at = now
         return self.rescan()
 
     def rescan(self) -> bool:

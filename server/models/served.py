@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -59,9 +60,18 @@ class ServedModel:
 
 
 class ModelRegistry:
-    """Served models by name; the first one is the default (for /tokenize and the like)."""
+    """Served models by name; the first one is the default (for /tokenize and the like).
 
-    def __init__(self, models: list[ServedModel]):
+    `patterns`: (glob, served name) pairs, `[model_names] aliases`; `any_with_one`: with
+    a single model served, a name nothing else matches means it (`stand_in`)."""
+
+    def __init__(
+        self,
+        models: list[ServedModel],
+        patterns: tuple[tuple[str, str], ...] = (),
+        *,
+        any_with_one: bool = False,
+    ):
         if not models:
             raise ValueError("at least one model is needed")
         self.models = models
@@ -71,6 +81,12 @@ class ModelRegistry:
                 if name in self._by_name:
                     raise ValueError(f"the model name {name!r} is used twice")
                 self._by_name[name] = model
+        for pattern, target in patterns:
+            if target not in self._by_name:
+                raise ValueError(f"the alias pattern {pattern!r} names {target!r}, "
+                                 "which no model serves")  # fmt: skip
+        self.patterns = patterns
+        self.any_with_one = any_with_one
         # Asked when a request names a model not served here: True when it looked for
         # more (server/models/hub_models.py: the hub cache that replicas share), so ask again.
         self.on_miss: Callable[[str], bool] | None = None
@@ -84,6 +100,19 @@ class ModelRegistry:
         if served is None and self.on_miss is not None and self.on_miss(name):
             served = self._by_name.get(name)
         return served
+
+    def stand_in(self, name: str) -> ServedModel | None:
+        """The model that answers a request naming `name`, which no model is called:
+        the first `patterns` glob it matches (ignoring case), else, with `any_with_one`
+        and a single model served, that one (as llama-server answers any name); else
+        None (a 404). Model management (show, copy, delete, load) names models exactly."""
+        folded = name.lower()
+        for pattern, target in self.patterns:
+            if fnmatch.fnmatchcase(folded, pattern.lower()):
+                return self._by_name.get(target)
+        if self.any_with_one and len(self.models) == 1:
+            return self.models[0]
+        return None
 
     # -- models and names added at run time (server/models/hub_models.py, /api/copy) ----------
 
@@ -161,8 +190,12 @@ def matching_names(models: ModelRegistry, name: str) -> list[str]:
     case, Hugging Face's are not): more than one when only case tells them apart."""
     base = name.removesuffix(":latest")
     candidates = [name, base, f"{base}:latest"]
-    for candidate in candidates:
-        if models.find(candidate) is not None:  # a miss looks at a shared hub cache again
+    # A miss looks at a shared hub cache again (it walks the cache's directories): once,
+    # for the name as given, not once per spelling.
+    if models.find(name) is not None:
+        return [name]
+    for candidate in candidates[1:]:
+        if models.get(candidate) is not None:
             return [candidate]
     folded = {c.lower() for c in candidates}
     return [n for n in models.names() if n.lower() in folded]
@@ -172,3 +205,12 @@ def resolve_ollama_model(models: ModelRegistry, name: str) -> ServedModel | None
     """The served model an Ollama name means (`matching_names`' first), or None."""
     names = matching_names(models, name)
     return models.get(names[0]) if names else None
+
+
+def requested_model(models: ModelRegistry, name: str, *, ollama: bool) -> ServedModel | None:
+    """The model that answers a request for a generation (or embeddings, tokens...)
+    naming `name`: the one so named (in Ollama's way on its routes), else its stand-in
+    (`ModelRegistry.stand_in`); None: a 404. The one rule for every API (the model
+    gate, server/models/gate.py, resolves each such request's name here)."""
+    served = resolve_ollama_model(models, name) if ollama else models.find(name)
+    return served if served is not None else models.stand_in(name)

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from server.config.tree import LoadingSection, Settings
+from server.config.tree import LoadingSection, ModelNamesSection, Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 
@@ -441,7 +441,10 @@ async def test_bad_chat_requests_are_400_naming_the_field(
     assert fake.submitted == []  # nothing reached the engine
 
 
-async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
+async def test_unknown_model_is_404(make_client: ClientFactory, fake: FakeEngine) -> None:
+    # A single model answers any name unless [model_names] any_with_one_model is off.
+    names = ModelNamesSection(any_with_one_model=False)
+    client = make_client(fake, settings=Settings(model_names=names))
     error = assert_error(
         await client.post("/v1/chat/completions", json=chat(model="gpt-4o")), 404, "model"
     )

@@ -8,7 +8,10 @@ from typing import Any
 import httpx
 import pytest
 
+from server.config.tree import ModelNamesSection, Settings
 from server.models.served import ModelRegistry
+from tests.conftest import ClientFactory
+from tests.fakes import FakeEngine
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -49,8 +52,10 @@ async def test_an_ollama_chat_looks_its_model_up_once(
 
 
 async def test_an_unknown_model_is_still_the_routes_404(
-    client: httpx.AsyncClient, lookups: list[str]
+    make_client: ClientFactory, fake: FakeEngine, lookups: list[str]
 ) -> None:
+    names = ModelNamesSection(any_with_one_model=False)  # else one model answers any name
+    client = make_client(fake, settings=Settings(model_names=names))
     response = await client.post("/v1/chat/completions", json={"model": "nope", **CHAT})
     assert response.status_code == 404
     assert response.json()["error"]["param"] == "model"

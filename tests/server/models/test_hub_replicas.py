@@ -13,7 +13,7 @@ import pytest
 from huggingface_hub import constants
 
 from server.app import create_app
-from server.config.tree import HubSection, ModelSection, Settings
+from server.config.tree import HubSection, ModelNamesSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 from tests.helpers.hub_standin import HubFile, StandIn, fake_gguf, serving
 
@@ -38,7 +38,8 @@ async def replicas(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ...
     shared = HubSection(cache_dir=str(tmp_path / "hf"))  # one volume, mounted by both
     clients = []
     for _ in range(2):
-        settings = Settings(models=(ModelSection(id="fake-model"),), hub=shared)
+        settings = Settings(models=(ModelSection(id="fake-model"),), hub=shared,
+                            model_names=ModelNamesSection(any_with_one_model=False))  # fmt: skip
         app = create_app(settings, FakeEngine())
         # Pulled models load as fakes (the file is a GGUF by its magic only).
         app.state.hub_models.make_engine = lambda model_id, path: FakeEngine(model_id=model_id)

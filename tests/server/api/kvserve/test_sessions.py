@@ -7,6 +7,7 @@ import asyncio
 import httpx
 
 from engine.sessions import SessionLimits
+from server.config.tree import ModelNamesSection, Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 
@@ -184,7 +185,9 @@ async def test_cache_endpoints(client: httpx.AsyncClient, fake: FakeEngine) -> N
     assert (await client.post("/v1/cache/warm", json=chat)).json()["tokens"] > 10
 
 
-async def test_cache_warm_bad_input(client: httpx.AsyncClient) -> None:
+async def test_cache_warm_bad_input(make_client: ClientFactory, fake: FakeEngine) -> None:
+    names = ModelNamesSection(any_with_one_model=False)  # else one model answers any name
+    client = make_client(fake, settings=Settings(model_names=names))
     base = {"model": "fake-model"}
     error(await client.post("/v1/cache/warm", json=base), 400)
     error(await client.post("/v1/cache/warm", json={**base, "prompt": "a", "messages": [

@@ -11,6 +11,7 @@ import pytest
 
 from server.api.messages.input import message_options
 from server.api.messages.protocol import CountTokensRequest, MessagesRequest
+from server.config.tree import AuthSection, ModelNamesSection, Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.server.api.responses.test_responses import named_events
@@ -154,7 +155,9 @@ async def test_count_tokens_matches_usage(client: httpx.AsyncClient) -> None:
 
 
 async def test_x_api_key_and_error_envelope(make_client: ClientFactory, fake: FakeEngine) -> None:
-    client = make_client(fake, api_keys=("k1",))
+    names = ModelNamesSection(any_with_one_model=False)  # else one model answers any name
+    client = make_client(fake, settings=Settings(auth=AuthSection(api_keys=("k1",)),
+                                                 model_names=names))  # fmt: skip
     assert (await post(client, req(), **{"x-api-key": "k1"})).status_code == 200
     assert_anthropic_error(await post(client, req()), 401, "authentication_error")
     assert_anthropic_error(await post(client, req(), **{"x-api-key": "nope"}), 401,

@@ -17,6 +17,7 @@ import pytest
 from engine.client import EngineState
 from server.api.ollama.common import resolve_ollama_model
 from server.api.ollama.show import parameter_size
+from server.config.tree import ModelNamesSection, Settings
 from server.http.errors import BadRequest
 from server.models.keep_alive import parse_keep_alive
 from tests.conftest import ClientFactory
@@ -335,8 +336,12 @@ BAD = [
 
 @pytest.mark.parametrize(("path", "body", "status", "says"), BAD)
 async def test_bad_input(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any], status: int, says: str
+    make_client: ClientFactory, fake: FakeEngine, path: str, body: dict[str, Any], status: int,
+    says: str,
 ) -> None:
+    # Unknown names are 404s with [model_names] any_with_one_model off (else the one model).
+    names = ModelNamesSection(any_with_one_model=False)
+    client = make_client(fake, settings=Settings(model_names=names))
     r = await client.post(path, json=body)
     assert_error(r, status, says)
 

@@ -14,7 +14,7 @@ import pytest
 from engine.engine import EngineState
 from server.api.ollama.show import quantization_level
 from server.app import create_app
-from server.config.tree import AuthSection, HubSection, ModelSection, Settings
+from server.config.tree import AuthSection, HubSection, ModelNamesSection, ModelSection, Settings
 from tests.fakes import FakeEngine
 from tests.helpers.hub_standin import HubFile, StandIn, fake_gguf, point_hub_at, serving
 
@@ -42,6 +42,8 @@ async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
         models=(ModelSection(id="fake-model", aliases=("fm",)),),
         hub=HubSection(cache_dir=str(tmp_path / "hf")),
         auth=AuthSection(admin_api_keys=("k",)),  # model management takes an admin key
+        # A name no model has is a 404 (else the one model answers it): what is deleted is gone.
+        model_names=ModelNamesSection(any_with_one_model=False),
     )
     app = create_app(settings, FakeEngine())
     transport = httpx.ASGITransport(app=app)
