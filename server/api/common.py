@@ -117,7 +117,7 @@ class SamplingExtras(RequestModel):
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     seed: int | None = None
     user: str | None = None
-    # kvserve: a sticky session (or the X-Session-Id header) and a prefix-cache salt
+    # kvserve: a sticky session (or the X-Kvserve-Session header) and a prefix-cache salt
     session_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     cache_salt: Annotated[str, Field(max_length=256)] | None = None
     lora: Annotated[list[LoraRef], Field(max_length=64)] | None = None  # LoRA adapters

@@ -1,5 +1,5 @@
 """Stored responses meet sessions, keys and replicas (issue 17, items 2, 4 and 5): the
-X-Session-Id header, a chain's own session pool, per-key bounds, and a chain continued
+X-Kvserve-Session header, a chain's own session pool, per-key bounds, and a chain continued
 on another replica through the shared Redis."""
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ async def test_the_session_header_names_the_chains_session(build: Build) -> None
     """Item 2: the header nginx routes on was a 400 about a field nobody sent."""
     fake = FakeEngine(n_ctx=8192)
     client = build(fake)
-    first = await respond(client, {**K1, "X-Session-Id": "conv-7"})
+    first = await respond(client, {**K1, "X-Kvserve-Session": "conv-7"})
     assert fake.submitted[-1].session_id == "conv-7"
     assert fake.submitted[-1].session_pool is SessionPool.NAMED  # the client's own session
-    await respond(client, {**K1, "X-Session-Id": "conv-7"}, input="more",
+    await respond(client, {**K1, "X-Kvserve-Session": "conv-7"}, input="more",
                   previous_response_id=first["id"])  # fmt: skip
     assert fake.submitted[-1].session_id == "conv-7"
     await client.delete(f"/v1/responses/{first['id']}", headers=K1)
