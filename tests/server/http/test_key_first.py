@@ -258,8 +258,8 @@ async def test_a_client_that_leaves_mid_upload_is_a_499(app: Any) -> None:
                     "headers": [(b"host", b"test"), (b"authorization", f"Bearer {KEY}".encode()),
                                 (b"content-length", b"1000")],
                     "server": ("test", 80), "client": ("10.0.0.1", 5000)}  # fmt: skip
-    messages = [{"type": "http.request", "body": b'{"model": ', "more_body": True},
-                {"type": "http.disconnect"}]  # fmt: skip
+    messages: list[Message] = [{"type": "http.request", "body": b'{"model": ', "more_body": True},
+                               {"type": "http.disconnect"}]  # fmt: skip
 
     async def receive() -> Message:
         return messages.pop(0)

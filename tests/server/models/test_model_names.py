@@ -142,7 +142,12 @@ async def test_an_unknown_hub_name_looks_at_the_hub_cache_once(tmp_path: Path) -
                         model_names=ModelNamesSection(any_with_one_model=False))  # fmt: skip
     app = create_app(settings, FakeEngine(model_id="m"))
     looks: list[float] = []
-    app.state.hub_models.rescan = lambda: looks.append(time.monotonic()) or True
+
+    def rescan() -> bool:
+        looks.append(time.monotonic())
+        return True
+
+    app.state.hub_models.rescan = rescan
     async with client_of(app) as c:
         for _ in range(3):
             r = await ask(c, "ollama", "hf.co/org/nothing:Q4_K_M")
