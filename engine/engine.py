@@ -281,8 +281,18 @@ class Engine(Submitting, SessionOps, CacheOps):
             text, add_special=add_special, parse_special=parse_special
         )
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._require_model().detokenize(tokens)
+    def detokenize(
+        self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False
+    ) -> str:
+        """llama.cpp's detokenize: specials dropped unless `unparse_special`; with
+        `remove_special`, the BOS/EOS the vocabulary adds left out."""
+        return self._require_model().detokenize(
+            tokens, special=unparse_special, remove_special=remove_special
+        )
+
+    def special_piece(self, token: int) -> bytes:
+        """The token's bytes with a special token written as its text (/tokenize's pieces)."""
+        return self._require_model().special_piece(token)
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a generated token contributes to the text (b"" for control tokens)."""

@@ -242,6 +242,7 @@ def _model_info(
         loras=cfg.loras,
         metadata=model.metadata(),
         fim_tokens=model.fim_tokens(),
+        special_tokens=model.special_tokens(),
         embed_n_ctx=cfg.embed_n_ctx if cfg.embeddings else 0,
         speculative_ok=cfg.flash_attn and not family.whole_state,
         family=family,

@@ -14,6 +14,7 @@ from cache import CacheStats  # re-exported: server/ reports them and may not im
 from cache import StoreCall as StoreCall
 from cache import TierStats as TierStats
 from engine.family import ModelFamily as ModelFamily  # re-exported for the server
+from engine.special_tokens import SpecialTokens as SpecialTokens  # re-exported too
 
 
 class EngineState(enum.StrEnum):
@@ -246,6 +247,7 @@ class ModelInfo:
     metadata: tuple[tuple[str, str], ...] = ()
     fim_tokens: tuple[int, int, int] | None = None
     embed_n_ctx: int = 0
+    special_tokens: SpecialTokens = SpecialTokens()  # the vocabulary's (engine/special_tokens.py)
     # Speculative decoding gives plain decoding's tokens only with flash attention (a
     # verified chunk of 2+ rows runs other kernels than a one-row decode without it).
     speculative_ok: bool = True

@@ -32,6 +32,7 @@ from engine.types import (
     SeqOutput,
     SessionBusyError,
     SlotView,
+    SpecialTokens,
     TenantCacheView,
     Timings,
     TokenLogprob,
@@ -41,6 +42,9 @@ from engine.validation import check_context, check_logit_bias
 
 PIECES = [bytes([i]) for i in range(256)] + [b""] * 4
 EOS = 256
+BOS = 257  # in the vocabulary, not added (add_bos is False)
+# The special tokens' text (llama.cpp's unparse_special), as /tokenize's pieces show it.
+SPECIAL_TEXT = {EOS: b"<|im_end|>", BOS: b"<s>"}
 
 
 class FakeEngine:
@@ -88,6 +92,7 @@ class FakeEngine:
             bos_token="",
             eos_token="<|im_end|>",
             add_bos=False,
+            special_tokens=SpecialTokens(bos=BOS, eos=EOS, eot=EOS, nl=10),
             family=ModelFamily("llama", n_ctx_train=n_ctx, n_params=1000, n_layer=2, n_embd=8,
                                size_bytes=4096, quantization="F32"),  # fmt: skip
         )
@@ -131,11 +136,20 @@ class FakeEngine:
     ) -> list[int]:
         return list(text.encode())
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(PIECES[t] for t in tokens).decode("utf-8", "replace")
+    def detokenize(
+        self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False
+    ) -> str:
+        tokens = list(tokens)
+        if remove_special and self._info.add_bos and tokens[:1] == [BOS]:  # llama.cpp's rule
+            tokens = tokens[1:]
+        pieces = (self.special_piece(t) if unparse_special else PIECES[t] for t in tokens)
+        return b"".join(pieces).decode("utf-8", "replace")
 
     def token_bytes(self, token: int) -> bytes:
         return PIECES[token]
+
+    def special_piece(self, token: int) -> bytes:
+        return SPECIAL_TEXT.get(token, PIECES[token])
 
     def stats(self) -> EngineStats:
         return EngineStats(

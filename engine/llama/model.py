@@ -11,6 +11,9 @@ import llama_cpp as C
 
 from engine.family import ModelFamily, quantization_name
 from engine.llama.backend import CaptureErrors, cpu_has_amx, init_backend
+from engine.special_tokens import SpecialTokens
+
+SPECIAL_NAMES = tuple(SpecialTokens.__dataclass_fields__)  # bos, eos, ... fim_sep
 
 
 class Model:
@@ -125,9 +128,16 @@ class Model:
 
     def fim_tokens(self) -> tuple[int, int, int] | None:
         """(prefix, suffix, middle) fill-in-the-middle tokens, if the vocabulary has all."""
-        ids = (C.llama_vocab_fim_pre(self.vocab), C.llama_vocab_fim_suf(self.vocab),
-               C.llama_vocab_fim_mid(self.vocab))  # fmt: skip
-        return None if min(ids) < 0 else ids
+        t = self.special_tokens()
+        if t.fim_pre is None or t.fim_suf is None or t.fim_mid is None:
+            return None
+        return t.fim_pre, t.fim_suf, t.fim_mid
+
+    def special_tokens(self) -> SpecialTokens:
+        """The special token ids, each read by its `llama_vocab_<name>` function."""
+        return SpecialTokens.from_ids(
+            {name: int(getattr(C, f"llama_vocab_{name}")(self.vocab)) for name in SPECIAL_NAMES}
+        )
 
     def chat_template(self) -> str | None:
         ptr = C.llama_model_chat_template(self.handle, None)
@@ -182,17 +192,22 @@ class Model:
             )
         return list(buf[:n])
 
-    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+    def detokenize(
+        self, tokens: Sequence[int], *, special: bool = False, remove_special: bool = False
+    ) -> str:
+        """`special`: special tokens written as their text (llama.cpp's unparse_special);
+        `remove_special`: a leading BOS and trailing EOS the vocabulary adds left out."""
         if not tokens:
             return ""
         arr = (C.llama_token * len(tokens))(*tokens)
         capacity = max(64, len(tokens) * 8)
         buf = ctypes.create_string_buffer(capacity)
-        n = C.llama_detokenize(self.vocab, arr, len(tokens), buf, capacity, False, special)
+        args = (remove_special, special)
+        n = C.llama_detokenize(self.vocab, arr, len(tokens), buf, capacity, *args)
         if n < 0:
             capacity = -n
             buf = ctypes.create_string_buffer(capacity)
-            n = C.llama_detokenize(self.vocab, arr, len(tokens), buf, capacity, False, special)
+            n = C.llama_detokenize(self.vocab, arr, len(tokens), buf, capacity, *args)
         return buf.raw[:n].decode("utf-8", "replace")
 
     def close(self) -> None:
