@@ -34,6 +34,10 @@ class ChatOptions:
     # an agentic loop keeps one prompt head over its rounds (so each round continues on
     # the last one's KV) while forcing a call in one round and forbidding it in another.
     prompt_choice: ToolChoice | None = None
+    # llama-server's add_generation_prompt (/apply-template, /tokenize): False renders the
+    # conversation without the assistant turn's opening (an assistant prefill continues
+    # its message whatever this says).
+    add_generation_prompt: bool = True
 
 
 class OutputParser:
@@ -138,7 +142,7 @@ def plan_chat(
     def render(
         marks: Mapping[int, str],
         conversation: list[dict[str, Any]] = messages,
-        generation: bool = True,
+        generation: bool = opts.add_generation_prompt,
     ) -> RenderedPrompt:
         rendered_messages = _history(conversation, fmt, marks)
         if system_prompt is not None:

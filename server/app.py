@@ -28,6 +28,7 @@ from engine.client import (
     SessionNotFoundError,
 )
 from server.api.chat.router import router as chat_router
+from server.api.chat.template import render_chat
 from server.api.completions.router import router as completions_router
 from server.api.embeddings.router import router as embeddings_router
 from server.api.kvserve import (
@@ -37,6 +38,7 @@ from server.api.kvserve import (
     metrics,
     models,
     page,
+    props,
     sessions,
     status,
     tokenize,
@@ -277,6 +279,7 @@ def create_app(
     follow = (engine is None and engines is None) or bool(settings.hub.cache_dir)
     app.state.hub_models = _hub_models(settings, served, app.state.loader, budget, follow)
     app.state.pulls = Pulls(settings.hub)
+    app.state.render_chat = render_chat  # /tokenize's `messages` (an API imports no other)
     if follow:
         app.state.hub_models.discover()
     errors.install(app)
@@ -297,6 +300,7 @@ def create_app(
         embeddings_router,
         models.router,
         tokenize.router,
+        props.router,
         sessions.router,
         cache.router,
         ollama_router,

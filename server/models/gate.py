@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.api.chat.protocol import ChatCompletionRequest
+from server.api.chat.template import ApplyTemplateRequest
 from server.api.common import RequestModel
 from server.api.completions.protocol import CompletionRequest
 from server.api.embeddings.protocol import EmbeddingRequest
@@ -61,8 +62,9 @@ BODY_MODEL_PATHS = (
     "/v1/messages/count_tokens",
     "/v1/cache/warm",
 )
-# ... or the default (first) model's, for the endpoints that name no model.
-DEFAULT_MODEL_PATHS = ("/tokenize", "/detokenize")
+# ... or, for the token-level endpoints (llama-server's), where `model` may be left
+# out, the default (first) model's.
+DEFAULT_MODEL_PATHS = ("/tokenize", "/detokenize", "/apply-template")
 # Ollama's routes name the model Ollama's way (`name:tag`; /api/show also as `name`).
 # Their streams are NDJSON, not SSE: they wait for a load like a plain request, and
 # the gate's own load wait is what their `load_duration` reports.
@@ -79,6 +81,7 @@ BODY_MODELS: dict[str, type[RequestModel]] = {
     "/v1/cache/warm": CacheWarmRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
+    "/apply-template": ApplyTemplateRequest,
     "/api/chat": OllamaChatRequest,
     "/api/generate": OllamaGenerateRequest,
     "/api/embed": OllamaEmbedRequest,
@@ -109,8 +112,8 @@ class ModelGate:
             else:  # the route reads this instead of parsing the body again
                 leave_gated_body(scope, fields)
         served: ServedModel | None
-        name: Any = None  # the model's name in the body (none for the default model's paths)
-        if path in DEFAULT_MODEL_PATHS:
+        name: Any = None  # the model's name in the body (none where the default model answers)
+        if path in DEFAULT_MODEL_PATHS and not (isinstance(fields, dict) and fields.get("model")):
             served = self.loader.models.default
         else:
             name = fields.get("model") if isinstance(fields, dict) else None
@@ -132,7 +135,7 @@ class ModelGate:
         try:
             if served.engine.ready:
                 await self.app(scope, replay, send)
-            elif isinstance(fields, dict) and fields.get("stream") is True and not ollama:
+            elif path in BODY_MODEL_PATHS and _streams(fields):  # an SSE stream: not Ollama's
                 await self._stream_after_load(served, scope, replay, send)
             else:
                 waited = time.monotonic()
@@ -173,6 +176,10 @@ class ModelGate:
         if error is not None:
             raise error
         await self.app(scope, receive, _body_only(send))
+
+
+def _streams(fields: Any) -> bool:
+    return isinstance(fields, dict) and fields.get("stream") is True
 
 
 def _refused(scope: Scope, path: str, fields: Any, served: ServedModel) -> bool:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request, Response
 from server.api.chat.mcp import serve_chat_mcp
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.chat.serving import serve_chat
+from server.api.chat.template import router as template_router
 from server.http.deps import CallerDep, GatedRoute
 
 router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
@@ -22,3 +23,6 @@ async def create_chat_completion(
     if body.has_mcp:  # kvserve's extension: MCP tools run by the server
         return await serve_chat_mcp(body, request, caller)
     return await serve_chat(body, request, response, caller)
+
+
+router.include_router(template_router)  # POST /apply-template: the prompt only

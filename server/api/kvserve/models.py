@@ -65,6 +65,8 @@ def _card(served: ServedModel, created: int) -> dict[str, Any]:
             "size": info.size_bytes,
             "slots": info.n_seq_max,
             "family": family_of(info),
+            # the vocabulary's special token ids (None: none), as GET /props shows them
+            "special_tokens": info.special_tokens.as_dict(),
         }
     card["meta"] = meta
     return card

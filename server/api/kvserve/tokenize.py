@@ -1,38 +1,91 @@
-"""POST /tokenize, POST /detokenize (llama-server's shapes)."""
+"""POST /tokenize, POST /detokenize (llama-server's shapes).
+
+/tokenize takes text (`content`), or a chat (`messages`, with the rest of an
+/apply-template body): the prompt /v1/chat/completions would render, tokenized as it
+tokenizes it (server/api/chat/template.py renders it; app.py hands its `render_chat`
+over, as one API package imports no other). Both take an optional `model` (the default
+model's vocabulary without one).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
+from chat.plan import ChatPlan
 from server.api.kvserve.protocol import DetokenizeRequest, TokenizeRequest
-from server.http.deps import EngineDep, GatedRoute
+from server.http.deps import (
+    Caller,
+    CallerDep,
+    EngineLike,
+    GatedRoute,
+    claim,
+    registry,
+    resolve_model,
+)
 from server.http.errors import BadRequest
+from server.models.served import ServedModel
+from server.serving.drive import tokenize as tokenize_text
+from server.serving.prepare import prompt_tokens
 
 router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
 
+# server/api/chat/template.py's render_chat: the model and the chat plan of a chat body
+ChatRenderer = Callable[[Request, dict[str, Any], Caller], Awaitable[tuple[ServedModel, ChatPlan]]]
+
+
+def _engine(request: Request, model: str | None) -> EngineLike:
+    if model is None:
+        return claim(registry(request).default).engine
+    return resolve_model(request, model).engine
+
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, engine: EngineDep) -> dict[str, Any]:
-    """Turn text into the model's token ids."""
-    tokens = engine.tokenize(
-        body.content, add_special=body.add_special, parse_special=body.parse_special
-    )
+async def tokenize(body: TokenizeRequest, request: Request, caller: CallerDep) -> dict[str, Any]:
+    """Turn text, or a chat's prompt, into the model's token ids."""
+    if body.messages is not None:
+        render: ChatRenderer = request.app.state.render_chat
+        fields = {**(body.model_extra or {}), "messages": body.messages}
+        if body.model is not None:
+            fields["model"] = body.model
+        served, plan = await render(request, fields, caller)
+        engine = served.engine
+        tokens = await prompt_tokens(engine, plan)
+    else:
+        body.log_unknown("tokenize")
+        engine = _engine(request, body.model)
+        tokens = await tokenize_text(
+            engine,
+            body.content or "",
+            add_special=bool(body.add_special),
+            parse_special=body.parse_special is not False,  # default true, as llama-server
+        )
     if body.with_pieces:
-        return {
-            "tokens": [
-                {"id": t, "piece": engine.token_bytes(t).decode("utf-8", "replace")} for t in tokens
-            ]
-        }
+        return {"tokens": [{"id": t, "piece": piece(engine.special_piece(t))} for t in tokens]}
     return {"tokens": tokens}
 
 
+def piece(raw: bytes) -> str | list[int]:
+    """A token's piece as llama-server shows it: its text, special tokens included; the
+    bytes as numbers where they are not valid UTF-8 on their own (part of a character)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, engine: EngineDep) -> dict[str, Any]:
-    """Turn token ids back into text."""
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    """Turn token ids back into text (special tokens as their text, as llama-server)."""
+    body.log_unknown("detokenize")
+    engine = _engine(request, body.model)
     n_vocab = engine.info.n_vocab
     bad = next((t for t in body.tokens if t >= n_vocab), None)
     if bad is not None:
         raise BadRequest(f"token id {bad} is outside [0, {n_vocab})", param="tokens")
-    return {"content": engine.detokenize(body.tokens)}
+    text = engine.detokenize(
+        body.tokens, remove_special=body.remove_special, unparse_special=body.unparse_special
+    )
+    return {"content": text}

@@ -1,0 +1,85 @@
+"""POST /apply-template (llama-server's): a chat request's prompt, rendered as
+/v1/chat/completions renders it, without generating.
+
+The same request model and the same plan as chat completions (messages, tools,
+tool_choice, response_format, chat_template_kwargs, reasoning_effort; sampled tool turns
+sent back render as sampled), so the prompt shown is the prompt a chat request with this
+body prefills. Two differences, both llama-server's: `model` may be left out (the default
+model's template), and `add_generation_prompt` (default true) may leave the assistant
+turn's opening out. No turns are dropped to fit the context (`context_overflow`): the
+whole conversation is rendered. The generation fields are accepted and play no part.
+
+`render_chat` is also what /tokenize renders `messages` with (server/api/kvserve/
+tokenize.py): app.py hands it over as `app.state.render_chat`, since one API package
+imports no other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from chat.plan import ChatPlan
+from server.api.chat.input import chat_messages, chat_options
+from server.api.chat.protocol import ChatCompletionRequest
+from server.http.deps import Caller, CallerDep, GatedRoute, claim, registry, resolve_model
+from server.http.errors import BadRequest
+from server.models.served import ServedModel
+from server.serving.prepare import make_plan
+from server.serving.replay import request_replay
+
+router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
+
+
+class ApplyTemplateRequest(ChatCompletionRequest):
+    model: str | None = None  # llama-server's: the default model's template without one
+    add_generation_prompt: bool = True
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.has_mcp:
+            raise BadRequest("MCP tools are listed by their server when a chat turn runs; "
+                             "they are not rendered here", param="tools")  # fmt: skip
+
+
+Rendered = tuple[ServedModel, ChatPlan]  # the model that rendered, and its chat plan
+
+
+async def render(request: Request, body: ApplyTemplateRequest, caller: Caller) -> Rendered:
+    """The model the body names (or the default one) and its plan for the body's chat;
+    the caller's sampled tool turns render as sampled."""
+    if body.model is None:
+        served = claim(registry(request).default)
+    else:
+        served = resolve_model(request, body.model)
+    options = replace(chat_options(body), add_generation_prompt=body.add_generation_prompt)
+    replay = request_replay(request, served.id, caller)
+    lookup = replay.lookup if replay is not None else None
+    # A long conversation renders for a while: off the event loop.
+    plan = await asyncio.to_thread(make_plan, served.template, chat_messages(body), options, lookup)
+    return served, plan
+
+
+async def render_chat(request: Request, fields: dict[str, Any], caller: Caller) -> Rendered:
+    """`render` for a body another route parsed (/tokenize's `messages`): its fields are
+    checked as /apply-template checks them, a bad one a 400 naming it."""
+    try:
+        body = ApplyTemplateRequest.model_validate(fields)
+    except ValidationError as exc:  # answered as a route's own body errors are
+        raise RequestValidationError(exc.errors()) from None
+    return await render(request, body, caller)
+
+
+@router.post("/apply-template")
+async def apply_template(
+    body: ApplyTemplateRequest, request: Request, caller: CallerDep
+) -> dict[str, Any]:
+    """The prompt a chat request renders to (llama-server's), without generating."""
+    body.log_unknown("apply-template")
+    _, plan = await render(request, body, caller)
+    return {"prompt": plan.prompt.text}
