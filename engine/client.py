@@ -22,6 +22,7 @@ from engine.loading import CacheConfig, EngineConfig
 from engine.plan import exact_min_chunk, exact_min_rows, least_prefill_chunk, least_step_tokens
 from engine.sessions import Session, SessionLimits, check_session_id
 from engine.settings import EngineSettings
+from engine.thinking import ThinkingSpec
 from engine.types import (
     TIME_LIMIT_CODES,
     CacheStats,
@@ -90,6 +91,7 @@ __all__ = [
     "SessionPool",
     "SpecialTokens",
     "TenantCacheView",
+    "ThinkingSpec",
     "TierStats",
     "TimeLimits",
     "Timings",

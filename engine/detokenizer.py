@@ -52,6 +52,11 @@ class IncrementalDetokenizer:
         self.stopped = False
         self.matched = ""  # the stop string that ended the text, once `stopped`
 
+    @property
+    def holding(self) -> bool:
+        """Bytes of an incomplete character are held back."""
+        return bool(self._raw)
+
     def push(self, token: int) -> str:
         """Add one token; return the text that can be released now."""
         self._raw += self._pieces[token]

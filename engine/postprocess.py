@@ -49,7 +49,17 @@ class End:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
-Action = Emit | End | Drop | Save
+@dataclass(frozen=True, slots=True)
+class Force:
+    """The worker feeds `tokens` to the sequence's sampler as if it had sampled them
+    (penalties and a waiting grammar trigger see them): a thinking block's close,
+    already appended to the sequence (engine/thinking.py)."""
+
+    seq: Sequence
+    tokens: tuple[int, ...]
+
+
+Action = Emit | End | Force | Drop | Save
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +112,23 @@ def postprocess(
                 continue  # it ended on an earlier token of this step (stop, EOG, length)
             item.seq.num_computed += 1
         action = append_token(item, rules, counters)
-        if isinstance(action, End):
+        actions: list[Action] = [action]
+        # A grammar that constrains (a lazy one, triggered) owns the output: no close.
+        if isinstance(action, Emit) and not item.grammar_on and item.seq.close_due:
+            actions = force_close(item.seq, item.seq.close_due, action.output, rules)
+        if isinstance(actions[-1], End):
             ended.add(id(item.seq))
-        out.actions.append(action)
+        out.actions += actions
     for chunk in chunks:
         seq = chunk.seq
         if id(seq) in ended or seq.status is not SeqStatus.RUNNING:
             continue
-        if seq.num_pending == 0:
-            ended.add(id(seq))
-            out.actions.append(End(seq, FinishReason.LENGTH, ""))  # max_tokens 0: scored
+        if seq.num_pending == 0:  # not sampled: max_tokens 0 (scored), or a close due first
+            forced = seq.close_due
+            actions = force_close(seq, forced, SeqOutput("", ()), rules) if forced else []
+            if not actions or isinstance(actions[-1], End):
+                ended.add(id(seq))
+            out.actions += actions or [End(seq, FinishReason.LENGTH, "")]
         elif not chunk.sample or seq.num_output_tokens == 1:
             save = save_long_prefill(seq, rules, counters)
             if save is not None:
@@ -133,11 +150,45 @@ def append_token(item: Sampled, rules: StepRules, counters: StepCounters) -> Emi
         return End(seq, FinishReason.STOP, seq.detokenizer.flush())
     text = seq.detokenizer.push(token)
     logprobs = (item.logprob,) if item.logprob is not None else ()
+    if seq.thinking is not None:
+        seq.thinking.accept(token)
     if seq.detokenizer.stopped:
         return End(seq, FinishReason.STOP, text, (token,), logprobs)
     if out_of_room(seq, rules.n_ctx_seq):
         return End(seq, FinishReason.LENGTH, text + seq.detokenizer.flush(), (token,), logprobs)
     return Emit(seq, SeqOutput(text, (token,), logprobs))
+
+
+def force_close(
+    seq: Sequence, forced: tuple[int, ...], before: SeqOutput, rules: StepRules
+) -> list[Action]:
+    """The thinking budget is spent: append its close after `before` (this step's
+    output so far) as if sampled: its text goes out, the sampler takes the tokens
+    (`Force`), and the next step computes them and samples the answer's first token.
+    A close that max_tokens or the context cannot hold, with one token after it, ends
+    the sequence there (`length`): the limit cut the thinking. Forced tokens carry no
+    logprobs (they were not sampled)."""
+    limit = seq.request.max_tokens
+    num_after = seq.num_output_tokens + len(forced)
+    room = rules.n_ctx_seq - len(seq.tokens)
+    if (limit is not None and num_after >= limit) or len(forced) >= room:
+        text = before.text + seq.detokenizer.flush()
+        return [End(seq, FinishReason.LENGTH, text, before.token_ids, before.logprobs)]
+    assert seq.thinking is not None
+    seq.tokens.extend(forced)
+    seq.t_last_token = time.monotonic()
+    if seq.t_first_token is None:
+        seq.t_first_token = seq.t_last_token
+    text = before.text
+    for token in forced:
+        seq.thinking.accept(token)
+        text += seq.detokenizer.push(token)
+        if seq.detokenizer.stopped:
+            break
+    token_ids = before.token_ids + forced
+    if seq.detokenizer.stopped:  # a stop string in the close: it ends here, as sampled
+        return [End(seq, FinishReason.STOP, text, token_ids, before.logprobs)]
+    return [Force(seq, forced), Emit(seq, SeqOutput(text, token_ids, before.logprobs))]
 
 
 def out_of_room(seq: Sequence, n_ctx_seq: int) -> bool:

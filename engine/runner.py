@@ -30,6 +30,8 @@ class Sampled:
     logprob: TokenLogprob | None
     # Sampled from the row of an accepted draft token: that token's KV is now computed.
     after_draft: bool = False
+    # The grammar constrains what follows (a lazy one has triggered): nothing is forced.
+    grammar_on: bool = False
 
 
 @dataclass(slots=True)
@@ -145,7 +147,9 @@ class Runner:
             logprob = None
             if top is not None and token is not None:
                 logprob = token_logprob(self.ctx.logits_row(row), token, top)
-            result.sampled.append(Sampled(seq, token, logprob, after_draft=accepted > 0))
+            result.sampled.append(
+                Sampled(seq, token, logprob, accepted > 0, seq.sampler.constraining)
+            )
             # None: the grammar admits nothing more, and the sequence ends here.
             if token is None or accepted == len(draft) or token != draft[accepted]:
                 break

@@ -185,8 +185,11 @@ class Scheduler:
             length = self._chunk_length(seq, min(self.config.prefill_chunk, budget, free_cells))
             if length == 0:
                 continue
-            # A request with max_tokens 0 only scores its prompt: nothing to sample.
+            # A request with max_tokens 0 only scores its prompt: nothing to sample; nor
+            # does one whose thinking must close first (budget 0, the prompt inside it):
+            # postprocess appends the close, sampled after in the next step.
             sample = length == seq.num_pending and seq.request.max_tokens != 0
+            sample = sample and not seq.close_due
             chunks.append(Chunk(seq, seq.num_computed, length, sample))
             budget -= length
             free_cells -= length
@@ -224,6 +227,9 @@ class Scheduler:
         limit = min(room, self.config.n_ctx_seq - len(seq.tokens) - 1)
         if seq.request.max_tokens is not None:
             limit = min(limit, seq.request.max_tokens - seq.num_output_tokens - 1)
+        room = seq.thinking.draft_room() if seq.thinking is not None else None
+        if room is not None:  # a thinking budget may run out only on the step's last token
+            limit = min(limit, room)
         return seq.drafter.propose(seq.tokens, limit)
 
     def _chunk_length(self, seq: Sequence, room: int) -> int:

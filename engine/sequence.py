@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from cache import CacheHit
     from engine.llama import Sampler
     from engine.speculation import Drafter
+    from engine.thinking import ThinkingBudget
 
 
 class SeqStatus(enum.Enum):
@@ -66,6 +67,7 @@ class Sequence:
         "t_finished",
         "drafter",
         "num_overtaken",
+        "thinking",
     )
 
     def __init__(
@@ -74,6 +76,7 @@ class Sequence:
         sampler: Sampler | None,
         detokenizer: IncrementalDetokenizer,
         sink: object,
+        thinking: ThinkingBudget | None = None,
     ):
         self.request = request
         self.sampler = sampler
@@ -118,6 +121,7 @@ class Sequence:
         self.t_finished: float | None = None
         self.drafter: Drafter | None = None  # speculative decoding, made at first decode
         self.num_overtaken = 0  # later arrivals admitted before it (engine/admission.py)
+        self.thinking = thinking  # its thinking budget (engine/thinking.py), if it has one
 
     @property
     def request_id(self) -> str:
@@ -157,6 +161,13 @@ class Sequence:
     def is_decoding(self) -> bool:
         """Prompt done: the only pending token is the last one sampled."""
         return self.num_output_tokens > 0 and self.num_pending == 1
+
+    @property
+    def close_due(self) -> tuple[int, ...]:
+        """The thinking block's close, when its budget is spent and is to be forced now."""
+        if self.thinking is None:
+            return ()
+        return self.thinking.due(whole_character=not self.detokenizer.holding)
 
     def timings(self) -> Timings:
         return Timings(

@@ -50,6 +50,10 @@ class EngineSettings:
     n_ubatch: int = 0  # 0: n_batch
     n_gpu_layers: int = 0  # needs a GPU build of llama-cpp-python
     extra_bufts: str = "auto"  # repacked weight buffers: "on", "off", "auto" (unless AMX)
+    # Thinking tokens a request may generate before its close is forced, when it names
+    # no budget (engine/thinking.py): -1 unlimited, 0 no thinking (llama-server's
+    # --reasoning-budget). A template without a thinking block ignores it.
+    reasoning_budget: int = -1
 
     def __post_init__(self) -> None:
         for key in _AT_LEAST_ONE:
@@ -58,6 +62,8 @@ class EngineSettings:
         for key in _NOT_NEGATIVE:
             if getattr(self, key) < 0:
                 raise ValueError(f"{key}: must not be negative")
+        if not -1 <= self.reasoning_budget <= 2**31 - 1:
+            raise ValueError("reasoning_budget: -1 (unlimited) or a number of tokens")
         self._check_batch_sizes()
         self._check_kv_options()
 

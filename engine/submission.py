@@ -27,6 +27,7 @@ from engine.llama import Model, Sampler
 from engine.loading import EngineConfig
 from engine.sequence import Sequence as Seq
 from engine.sessions import SessionRegistry, pin_key, unpinned_if_busy
+from engine.thinking import ThinkingBudget, constrained_from_start
 from engine.types import (
     EngineNotReadyError,
     GenerateRequest,
@@ -116,7 +117,12 @@ class Submitting:
                 sampler,
                 IncrementalDetokenizer(model.pieces, request.stop),
                 (generation, index),
-            )
+                ThinkingBudget.of(
+                    request.thinking,
+                    default=self.config.reasoning_budget,
+                    free=not constrained_from_start(request.sampling),
+                ),
+            )  # fmt: skip
             for index, (request, sampler) in enumerate(zip(requests, samplers, strict=True))
         )
         if seqs:

@@ -15,6 +15,7 @@ from cache import StoreCall as StoreCall
 from cache import TierStats as TierStats
 from engine.family import ModelFamily as ModelFamily  # re-exported for the server
 from engine.special_tokens import SpecialTokens as SpecialTokens  # re-exported too
+from engine.thinking import ThinkingSpec
 
 
 class EngineState(enum.StrEnum):
@@ -114,6 +115,7 @@ class GenerateRequest:
     lora: tuple[tuple[str, float], ...] = ()
     # Speculative decoding by prompt lookup; None: the model's default.
     speculative: bool | None = None
+    thinking: ThinkingSpec | None = None  # its thinking block and budget (engine/thinking.py)
 
     @property
     def prefix_salt(self) -> str:
@@ -216,6 +218,7 @@ class SeqOutput:
     num_output_tokens: int = 0
     error: str | None = None
     # Set on the final output only:
+    num_reasoning_tokens: int = 0  # output tokens inside thinking blocks, tags included
     hit_kind: str = ""  # how the prompt was found: cold, partial, exact or session
     stop_sequence: str = ""  # the stop string that ended a STOP finish ("": an EOG token)
     num_kv_tokens: int = 0  # tokens whose KV the slot keeps after the request

@@ -37,6 +37,23 @@ def validate(request: GenerateRequest, info: ModelInfo) -> None:
         if not math.isfinite(scale):
             raise InvalidRequestError("a LoRA scale must be a finite number", param="lora")
     check_logit_bias(request.sampling, info)
+    _check_thinking(request, info)
+
+
+def _check_thinking(request: GenerateRequest, info: ModelInfo) -> None:
+    """Tags of at least one token, in the vocabulary; a budget of -1 (unlimited) or more."""
+    spec = request.thinking
+    if spec is None:
+        return
+    for name, tag in (("open", spec.open), ("close", spec.close)):
+        if not tag or any(t < 0 or t >= info.n_vocab for t in tag):
+            raise InvalidRequestError(f"the thinking block's {name} tag must be token ids "
+                                      f"in [0, {info.n_vocab})", param="thinking")  # fmt: skip
+    if spec.budget is not None and not -1 <= spec.budget <= _INT32[1]:
+        raise InvalidRequestError(
+            f"a thinking budget must be -1 (unlimited) or within [0, {_INT32[1]}]",
+            param="thinking_budget_tokens",
+        )
 
 
 class ContextOverflowError(InvalidRequestError):

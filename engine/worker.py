@@ -25,7 +25,7 @@ from engine.commands import Abort, Command, Embed, Fork, ReleaseSession, Stop, S
 from engine.embedder import Embedder
 from engine.kvexec import KvExecutor
 from engine.llama import Context, Model
-from engine.postprocess import Emit, End, StepRules, postprocess
+from engine.postprocess import Emit, End, Force, StepRules, postprocess
 from engine.runner import DecodeError, Runner, StepResult
 from engine.scheduler import Chunk, Scheduler
 from engine.sequence import SeqStatus, Sequence
@@ -208,6 +208,9 @@ class Worker:
             elif isinstance(action, End):
                 self._finish(action.seq, action.reason, action.text, action.token_ids,
                              action.logprobs)  # fmt: skip
+            elif isinstance(action, Force):
+                if action.seq.sampler is not None:
+                    action.seq.sampler.force(action.tokens)
             else:
                 self.ops.run([action])
 
@@ -265,6 +268,7 @@ class Worker:
                 num_cached_tokens=seq.num_cached,
                 num_output_tokens=seq.num_output_tokens,
                 error=error,
+                num_reasoning_tokens=seq.thinking.num_tokens if seq.thinking else 0,
                 hit_kind=seq.hit_kind,
                 stop_sequence=seq.detokenizer.matched,
                 num_kv_tokens=num_kv,

@@ -40,6 +40,7 @@ class Sampler:
         self._model = model
         self._n_vocab = model.n_vocab
         self._trigger: LazyTrigger | None = None  # set while a lazy grammar waits
+        self._refused = False  # a forced token the grammar did not take: sampling ends
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self.handle = C.llama_sampler_chain_init(chain_params)
@@ -142,6 +143,8 @@ class Sampler:
     def sample(self, ctx: Context, row: int) -> int | None:
         """Sample from batch row `row` and accept the token into the chain's state.
         None: the grammar admits no token the chain may pick; the generation ends."""
+        if self._refused:
+            return None
         if self.grammar is None:
             return int(C.llama_sampler_sample(self.handle, ctx.handle, row))
         logits = ctx.logits_row(row)
@@ -158,6 +161,30 @@ class Sampler:
             self._accept(token)
         C.llama_sampler_accept(self.handle, token)
         return token
+
+    @property
+    def constraining(self) -> bool:
+        """The grammar decides the next tokens (a lazy one once triggered)."""
+        return self.grammar is not None and self._trigger is None
+
+    def force(self, tokens: tuple[int, ...]) -> None:
+        """Take tokens the engine appended as if they had been sampled (a thinking
+        block's close, engine/thinking.py): the chain's penalties count them, a waiting
+        lazy grammar's trigger reads them, an active grammar must allow each. The engine
+        forces nothing while the grammar constrains; should a forced token still be
+        refused (a trigger it fired), sampling ends as when the grammar admits nothing."""
+        for token in tokens:
+            if self.grammar is not None:
+                if self._trigger is not None:
+                    allowed = self._watch(token)
+                else:
+                    allowed = self._allows(token)
+                    if allowed:
+                        self._accept(token)
+                if not allowed:
+                    self._refused = True
+                    return
+            C.llama_sampler_accept(self.handle, token)
 
     def _allows(self, token: int) -> bool:
         one = self._one
