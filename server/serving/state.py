@@ -65,6 +65,7 @@ class Step:
     logprobs: list[TokenLogprob]
     finish: FinishReason | None
     num_calls: int
+    token_ids: list[int] = field(default_factory=list)  # sampled in this increment
 
 
 @dataclass(slots=True)
@@ -96,7 +97,8 @@ class ChoiceState:
         self.output.add(pieces)
         if inc.finish_reason is not None and self.on_finish is not None:
             self.on_finish(self)
-        return Step(self.index, pieces, inc.logprobs, inc.finish_reason, self.parser.num_calls)
+        return Step(self.index, pieces, inc.logprobs, inc.finish_reason, self.parser.num_calls,
+                    inc.token_ids)  # fmt: skip
 
 
 def coalesced(deltas: list[Delta]) -> list[Delta]:

@@ -101,6 +101,10 @@ class ChatCompletionRequest(ConstraintFields, SamplingExtras):
     reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
     # OpenAI's: onto the template's thinking switches (chat/reasoning.py effort_kwargs)
     reasoning_effort: str | None = None
+    # llama-server's reply extras (server/serving/timings.py): the generated token ids in
+    # each choice's `tokens`, and the `timings` object
+    return_tokens: bool = False
+    timings_per_token: bool = False
 
     @property
     def has_mcp(self) -> bool:

@@ -26,6 +26,7 @@ from server.serving.drive import (
 from server.serving.prepare import DROPPED_HEADER, Prepared, prepare_chat
 from server.serving.replay import request_replay
 from server.serving.state import Choice, chat_finish_text, parsed, usage
+from server.serving.timings import timings, with_timings
 
 log = logging.getLogger("kvserve.server")
 
@@ -73,35 +74,48 @@ async def serve_chat(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         framing = sse.chunk_framing("chat.completion.chunk", response_id, created,
                                     engine.info.model_id, include_usage)  # fmt: skip
-        events = _stream(engine, generation, prepared, framing, include_usage)
+        events = _stream(engine, generation, prepared, framing, include_usage,
+                         body.return_tokens, body.timings_per_token)  # fmt: skip
         stream = sse.event_stream(events, on_close=generation.abort)
         stream.headers[DROPPED_HEADER] = str(prepared.dropped)
         return stream
     response.headers[DROPPED_HEADER] = str(prepared.dropped)
     choices = await until_disconnect(request, collect(generation, body.n))
-    return {
+    reply = {
         "id": response_id,
         "object": "chat.completion",
         "created": created,
         "model": engine.info.model_id,
         "system_fingerprint": None,
         "choices": [
-            _choice(engine, prepared, i, c, body.logprobs) for i, c in enumerate(choices)
+            _choice(engine, prepared, i, c, body.logprobs, body.return_tokens)
+            for i, c in enumerate(choices)
         ],
         "usage": usage(choices, len(prepared.prompt)),
     }
+    if body.timings_per_token:  # llama-server's (server/serving/timings.py)
+        reply["timings"] = timings(choices, len(prepared.prompt))
+    return reply
 
 
 def _choice(
-    engine: EngineLike, prepared: Prepared, index: int, choice: Choice, logprobs: bool
+    engine: EngineLike,
+    prepared: Prepared,
+    index: int,
+    choice: Choice,
+    logprobs: bool,
+    return_tokens: bool,
 ) -> dict[str, Any]:
     msg = chat_message(parsed(prepared.finish(index, choice).deltas))
-    return {
+    out = {
         "index": index,
         "message": msg,
         "logprobs": _logprobs(engine, choice.logprobs) if logprobs else None,
         "finish_reason": chat_finish_text(choice.finish_reason, len(msg.get("tool_calls", []))),
     }
+    if return_tokens:  # llama-server's: the ids sampled
+        out["tokens"] = choice.token_ids
+    return out
 
 
 async def _stream(
@@ -110,11 +124,14 @@ async def _stream(
     prepared: Prepared,
     framing: tuple[str, str],
     include_usage: bool,
+    return_tokens: bool = False,
+    timed: bool = False,
 ) -> AsyncIterator[str]:
     """Text and call deltas, then each choice's finish_reason in a chunk of its own with
     an empty delta (as OpenAI sends it: a client that stops reading at the finish has
     everything by then), then the usage chunk and [DONE]. `framing`: the JSON around
-    every chunk's choices (sse.chunk_framing)."""
+    every chunk's choices (sse.chunk_framing). `return_tokens`: each increment's part
+    carries its token ids; `timed`: the last chunk carries `timings` (llama-server's)."""
     head, tail = framing
 
     def chunk(choices: list[dict[str, Any]]) -> str:
@@ -122,6 +139,11 @@ async def _stream(
 
     def part(index: int, delta: dict[str, Any], lps: Any = None, finish: Any = None) -> Any:
         return {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
+
+    def last_timings() -> dict[str, Any] | None:
+        totals = [s.total for s in states]
+        done = all(t.finish_reason is not None for t in totals)
+        return timings(totals, len(prepared.prompt)) if timed and done else None
 
     states = prepared.states()
     yield chunk([part(s.index, {"role": "assistant", "content": ""}) for s in states])
@@ -135,24 +157,28 @@ async def _stream(
             for step in increment:
                 deltas = stream_deltas(step.deltas)
                 lps = _logprobs(engine, step.logprobs) if step.logprobs else None
-                if lps is not None and not deltas:
+                tokens = step.token_ids if return_tokens else []
+                if (lps is not None or tokens) and not deltas:
                     deltas = [{}]
                 for extra in deltas[:-1]:  # a call's opening chunk goes on its own
                     yield chunk([*parts, part(step.index, extra)])
                     parts = []
                 if deltas:
                     parts.append(part(step.index, deltas[-1], lps))
+                    if return_tokens:
+                        parts[-1]["tokens"] = tokens
                 finish = chat_finish_text(step.finish, step.num_calls)
                 if finish is not None:
                     finals.append(part(step.index, {}, None, finish))
             if parts:
                 yield chunk(parts)
             if finals:
-                yield chunk(finals)
+                yield with_timings(chunk(finals), None if include_usage else last_timings())
     except APIError as err:
         yield sse.openai_error_tail(err)
         return
     if include_usage:
         totals = [s.total for s in states]
-        yield head + '[],"usage":' + json.dumps(usage(totals, len(prepared.prompt))) + "}"
+        last = head + '[],"usage":' + json.dumps(usage(totals, len(prepared.prompt))) + "}"
+        yield with_timings(last, last_timings())
     yield sse.DONE

@@ -17,6 +17,10 @@ class CompletionRequest(ConstraintFields, SamplingExtras):
     max_tokens: Annotated[int, Field(ge=0)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool = False
+    # llama-server's reply extras (server/serving/timings.py): the generated token ids in
+    # each choice's `tokens`, and the `timings` object
+    return_tokens: bool = False
+    timings_per_token: bool = False
 
     def refuse_unsupported(self) -> None:
         extra = self.model_extra or {}

@@ -28,6 +28,7 @@ from server.serving.drive import (
 )
 from server.serving.prompts import prompt_token_lists
 from server.serving.state import Choice, finish_reason_text, usage
+from server.serving.timings import timings, with_timings
 
 log = logging.getLogger("kvserve.server")
 
@@ -124,10 +125,14 @@ async def serve_completion(body: CompletionRequest, request: Request, caller: Ca
     flat = [c for per_prompt in results for c in per_prompt]
     choices = [
         _choice(engine, p * body.n + i, echoes[p], c, body.logprobs, prompts[p])
+        | ({"tokens": c.token_ids} if body.return_tokens else {})  # llama-server's
         for p, per_prompt in enumerate(results)
         for i, c in enumerate(per_prompt)
     ]
-    return _response(response_id, created, info.model_id, choices, usage(flat, num_prompt_tokens))
+    reply = _response(response_id, created, info.model_id, choices, usage(flat, num_prompt_tokens))
+    if body.timings_per_token:  # llama-server's (server/serving/timings.py)
+        reply["timings"] = timings(flat, num_prompt_tokens)
+    return reply
 
 
 async def _start(
@@ -253,6 +258,13 @@ async def _stream(
             await queue.put(None)
 
     tasks = [asyncio.ensure_future(pump(p, g)) for p, g in enumerate(generations)]
+
+    def last_timings() -> dict[str, Any] | None:
+        """llama-server's timings, on the last chunk (once every choice has finished)."""
+        totals = [s.total for s in states]
+        done = all(t.finish_reason is not None for t in totals)
+        return timings(totals, num_prompt_tokens) if body.timings_per_token and done else None
+
     try:
         if body.echo:
             echoed = [
@@ -279,17 +291,19 @@ async def _stream(
                 if inc.finish_reason is FinishReason.ERROR:
                     yield sse.openai_error_tail(engine_failure(inc.error))
                     return
-                part, final = states[p * body.n + i].advance(engine, inc, body.logprobs)
+                state = states[p * body.n + i]
+                part, final = state.advance(engine, inc, body.logprobs, body.return_tokens)
                 parts += [part] if part else []
                 finals += [final] if final else []
-            for chunk in (parts, finals):
-                if chunk:
-                    yield head + json.dumps(chunk, ensure_ascii=False) + tail
+            if parts:
+                yield head + json.dumps(parts, ensure_ascii=False) + tail
+            if finals:
+                last = head + json.dumps(finals, ensure_ascii=False) + tail
+                yield with_timings(last, None if include_usage else last_timings())
         if include_usage:
-            yield json.dumps(
-                _response(response_id, created, model, [],
-                          usage([s.total for s in states], num_prompt_tokens))  # fmt: skip
-            )
+            totals = usage([s.total for s in states], num_prompt_tokens)
+            last = json.dumps(_response(response_id, created, model, [], totals))
+            yield with_timings(last, last_timings())
         yield sse.DONE
     finally:
         for task in tasks:
@@ -308,10 +322,11 @@ class _TextChoice:
     total: Choice = field(default_factory=Choice)
 
     def advance(
-        self, engine: EngineLike, inc: Choice, logprobs: int | None
+        self, engine: EngineLike, inc: Choice, logprobs: int | None, return_tokens: bool = False
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """This increment's text part, and its finish part (a chunk of its own, after the
-        last text, as OpenAI sends it)."""
+        last text, as OpenAI sends it). `return_tokens`: the part carries the increment's
+        token ids (llama-server's `tokens`)."""
         if inc.finish_reason is not None:
             self.total = inc
         text = "".join(inc.text)
@@ -319,8 +334,11 @@ class _TextChoice:
         if logprobs is not None and inc.logprobs:
             lp, self.offset = completion_logprobs(engine, inc.logprobs, self.offset)
         part = None
-        if text or lp is not None:
+        tokens = inc.token_ids if return_tokens else []
+        if text or lp is not None or tokens:
             part = {"index": self.index, "text": text, "logprobs": lp, "finish_reason": None}
+            if return_tokens:
+                part["tokens"] = tokens
         finish = finish_reason_text(inc.finish_reason)
         final = None
         if finish is not None:
