@@ -2,23 +2,56 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from chat.callstream import Delta
 
 OPEN, CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingSyntax:
+    """How a format's thinking block opens and closes, as text: the engine counts the
+    tokens between them and forces `close` when a thinking budget is spent
+    (server/serving/thinking.py). The tags are llama.cpp's (each parser's
+    thinking_start_tag and first thinking_end_tags entry, common/parsers/)."""
+
+    open: str
+    close: str
+
+    def starts_inside(self, prompt: str) -> bool:
+        """The template opens the block in the generation prompt (Qwen3, R1)."""
+        return prompt.rstrip().endswith(self.open)
+
+
+# gpt-oss's analysis channel (chat/harmony.py: the model writes the final channel's
+# header itself after <|end|>), Command R7B's block (chat/formats_cohere.py), <think>.
+HARMONY_THINKING = ThinkingSyntax("<|channel|>analysis<|message|>", "<|end|>")
+COHERE_THINKING = ThinkingSyntax("<|START_THINKING|>", "<|END_THINKING|>")
+THINK = ThinkingSyntax(OPEN, CLOSE)
+
+
+def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
+    """The thinking block a template's model writes, or None (it does not think)."""
+    if "<|channel|>analysis" in template_source:
+        return HARMONY_THINKING
+    if COHERE_THINKING.open in template_source:
+        return COHERE_THINKING
+    if OPEN in template_source and CLOSE in template_source:
+        return THINK
+    return None
 
 
 def has_thinking(template_source: str) -> bool:
     """`<think>` tags, or a format's own thinking blocks that its call parser splits:
     gpt-oss's analysis channel (chat/harmony.py), Command R7B's thinking block
     (chat/formats_cohere.py)."""
-    return (OPEN in template_source and CLOSE in template_source) or any(
-        mark in template_source for mark in ("<|channel|>analysis", "<|START_THINKING|>")
-    )
+    return thinking_syntax(template_source) is not None
 
 
 def starts_inside(prompt: str) -> bool:
     """Templates that open the thinking block in the generation prompt (Qwen3, R1)."""
-    return prompt.rstrip().endswith(OPEN)
+    return THINK.starts_inside(prompt)
 
 
 class ReasoningSplitter:
@@ -81,3 +114,14 @@ def effort_kwargs(effort: str | None) -> dict[str, object]:
         return {"enable_thinking": False}
     level = {"xhigh": "high", "max": "high"}.get(effort, effort)
     return {"enable_thinking": True, "reasoning_effort": level}
+
+
+# Ollama's `think`: true/false, or one of its levels.
+OLLAMA_THINK_LEVELS = ("low", "medium", "high")
+
+
+def think_kwargs(think: bool | str) -> dict[str, object]:
+    """The template variables Ollama's `think` sets: the switch, or a level as an effort."""
+    if isinstance(think, bool):
+        return {"enable_thinking": think}
+    return effort_kwargs(think)
