@@ -19,6 +19,7 @@ from chat.template import CHATML
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine import EngineState, Generation
 from engine.sessions import Session, SessionLimits, SessionRegistry, unpinned_if_busy
+from engine.thinking import UNLIMITED, ThinkingBudget
 from engine.types import (
     CacheStats,
     EngineStats,
@@ -199,6 +200,8 @@ class FakeEngine:
         self, gen: Generation, index: int, request: GenerateRequest, fail: bool, reply: bytes
     ) -> None:
         detok = IncrementalDetokenizer(PIECES, request.stop)
+        # The thinking tokens counted as the engine counts them (nothing is forced here).
+        thinking = ThinkingBudget.of(request.thinking, default=UNLIMITED, free=False)
         produced = 0
         prompt = len(request.prompt_tokens)
         arrival = time.monotonic()
@@ -242,9 +245,12 @@ class FakeEngine:
                     return
                 produced += 1
                 first_token = first_token or time.monotonic()
+                if thinking is not None and token != EOS:
+                    thinking.accept(token)
                 done: dict[str, Any] = dict(
                     num_prompt_tokens=prompt,
                     num_output_tokens=produced,
+                    num_reasoning_tokens=thinking.num_tokens if thinking else 0,
                     num_cached_tokens=self.cached,
                     timings=Timings(arrival, arrival, arrival, first_token),
                 )

@@ -34,6 +34,7 @@ from server.serving.drive import TOKENIZE_INLINE_CHARS, tokenize
 from server.serving.replay import Recorder, Replay
 from server.serving.request_sampling import RequestSampling
 from server.serving.state import Choice, ChoiceState, Step
+from server.serving.thinking import thinking_spec, with_thinking
 
 # The most messages one chat request may render (its history included): every render
 # and tokenization is linear in them (seconds of CPU at this size), and drop_oldest
@@ -106,9 +107,11 @@ async def prepare_chat(
     logprobs: int | None = None,
     overflow: str = "error",
     replay: Replay | None = None,
+    thinking_budget: int | None = None,
 ) -> Prepared:
     """`replay`: the caller's sampled tool turns (server/serving/replay.py): the ones the
-    messages send back render as sampled, and this request's own are recorded."""
+    messages send back render as sampled, and this request's own are recorded.
+    `thinking_budget`: the one the request names (server/serving/thinking.py)."""
     check_message_count(messages)
     lookup = replay.lookup if replay is not None else None
     try:
@@ -128,6 +131,9 @@ async def prepare_chat(
         caller=caller,
         overrides=grammar_fields(plan.grammar),
     )
+    spec = thinking_spec(engine, template.source, plan.prompt.text, thinking_budget,
+                         options.template_kwargs)  # fmt: skip
+    requests = with_thinking(requests, spec)
     recorder = Recorder(replay, plan.prompt.text) if replay is not None else None
     return Prepared(plan, prompt, requests, dropped, recorder)
 

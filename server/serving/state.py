@@ -30,6 +30,7 @@ class Choice:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    num_reasoning_tokens: int = 0  # of the output, inside thinking blocks (the engine counts)
     error: str | None = None
     stop_sequence: str = ""
     timings: Timings | None = None  # the engine's stage times, with the finish
@@ -49,6 +50,7 @@ class Choice:
             self.num_prompt_tokens = out.num_prompt_tokens
             self.num_cached_tokens = out.num_cached_tokens
             self.num_output_tokens = out.num_output_tokens
+            self.num_reasoning_tokens = out.num_reasoning_tokens
             self.error = out.error
             self.stop_sequence = out.stop_sequence
             self.timings = out.timings
@@ -122,6 +124,11 @@ def usage(choices: list[Choice], num_prompt_tokens: int) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": num_prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
+        # Counted by the engine as generated (engine/thinking.py), tags included: 0 on
+        # a template without a thinking block.
+        "completion_tokens_details": {
+            "reasoning_tokens": sum(c.num_reasoning_tokens for c in choices)
+        },
     }
 
 

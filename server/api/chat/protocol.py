@@ -101,6 +101,10 @@ class ChatCompletionRequest(ConstraintFields, SamplingExtras):
     reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
     # OpenAI's: onto the template's thinking switches (chat/reasoning.py effort_kwargs)
     reasoning_effort: str | None = None
+    # llama-server's thinking budget, under either of its names (-1: the server's
+    # default); enforced by the engine (server/serving/thinking.py)
+    reasoning_budget_tokens: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
+    thinking_budget_tokens: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None
     # llama-server's reply extras (server/serving/timings.py): the generated token ids in
     # each choice's `tokens`, and the `timings` object
     return_tokens: bool = False

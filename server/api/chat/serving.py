@@ -26,6 +26,7 @@ from server.serving.drive import (
 from server.serving.prepare import DROPPED_HEADER, Prepared, prepare_chat
 from server.serving.replay import request_replay
 from server.serving.state import Choice, chat_finish_text, parsed, usage
+from server.serving.thinking import request_budget
 from server.serving.timings import timings, with_timings
 
 log = logging.getLogger("kvserve.server")
@@ -63,6 +64,7 @@ async def serve_chat(
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         overflow=served.context_overflow,
         replay=request_replay(request, served.id, caller),
+        thinking_budget=request_budget(body.reasoning_budget_tokens, body.thinking_budget_tokens),
     )
     generation = await engine.generate(prepared.requests)
     response_id, created = new_id("chatcmpl"), now()

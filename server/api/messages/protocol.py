@@ -108,6 +108,13 @@ class MessagesRequest(CountTokensRequest):
         return RequestSampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                                stop=tuple(self.stop_sequences or ()), session_id=session_id)
 
+    @property
+    def thinking_budget(self) -> int | None:
+        """Enabled thinking's budget_tokens, enforced by the engine (llama-server's
+        reading: server/serving/thinking.py); disabled thinking is budget 0 there."""
+        enabled = self.thinking is not None and self.thinking.type == "enabled"
+        return self.thinking.budget_tokens if enabled and self.thinking else None
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         budget = self.thinking.budget_tokens if self.thinking else None

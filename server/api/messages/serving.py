@@ -61,7 +61,8 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
                                       message_options(body), sampling, caller,
                                       max_tokens=body.max_tokens,
                                       replay=request_replay(request, served.id, caller,
-                                                            id_of=toolu_id))  # fmt: skip
+                                                            id_of=toolu_id),
+                                      thinking_budget=body.thinking_budget)  # fmt: skip
     generation = await engine.generate(prepared.requests)
     message: dict[str, Any] = {
         "id": _id("msg"), "type": "message", "role": "assistant", "content": [],

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Request
 
 from chat.plan import ChatOptions
-from chat.reasoning import has_thinking
+from chat.reasoning import has_thinking, think_kwargs
 from server.api.common import function_tool
 from server.api.ollama.common import Piece, answer, kept_model, load_answer, options, within_window
 from server.api.ollama.protocol import OllamaChatRequest
@@ -57,10 +57,10 @@ def chat_messages(body: OllamaChatRequest) -> list[dict[str, Any]]:
 def chat_options(body: OllamaChatRequest, template_source: str, model: str) -> ChatOptions:
     tools = tuple(function_tool(t.function) for t in body.tools or [])
     kwargs: dict[str, Any] = {}
-    if isinstance(body.think, bool):
-        if body.think and not has_thinking(template_source):
+    if body.think is not None:  # true or a level on a model that cannot think: Ollama's 400
+        if body.think is not False and not has_thinking(template_source):
             raise BadRequest(f'"{model}" does not support thinking', param="think")
-        kwargs["enable_thinking"] = body.think  # templates that can think take this switch
+        kwargs.update(think_kwargs(body.think))  # the switch, or a level as an effort
     return ChatOptions(
         tools=tools,
         response_format=body.response_format,  # type: ignore[arg-type]

@@ -19,8 +19,9 @@ from fastapi import Request
 
 from chat.formats import GrammarSpec
 from chat.plan import ChatOptions, OutputParser
-from chat.reasoning import has_thinking
+from chat.reasoning import has_thinking, think_kwargs
 from chat.schema import SchemaError, json_object_gbnf, schema_to_gbnf
+from engine.client import ThinkingSpec
 from server.api.ollama.common import Piece, answer, kept_model, load_answer, options, within_window
 from server.api.ollama.protocol import OllamaGenerateRequest
 from server.http.deps import Caller, EngineLike
@@ -31,6 +32,7 @@ from server.models.served import ServedModel
 from server.serving.drive import tokenize
 from server.serving.prepare import grammar_fields, make_plan, prompt_tokens
 from server.serving.state import ChoiceState
+from server.serving.thinking import thinking_spec, with_thinking
 
 
 def _grammar(body: OllamaGenerateRequest) -> GrammarSpec | None:
@@ -60,14 +62,15 @@ async def _raw_prompt(engine: EngineLike, body: OllamaGenerateRequest, model: st
 
 async def _templated(
     served: ServedModel, body: OllamaGenerateRequest
-) -> tuple[list[int], OutputParser, GrammarSpec | None]:
-    """The context's tokens, then the new turn rendered by the model's template."""
+) -> tuple[list[int], OutputParser, GrammarSpec | None, ThinkingSpec | None]:
+    """The context's tokens, then the new turn rendered by the model's template; and
+    its thinking block (server/serving/thinking.py)."""
     template = served.template
     kwargs: dict[str, Any] = {}
-    if isinstance(body.think, bool):
-        if body.think and not has_thinking(template.source):
+    if body.think is not None:  # true or a level on a model that cannot think: Ollama's 400
+        if body.think is not False and not has_thinking(template.source):
             raise BadRequest(f'"{body.model}" does not support thinking', param="think")
-        kwargs["enable_thinking"] = body.think
+        kwargs.update(think_kwargs(body.think))  # the switch, or a level as an effort
     messages = [{"role": "system", "content": body.system}] if body.system else []
     messages.append({"role": "user", "content": body.prompt})
     fmt = body.response_format
@@ -87,7 +90,8 @@ async def _templated(
         turn = await tokenize(served.engine, text, add_special=False, parse_special=True)
     else:
         turn = await prompt_tokens(served.engine, plan)
-    return context + turn, plan.parser(), plan.grammar
+    spec = thinking_spec(served.engine, template.source, plan.prompt.text, None, kwargs)
+    return context + turn, plan.parser(), plan.grammar, spec
 
 
 def _format_param(param: str | None) -> str | None:
@@ -111,14 +115,15 @@ async def serve_ollama_generate(
             raise BadRequest(f"'{field}' has no place in a fill-in-the-middle prompt",
                              param=field)  # fmt: skip
         prompt = await _raw_prompt(engine, body, body.model)
-        parser, grammar = OutputParser(None, None), _grammar(body)
+        parser, grammar, spec = OutputParser(None, None), _grammar(body), None
     else:
         with params_renamed(_format_param):
-            prompt, parser, grammar = await _templated(served, body)
+            prompt, parser, grammar, spec = await _templated(served, body)
     limit = within_window(opts, len(prompt))
     requests = generate_requests(prompt, opts.sampling, engine.info, max_tokens=limit,
                                  logprobs=None, caller=caller,
                                  overrides=grammar_fields(grammar))  # fmt: skip
+    requests = with_thinking(requests, spec)
     apply_keep_alive(served, body.keep_alive)  # the request passed every check
     generation = await engine.generate(requests)
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from chat.reasoning import OLLAMA_THINK_LEVELS
 from server.api.common import FunctionDef, RequestModel
 from server.http.errors import BadRequest, Unsupported
 from server.models.keep_alive import KeepAlive
@@ -68,8 +69,9 @@ class _Generating(_Base):
             raise Unsupported("shift", "kvserve does not shift the context")
         if self.debug_render_only:
             raise Unsupported("debug_render_only")
-        if isinstance(self.think, str):
-            raise Unsupported("think", "thinking levels are not available; use true or false")
+        if isinstance(self.think, str) and self.think not in OLLAMA_THINK_LEVELS:
+            raise BadRequest(f"'think' must be true, false or one of "
+                             f"{', '.join(OLLAMA_THINK_LEVELS)}", param="think")  # fmt: skip
         if isinstance(self.format, str) and self.format not in ("", "json"):
             raise BadRequest("'format' must be \"json\" or a JSON schema", param="format")
 

@@ -119,7 +119,7 @@ async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: C
         resumed = _approvals(body, earlier, turn.toolset)
         spec = LoopSpec(turn.toolset, conversation, options, prepare, _first(engine),
                         request.app.state.settings.mcp, resumed)  # fmt: skip
-        events = _events(spec, engine, response, keep)
+        events = _events(spec, response, keep)
         if body.stream:
             return turn.stream(_numbered(response, events(True)))
         _, payload = await until_disconnect(request, _last(events(False)))
@@ -139,7 +139,7 @@ Keep = Callable[[dict[str, Any], list[dict[str, Any]]], Awaitable[None]]
 
 
 def _events(
-    spec: LoopSpec, engine: EngineLike, response: dict[str, Any], keep: Keep
+    spec: LoopSpec, response: dict[str, Any], keep: Keep
 ) -> Callable[[bool], AsyncIterator[Event]]:
     """The response's events, for a stream (a failure is its last event) or not (raised);
     `keep` stores the final response with its conversation."""
@@ -155,7 +155,7 @@ def _events(
         try:
             async for event in run_loop(spec):
                 if isinstance(event, Finished):
-                    final = _finished(engine, response, builder, event.total,
+                    final = _finished(response, builder, event.total,
                                       event.num_prompt_tokens)  # fmt: skip
                     await keep(final, [*event.messages,
                                        *([event.final_turn] if event.final_turn else [])])
@@ -171,7 +171,7 @@ def _events(
         except APIError as err:
             if not fail_in_stream:
                 raise
-            final = _finished(engine, response, builder, Choice(), 0, err)
+            final = _finished(response, builder, Choice(), 0, err)
             for item in builder.drain():
                 yield item
             yield "response.failed", {"response": final}

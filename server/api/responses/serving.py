@@ -123,7 +123,7 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
     (choice,) = await until_disconnect(request, collect(generation, 1))
     builder = output_builder(body, request, turn)
     builder.feed(prepared.finish(0, choice).deltas)
-    final = _finished(engine, response, builder, choice, len(prepared.prompt))
+    final = _finished(response, builder, choice, len(prepared.prompt))
     await keep(final, builder)
     return final
 
@@ -205,7 +205,6 @@ def _echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finished(
-    engine: EngineLike,
     response: dict[str, Any],
     builder: OutputBuilder,
     total: Choice,
@@ -220,10 +219,6 @@ def _finished(
     else:
         status = "completed"
     builder.close("completed" if status == "completed" else "incomplete")
-    reasoning = "".join(
-        p["text"] for i in builder.items if i["type"] == "reasoning" for p in i["content"]
-    )
-    reasoning_tokens = len(engine.tokenize(reasoning, add_special=False)) if reasoning else 0
     output = total.num_output_tokens
     return {
         **response,
@@ -235,7 +230,8 @@ def _finished(
             "input_tokens": num_prompt,
             "input_tokens_details": {"cached_tokens": total.num_cached_tokens},
             "output_tokens": output,
-            "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, output)},
+            # counted by the engine as generated (engine/thinking.py), tags included
+            "output_tokens_details": {"reasoning_tokens": total.num_reasoning_tokens},
             "total_tokens": num_prompt + output,
         },
     }
@@ -265,12 +261,12 @@ async def _stream(
         async for name, payload in named_events(generation, state, builder, beat):
             yield event(name, payload)
     except APIError as err:
-        final = _finished(engine, response, builder, state.total, len(prepared.prompt), err)
+        final = _finished(response, builder, state.total, len(prepared.prompt), err)
         for name, payload in builder.drain():
             yield event(name, payload)
         yield event("response.failed", {"response": final})
         return
-    final = _finished(engine, response, builder, state.total, len(prepared.prompt))
+    final = _finished(response, builder, state.total, len(prepared.prompt))
     for name, payload in builder.drain():
         yield event(name, payload)
     await keep(final, builder)
