@@ -17,6 +17,7 @@ imports no other.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -27,13 +28,21 @@ from pydantic import ValidationError
 from chat.plan import ChatPlan
 from server.api.chat.input import chat_messages, chat_options
 from server.api.chat.protocol import ChatCompletionRequest
+from server.api.constraints import ConstraintFields
 from server.http.deps import Caller, CallerDep, GatedRoute, claim, registry, resolve_model
 from server.http.errors import BadRequest
 from server.models.served import ServedModel
 from server.serving.prepare import make_plan
 from server.serving.replay import request_replay
 
+log = logging.getLogger("kvserve.server")
 router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
+
+# The fields a prompt is rendered from (chat_messages, chat_options); the others a chat
+# body may carry (sampling, n, stream, ...) are accepted and play no part here.
+RENDERED = {"model", "messages", "add_generation_prompt", "tools", "tool_choice",
+            "parallel_tool_calls", "response_format", "reasoning_effort", "reasoning_format",
+            "chat_template_kwargs", *ConstraintFields.model_fields}  # fmt: skip
 
 
 class ApplyTemplateRequest(ChatCompletionRequest):
@@ -53,6 +62,10 @@ Rendered = tuple[ServedModel, ChatPlan]  # the model that rendered, and its chat
 async def render(request: Request, body: ApplyTemplateRequest, caller: Caller) -> Rendered:
     """The model the body names (or the default one) and its plan for the body's chat;
     the caller's sampled tool turns render as sampled."""
+    body.log_unknown("apply-template")
+    unused = sorted(body.model_fields_set - RENDERED)
+    if unused:
+        log.info("apply-template: fields that play no part in a prompt: %s", unused)
     if body.model is None:
         served = claim(registry(request).default)
     else:
@@ -80,6 +93,5 @@ async def apply_template(
     body: ApplyTemplateRequest, request: Request, caller: CallerDep
 ) -> dict[str, Any]:
     """The prompt a chat request renders to (llama-server's), without generating."""
-    body.log_unknown("apply-template")
     _, plan = await render(request, body, caller)
     return {"prompt": plan.prompt.text}

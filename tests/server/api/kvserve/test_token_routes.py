@@ -214,3 +214,13 @@ async def test_props_of_a_named_or_unloaded_model(two: httpx.AsyncClient) -> Non
     await two.post("/v1/models/b/unload")
     props = (await two.get("/props", params={"model": "b"})).json()
     assert props["is_sleeping"] is True and "special_tokens" not in props
+
+
+async def test_generation_fields_are_logged_as_playing_no_part(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"messages": HI, "temperature": 0.5, "max_tokens": 3, "tools": TOOLS}
+    with caplog.at_level("INFO", logger="kvserve.server"):
+        assert (await client.post("/apply-template", json=body)).status_code == 200
+    (line,) = [r.getMessage() for r in caplog.records if "play no part" in r.getMessage()]
+    assert "max_tokens" in line and "temperature" in line and "tools" not in line
