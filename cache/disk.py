@@ -1,4 +1,5 @@
-"""The disk tier: one file per entry under `disk_dir/<namespace>/`, within a byte budget.
+"""The disk tier: one file per entry under `disk_dir/<namespace>/`, within a byte budget
+(cache/tier.py: indexed, blocking).
 
 A file is written under a temporary name, fsynced, renamed to `<key>.kv` and the
 directory fsynced, so a crash leaves either the whole entry or a temporary file, never a
@@ -15,9 +16,7 @@ Safe on a directory that several processes (replicas) share: a file appears whol
 not at all (rename), a file evicted by another process is a miss for a reader that had
 not opened it yet and stays readable for one that had, and refresh() picks up the files
 others wrote when the directory's mtime moves. A temporary file is named after its
-writer (host and pid): it is a leftover when that writer was on this host and is gone,
-or when it is older than TMP_MAX_AGE_S; otherwise it may be another replica's write in
-flight, and is left alone.
+writer, so a leftover is told from another replica's write in flight (cache/tmpfiles.py).
 Each process keeps the budget over the files it knows of (all of them, once refreshed).
 What refresh() lists is older than this process's own bookkeeping of the keys it wrote
 or removed meanwhile (a write is renamed into place before it is counted), so it leaves
@@ -33,7 +32,6 @@ import contextlib
 import itertools
 import logging
 import os
-import socket
 import time
 from collections.abc import Collection, Iterator
 
@@ -41,22 +39,24 @@ import cache.record as record
 from cache.budget import Pool
 from cache.counters import TierIo
 from cache.keys import entry_key, seed
+from cache.tier import Tier, TierContext
+from cache.tmpfiles import TMP_SUFFIX, WRITER, fsync_dir, is_leftover, unlink_quietly
 from cache.types import Entry, EntryInfo, TierStats
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".kv"
-TMP_SUFFIX = ".tmp"
-TMP_MAX_AGE_S = 3600.0  # no write takes this long; an older temporary file is a leftover
 
 
-class DiskTier:
+class DiskTier(Tier):
     name = "disk"
+    indexed = True
+    blocking = True
 
     def __init__(self, root: str, namespace: str, budget: int | Pool) -> None:
         self.dir = os.path.join(root, namespace)
         self._namespace = namespace
-        pool = budget if isinstance(budget, Pool) else Pool(budget)
+        self._pool = pool = budget if isinstance(budget, Pool) else Pool(budget)
         self._lock = pool.lock  # the pool's: a write may evict another tier's file
         self._infos: dict[str, EntryInfo] = {}
         self._policy = pool.share(self._evicted)
@@ -90,7 +90,7 @@ class DiskTier:
             path = os.path.join(self.dir, name)
             if name.endswith(TMP_SUFFIX):
                 with contextlib.suppress(OSError):
-                    if _is_leftover(name, now - os.stat(path).st_mtime):
+                    if is_leftover(name, now - os.stat(path).st_mtime):
                         self._remove_corrupt(path, "leftover temporary file")
             elif name.endswith(SUFFIX):
                 item = self._read_info(name)
@@ -180,7 +180,7 @@ class DiskTier:
     def _remove_corrupt(self, path: str, why: str) -> None:
         log.warning("cache: removing %s (%s)", path, why)
         self.corrupt_removed += 1
-        _unlink_quietly(path)
+        unlink_quietly(path)
 
     def get(self, key: str) -> Entry | None:
         """The entry, checksum verified; None if absent or unreadable. A corrupt file is
@@ -245,7 +245,7 @@ class DiskTier:
 
     def _write(self, entry: Entry) -> int:
         final = self._path(entry.key)
-        tmp = f"{final}.{_WRITER}-{next(self._tmp_names)}{TMP_SUFFIX}"
+        tmp = f"{final}.{WRITER}-{next(self._tmp_names)}{TMP_SUFFIX}"
         os.makedirs(self.dir, exist_ok=True)  # recreated if someone removed it
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         size = 0
@@ -262,12 +262,12 @@ class DiskTier:
                 os.close(fd)
             os.replace(tmp, final)
         except BaseException:
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise
         try:
-            _fsync_dir(self.dir)  # makes the rename itself durable
+            fsync_dir(self.dir)  # makes the rename itself durable
         except BaseException:
-            _unlink_quietly(final)  # not known durable: not an entry
+            unlink_quietly(final)  # not known durable: not an entry
             raise
         return size
 
@@ -356,44 +356,16 @@ class DiskTier:
                     bytes=self._policy.total_bytes,
                     evictions=self.evictions,
                     errors=self.read_errors,
+                    corrupt_removed=self.corrupt_removed,
                 )
             )
 
-
-_HOST = socket.gethostname().replace(".", "_").replace("-", "_") or "host"
-_WRITER = f"{_HOST}-{os.getpid()}"  # in temporary names: <key>.kv.<host>-<pid>-<n>.tmp
-
-
-def _is_leftover(name: str, age_s: float) -> bool:
-    """A temporary file no live writer will rename: its writer ran on this host and is
-    gone (pid not alive), or it is too old to be a write in flight."""
-    if age_s > TMP_MAX_AGE_S:
-        return True
-    writer = name[: -len(TMP_SUFFIX)].rsplit(".", 1)[-1].split("-")
-    if len(writer) == 2:  # <pid>-<n>: written before names carried the host
-        writer = [_HOST, *writer]
-    if len(writer) != 3 or writer[0] != _HOST or not writer[1].isdigit():
-        return False  # another host's (a replica sharing the directory), or not ours
-    pid = int(writer[1])
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # alive, another user's
-        return False
-    return False
+    def problems(self) -> list[str]:
+        over = self._pool.total_bytes > self._pool.budget
+        return ["the disk tier is over budget"] if over else []
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink_quietly(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+def open_tier(context: TierContext) -> DiskTier | None:
+    """Where `[cache] disk_dir` names a directory; its bytes count in the process's pool."""
+    path = context.config.disk_path
+    return DiskTier(path, context.namespace, context.budget.disk) if path else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cache.types import EntryInfo
 
@@ -24,7 +24,9 @@ MAX_CANDIDATES = 16
 class IndexedEntry:
     info: EntryInfo
     hashes: tuple[bytes, ...]  # h_1..h_k of its full blocks
-    on_disk: bool = False
+    # The blocking tiers (disk) holding a copy, as last copied from them under the
+    # cache's lock (PrefixCache._sync_copies); tiers under the lock are asked instead.
+    held: set[str] = field(default_factory=set)
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -1,9 +1,10 @@
 """The RAM tier: whole entries in a dict under a byte budget, hit-weighted LRU eviction.
 
-The budget may be the process's (a `Pool` of cache/budget.py that every model's RAM tier
-counts into): then a put here may evict another model's entry, through that tier's
-`_evicted`. Not thread-safe on its own: PrefixCache calls it only under its lock, which
-is the pool's lock (every call is a dict operation; no I/O).
+The first tier (cache/tier.py: indexed, not blocking). The budget may be the process's
+(a `Pool` of cache/budget.py that every model's RAM tier counts into): then a put here
+may evict another model's entry, through that tier's `_evicted`. Not thread-safe on its
+own: PrefixCache calls it only under its lock, which is the pool's lock (every call is a
+dict operation; no I/O).
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator
 
 from cache.budget import Pool
+from cache.tier import Tier, TierContext
 from cache.types import Entry, EntryInfo, TierStats
 
 
-class RamTier:
+class RamTier(Tier):
     name = "ram"
+    indexed = True
+    blocking = False
 
     def __init__(self, budget: int | Pool, on_evict: Callable[[str], None] | None = None) -> None:
         """`on_evict(key)`: another tier of the pool took the room of entry `key`."""
@@ -77,7 +81,7 @@ class RamTier:
             self.delete(key)
         return count
 
-    def release(self) -> list[str]:
+    def close(self, timeout: float | None = None) -> list[str]:
         """Give every byte back to the pool and take no more (the cache is closed);
         the keys that were held."""
         keys = list(self._entries)
@@ -90,9 +94,18 @@ class RamTier:
     def infos(self) -> Iterator[EntryInfo]:
         return (entry.info for entry in list(self._entries.values()))
 
+    def problems(self) -> list[str]:
+        over = self._pool.total_bytes > self._pool.budget
+        return ["the RAM tier is over budget"] if over else []
+
     def stats(self) -> TierStats:
         return TierStats(
             entries=len(self._entries),
             bytes=self._policy.total_bytes,
             evictions=self._evictions,
         )
+
+
+def open_tier(context: TierContext) -> RamTier:
+    """Every cache has one (a budget of 0 stores nothing), in the process's RAM pool."""
+    return RamTier(context.budget.ram, on_evict=lambda key: context.on_evict(RamTier.name, key))

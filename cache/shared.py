@@ -1,6 +1,7 @@
 """The shared tier: a store every replica reads and writes (cache/redis_tier.py), behind
 the local RAM and disk tiers, so a prefix computed on one replica is warm on the others
-and a session's state outlives the replica that served it.
+and a session's state outlives the replica that served it. A tier that is not indexed
+(cache/tier.py): other replicas write there too, so it is searched (`find`).
 
 It is never an error and never a stall: every store call is bounded by the store's
 timeout, and a failure is counted (`errors`) and turns into a miss or a lost save. After
@@ -8,8 +9,9 @@ a failure the store is left alone for `retry_s`, so a dead store costs one timeo
 retry period, not one per request. Saves run on their own writer thread (a full queue
 drops the save, counted), so a slow store never holds up the disk writes or the engine.
 
-Threads: lookup() runs where PrefixCache.lookup runs (a worker thread of the event
-loop, never the engine thread); save() only queues. The lock covers the counters.
+Threads: find() runs where PrefixCache.lookup runs (a worker thread of the event loop,
+never the engine thread); put() only queues. The lock covers the counters. The lookups
+it serves or not are counted by PrefixCache, as every tier's.
 
 Traces: inside `recording_calls()` every store call is also noted as a `StoreCall` (the
 engine records a lookup's calls, and server/telemetry/spans.py makes them spans); a
@@ -29,8 +31,10 @@ from typing import Protocol, TypeVar
 
 import cache.record as record
 from cache.counters import TierIo
+from cache.keys import block_hashes, seed
 from cache.purges import PurgeLog
 from cache.redis_tier import ERRORS, RedisTier
+from cache.tier import Tier, TierContext
 from cache.types import Entry, StoreCall, TierStats
 from cache.writer import Writer
 
@@ -76,14 +80,11 @@ class SharedStore(Protocol):
 @dataclass(frozen=True)
 class _Put:
     entry: Entry
-    hashes: tuple[bytes, ...]
     generation: int
 
 
 @dataclass
 class _Counts:
-    hits: int = 0
-    misses: int = 0
     errors: int = 0
     io: TierIo = field(default_factory=TierIo)
     saves: int = 0
@@ -95,19 +96,23 @@ class _Unavailable(Exception):
     """The store failed just now (counted) or is in its retry pause."""
 
 
-class SharedTier:
+class SharedTier(Tier):
     name = "shared"
+    indexed = False
+    blocking = True
 
     def __init__(
         self,
         store: SharedStore,
         errors: tuple[type[BaseException], ...],
+        namespace: str,
         block_tokens: int,
         retry_s: float,
         max_pending: int,
     ) -> None:
         self._store = store
         self._errors = errors
+        self._namespace = namespace
         self._block = block_tokens
         self._retry_s = retry_s
         self._lock = threading.Lock()
@@ -159,24 +164,19 @@ class SharedTier:
 
     # -- lookup ---------------------------------------------------------------------
 
-    def lookup(
+    def find(
         self,
         prompt: tuple[int, ...],
         hashes: Sequence[bytes],
         salt: str,
         longer_than: int,
-        *,
-        whole: bool = False,
+        whole: bool,
     ) -> tuple[Entry, int] | None:
-        """The stored entry sharing more than `longer_than` tokens with `prompt` (the
-        most the local tiers offer), and how many; None (a counted miss) otherwise.
-        `whole`: only an entry that is a proper prefix of `prompt` (PrefixCache.whole_states)."""
+        """See Tier.find: `longer_than` is the most the local tiers offer. A store that
+        fails or is in its pause after an error is a miss."""
         found = self._find(prompt, hashes, salt, longer_than, whole)
-        with self._lock:
-            if found is None:
-                self._counts.misses += 1
-            else:
-                self._counts.hits += 1
+        if found is not None:
+            with self._lock:
                 self._counts.io.bytes_read += len(found[0].state)
         return found
 
@@ -225,15 +225,18 @@ class SharedTier:
 
     # -- save -----------------------------------------------------------------------
 
-    def save(self, entry: Entry, hashes: Sequence[bytes]) -> bool:
-        """Queue the entry for the store; never blocks. False (counted as dropped) when
-        the queue is full or the store is in its pause after an error."""
+    def fits(self, entry: Entry) -> bool:
+        return True  # the store's own memory limit is the budget (it evicts, LRU)
+
+    def put(self, entry: Entry) -> list[str]:
+        """Queue the entry for the store; never blocks (PrefixCache calls it under its
+        lock). Dropped and counted when the queue is full or the store is in its pause
+        after an error. What the store evicts is its own business: none listed."""
         with self._lock:
-            job = _Put(entry, tuple(hashes), self._purges.generation)
-            if time.monotonic() >= self._down_until and self._writer.submit(job):
-                return True
-            self._counts.saves_dropped += 1
-            return False
+            job = _Put(entry, self._purges.generation)
+            if time.monotonic() < self._down_until or not self._writer.submit(job):
+                self._counts.saves_dropped += 1
+        return []
 
     def _covered(self, job: _Put) -> bool:
         with self._lock:
@@ -242,8 +245,10 @@ class SharedTier:
     def _put(self, job: _Put) -> None:
         if self._covered(job):
             return  # purged after it was queued
+        entry = job.entry
+        hashes = block_hashes(entry.tokens, self._block, seed(self._namespace, entry.salt))
         try:
-            size = self._call("put", lambda: self._store.put(job.entry, job.hashes))
+            size = self._call("put", lambda: self._store.put(entry, hashes))
             if self._covered(job):  # purged while it was being stored
                 self._call("delete", lambda: self._store.delete(self._store.name_of(job.entry)))
                 return
@@ -279,21 +284,20 @@ class SharedTier:
     def stats(self) -> TierStats:
         with self._lock:
             c = self._counts
-            return c.io.into(TierStats(hits=c.hits, misses=c.misses, errors=c.errors))
-
-    def dropped_and_corrupt(self) -> tuple[int, int]:
-        """Saves dropped and corrupt entries removed (PrefixCache adds them to its own)."""
-        with self._lock:
-            return self._counts.saves_dropped, self._counts.corrupt_removed
+            counts = TierStats(
+                errors=c.errors, saves_dropped=c.saves_dropped, corrupt_removed=c.corrupt_removed
+            )
+            return c.io.into(counts)
 
     def flush(self, timeout: float | None = None) -> bool:
         return self._writer.flush(timeout)
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None) -> list[str]:
         """Store what is queued (each put bounded by the store's timeout), then let go."""
         self._writer.close(timeout)
         with contextlib.suppress(*self._errors):
             self._store.close()
+        return []
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], start: int) -> int:
@@ -304,7 +308,12 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], start: int) -> int:
     return i
 
 
-def connect(url: str, namespace: str, block_tokens: int, **limits: float) -> SharedTier:
-    """The shared tier on the store `url` names (redis:// or rediss://, unix://)."""
-    store = RedisTier(url, namespace, limits["timeout_s"], limits["ttl_s"])
-    return SharedTier(store, ERRORS, block_tokens, limits["retry_s"], int(limits["max_pending"]))
+def open_tier(context: TierContext) -> SharedTier | None:
+    """On the store `[cache] shared_url` names (redis:// or rediss://, unix://), if any."""
+    c = context.config
+    if not c.shared_url:
+        return None
+    store = RedisTier(c.shared_url, context.namespace, c.shared_timeout_s, c.shared_ttl_s)
+    return SharedTier(
+        store, ERRORS, context.namespace, c.block_tokens, c.shared_retry_s, c.writer_queue
+    )

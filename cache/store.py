@@ -2,31 +2,34 @@
 
 Threads: lookup() runs on the engine thread or a worker of the asyncio loop, save() on
 the engine thread, and the writer thread (cache/writer.py) stores saves. One lock covers
-the index, the RAM tier and the counters, and is never held across file I/O: a disk
-load or write happens between two short critical sections.
+the index, the tiers that are not blocking (RAM) and the counters, and is never held
+across I/O: a blocking tier's read or write (cache/tier.py) happens between two short
+critical sections.
 
-Invariant: every indexed entry is in RAM, on disk, or both. A saved entry goes into RAM
-first (visible at once), then to disk (write-through, so a crashed server restarts
-warm); while its write is in flight it is protected from RAM eviction, so it is never
-dropped before it is on disk. Later RAM eviction drops only the RAM copy; an entry left
-on no tier leaves the index. purge() and purge_where() start a new generation
+Tiers: one ordered list (cache/tiers.py), fastest first, then the ones other replicas
+write to. Invariant: every indexed entry is held by an indexed tier (cache/copies.py).
+A save goes into every tier that takes it, in order (write-through: a lower tier already
+holds what an upper one evicts, so demotion costs no write, and a crashed server
+restarts warm): the tiers under the lock first (RAM: visible at once), then the blocking
+ones (disk), then the ones other replicas write to (queued: their own writer thread).
+While its blocking writes are in flight the entry is pinned in the tiers above them, so
+it is never dropped before it is on disk. An eviction drops that tier's copy; an entry
+left in no tier leaves the index. A lookup asks the tiers in order; a hit is promoted
+into the tiers above it that are under the lock (a lookup never writes a file) and
+touches its copies below. purge() and purge_where() start a new generation
 (cache/purges.py), so saves queued or in flight before them that they cover are
 discarded rather than landing afterwards, here and in the shared tier.
 
-Several replicas (cache/shared.py): a stored entry is also queued for the shared tier
-(its own writer thread), and a lookup that the local tiers do not serve through the
-prompt's last full block asks the shared tier for a longer prefix; a shared hit is
+Several replicas (cache/shared.py): a lookup that the indexed tiers do not serve through
+the prompt's last full block asks the shared tier for a longer prefix; a shared hit is
 promoted to RAM. On a disk directory that other processes write too, such a lookup
 picks up their new files first (DiskTier.refresh: one stat while nothing changed).
 
 Several models in one process (cache/budget.py): caches made with one CacheBudget count
 their RAM and disk bytes in one budget each, and share one lock (the RAM pool's), so a
 save of one model may evict another's entry, in its index at once; its disk copies that
-another's write evicted it learns of at its next lookup (`_settle_disk`).
-
-An entry's `on_disk` is copied from the disk tier under the lock (`_sync_disk_copy`),
-never from a list of keys made outside it (a refresh's, a write's, another model's):
-the file may have come or gone again since."""
+another's write evicted it learns of at its next lookup (`_settle`).
+"""
 
 from __future__ import annotations
 
@@ -34,22 +37,17 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cache.budget import CacheBudget
+from cache.copies import Copies
 from cache.counters import Counters
-from cache.disk import DiskTier
-from cache.index import BlockIndex, IndexedEntry
+from cache.index import IndexedEntry
 from cache.keys import block_hashes, entry_key, seed
 from cache.purges import PurgeLog
-from cache.ram import RamTier
-from cache.shared import SharedTier, connect
-from cache.store_reports import Reports
-from cache.types import CacheConfig, CacheHit, Entry, Tier
+from cache.tier import Opener, Tier, TierContext
+from cache.tiers import TIERS
+from cache.types import CacheConfig, CacheHit, CacheStats, Entry
 from cache.writer import STALL_S, Writer
-
-if TYPE_CHECKING:  # both tiers offer the narrow interface another tier would implement
-    _TIERS: tuple[type[Tier], ...] = (RamTier, DiskTier)
 
 log = logging.getLogger(__name__)
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -62,14 +60,19 @@ class _Save:
     generation: int
 
 
-class PrefixCache(Reports):
-    """Longest-prefix KV state cache over a RAM tier and an optional disk tier."""
+class PrefixCache:
+    """Longest-prefix KV state cache over an ordered list of tiers (RAM, disk, shared)."""
 
     def __init__(
-        self, config: CacheConfig, namespace: str, budget: CacheBudget | None = None
+        self,
+        config: CacheConfig,
+        namespace: str,
+        budget: CacheBudget | None = None,
+        tiers: Sequence[Opener] = TIERS,
     ) -> None:
         """`budget`: the process's, shared with the other models' caches (its sizes
-        rule, not `config`'s); None: this cache's own, of `config`'s sizes."""
+        rule, not `config`'s); None: this cache's own, of `config`'s sizes. `tiers`:
+        their openers, in lookup order (cache/tiers.py)."""
         if not _NAMESPACE_RE.fullmatch(namespace) or namespace in (".", ".."):
             raise ValueError(f"cache namespace must be a plain file name: {namespace!r}")
         self.config = config
@@ -78,26 +81,13 @@ class PrefixCache(Reports):
         self._min_tokens = max(config.min_tokens, config.block_tokens)
         self._budget = budget or CacheBudget.of(config)
         self._lock = self._budget.ram.lock  # every cache of the budget's: see the module
-        self._index = BlockIndex(config.block_tokens)
-        self._ram = RamTier(self._budget.ram, on_evict=self._ram_evicted)
-        self._disk = (
-            DiskTier(config.disk_path, namespace, self._budget.disk)
-            if config.enabled and config.disk_path
-            else None
-        )
-        self._shared: SharedTier | None = (
-            connect(
-                config.shared_url,
-                namespace,
-                config.block_tokens,
-                timeout_s=config.shared_timeout_s,
-                retry_s=config.shared_retry_s,
-                ttl_s=config.shared_ttl_s,
-                max_pending=config.writer_queue,
-            )
-            if config.enabled and config.shared_url
-            else None
-        )
+        context = TierContext(config, namespace, self._budget, self._evicted)
+        opened = [open_tier(context) for open_tier in tiers] if config.enabled else []
+        self._tiers: tuple[Tier, ...] = tuple(tier for tier in opened if tier is not None)
+        self._copies = Copies(config.block_tokens, namespace, self._tiers)
+        self._index = self._copies.index
+        self._local = self._copies.tiers  # the indexed ones, first in the list
+        self._searched = tuple(tier for tier in self._tiers if not tier.indexed)
         # Set at load for recurrent and hybrid models (engine/family.py), before their first
         # request: an entry serves only prompts it is a proper prefix of, and a longer one
         # never replaces its prefixes (each is a checkpoint another prompt may restore).
@@ -105,20 +95,19 @@ class PrefixCache(Reports):
         self._counts = Counters()
         self._purges = PurgeLog()
         self._closed = not config.enabled
-        self._load_disk_index()
+        with self._lock:
+            self._copies.index_stored()
         self._writer: Writer[_Save] | None = (
             Writer(self._store, self._count_error, config.writer_queue) if config.enabled else None
         )
 
-    def _load_disk_index(self) -> None:
-        if self._disk is None:
-            return
-        for info in self._disk.infos():
-            hashes = block_hashes(info.tokens, self._block, seed(self.namespace, info.salt))
-            if hashes:
-                self._index.add(IndexedEntry(info, tuple(hashes), on_disk=True))
-            else:  # shorter than a block (block_tokens grew): can never be found
-                self._disk.delete(info.key)
+    def tier(self, name: str) -> Tier | None:
+        """The tier of that name, if configured."""
+        return next((tier for tier in self._tiers if tier.name == name), None)
+
+    def _evicted(self, tier: str, key: str) -> None:
+        """Another model's save took the room of our `key` in `tier` (lock held: ours too)."""
+        self._copies.drop(next(t for t in self._tiers if t.name == tier), [key])
 
     # -- lookup ---------------------------------------------------------------------------
 
@@ -128,109 +117,110 @@ class PrefixCache(Reports):
             return None
         if len(tokens) < self._block:
             with self._lock:
-                self._count_miss(ram=True)
+                self._count_misses(self._local)
             return None
         prompt = tuple(tokens)
         hashes = block_hashes(prompt, self._block, seed(self.namespace, salt))
         full = len(hashes) * self._block
-        self._refresh_disk()
+        self._refresh()
         generation = self._purges.generation
         hit = self._lookup_local(prompt, hashes)
-        if self._shared is None or (hit is not None and hit.num_matched >= full):
-            return hit
-        longer_than, whole = (hit.num_matched if hit else 0), self.whole_states
-        found = self._shared.lookup(prompt, hashes, salt, longer_than, whole=whole)
-        if found is None:
-            return hit
-        entry, num_matched = found
-        self._adopt(entry, generation)
-        return CacheHit(entry.tokens, entry.state, num_matched, "shared")
+        for tier in self._searched:  # each asked only for more than the tiers before it
+            if hit is not None and hit.num_matched >= full:
+                break
+            longer_than = hit.num_matched if hit else 0
+            found = tier.find(prompt, hashes, salt, longer_than, self.whole_states)
+            if found is None:
+                with self._lock:
+                    self._counts.count(self._counts.misses, tier.name)
+                continue
+            entry, num_matched = found
+            self._adopt(tier, entry, generation)
+            return CacheHit(entry.tokens, entry.state, num_matched, tier.name)
+        return hit
 
-    def _refresh_disk(self) -> None:
+    def _refresh(self) -> None:
         """Index the files other processes added to a shared disk directory and forget
         the ones they removed (nothing but a stat while the directory is unchanged)."""
-        self._settle_disk()
-        disk = self._disk
-        if disk is None or not disk.changed():
-            return
-        added, removed = disk.refresh()
+        self._settle()
+        for tier in self._local:
+            if tier.changed():
+                added, removed = tier.refresh()
+                with self._lock:
+                    self._copies.take_refresh(tier, added, removed)
+
+    def _settle(self) -> None:
+        """Forget the copies another model's writes evicted (a shared budget)."""
+        for tier in self._local:
+            if lost := tier.take_lost():
+                with self._lock:
+                    self._copies.sync(lost)
+
+    def _lookup_local(self, prompt: tuple[int, ...], hashes: list[bytes]) -> CacheHit | None:
+        """The indexed tiers in order: the best match is read from the first that holds
+        it; each tier before it, or every one if none does, counts a miss."""
+        copies = self._copies
         with self._lock:
-            for key in removed:
-                self._sync_disk_copy(key)
-            for info in added:
-                if self._index.get(info.key) is not None:
-                    self._sync_disk_copy(info.key)
+            find = self._index.longest_prefix_entry if self.whole_states else self._index.best_match
+            match = find(prompt, hashes, prefer=copies.in_memory)
+            if match is None:
+                self._count_misses(self._local)
+                return None
+            indexed, num_matched = match
+            for n, tier in enumerate(self._local):
+                entry = self._read(tier, indexed) if copies.holds(indexed, tier) else None
+                if entry is None:
+                    self._counts.count(self._counts.misses, tier.name)
                     continue
-                if not disk.contains(info.key):  # our writer's save evicted it meanwhile
-                    continue
-                hashes = block_hashes(info.tokens, self._block, seed(self.namespace, info.salt))
-                if hashes:
-                    self._index.add(IndexedEntry(info, tuple(hashes), on_disk=True))
+                self._counts.count(self._counts.hits, tier.name)
+                copies.touch_below(indexed, n)  # keeps hot entries' files from eviction
+                self._promote(entry, indexed, self._local[:n])
+                return CacheHit(entry.tokens, entry.state, num_matched, tier.name)
+            return None
 
-    def _settle_disk(self) -> None:
-        """Forget the disk copies another model's writes evicted (a shared budget)."""
-        lost = self._disk.take_lost() if self._disk is not None else []
-        if lost:
-            with self._lock:
-                for key in lost:
-                    self._sync_disk_copy(key)
+    def _read(self, tier: Tier, indexed: IndexedEntry) -> Entry | None:
+        """The tier's copy (lock held; released around a blocking tier's read). A copy
+        gone meanwhile, or found corrupt (and removed), is forgotten."""
+        key = indexed.info.key
+        if not tier.blocking:
+            return tier.get(key)
+        self._lock.release()
+        try:
+            entry = tier.get(key)
+        finally:
+            self._lock.acquire()
+        if entry is None:
+            self._copies.sync([key])
+        return entry
 
-    def _ram_evicted(self, key: str) -> None:
-        """Another model's save took this entry's RAM (lock held: it is ours too)."""
-        self._drop_ram_copies([key])
+    def _promote(self, entry: Entry, indexed: IndexedEntry, above: Sequence[Tier]) -> None:
+        """Copy a hit into the tiers `above` that are under the lock and lack it, where it
+        fits (lock held; a write in flight is pinned there). Not if `indexed`, read
+        outside the lock, is no longer the index's."""
+        if self._index.get(entry.key) is not indexed:
+            return
+        for tier in above:
+            if not tier.blocking and not tier.contains(entry.key) and tier.fits(entry):
+                self._copies.drop(tier, tier.put(entry))
 
-    def _adopt(self, entry: Entry, generation: int) -> None:
-        """A shared hit goes into RAM (the next lookup here is local), unless a purge
-        since the lookup began (`generation`) covers it."""
+    def _adopt(self, found_in: Tier, entry: Entry, generation: int) -> None:
+        """A searched tier's hit is counted and promoted (the next lookup here is local),
+        unless a purge since the lookup began (`generation`) covers it."""
         hashes = tuple(block_hashes(entry.tokens, self._block, seed(self.namespace, entry.salt)))
         with self._lock:
+            self._counts.count(self._counts.hits, found_in.name)
             if self._closed or self._index.get(entry.key) is not None or not hashes:
                 return
             if self._purges.covers(generation, entry.salt):
                 return
-            if self._ram.fits(entry):
-                self._index.add(IndexedEntry(entry.info, hashes))
-                self._drop_ram_copies(self._ram.put(entry))
+            indexed = IndexedEntry(entry.info, hashes)
+            self._index.add(indexed)
+            self._promote(entry, indexed, self._local)
+            self._copies.forget_if_unheld(indexed)
 
-    def _lookup_local(self, prompt: tuple[int, ...], hashes: list[bytes]) -> CacheHit | None:
-        """RAM, then disk (a disk hit is promoted to RAM)."""
-        with self._lock:
-            find = self._index.longest_prefix_entry if self.whole_states else self._index.best_match
-            match = find(prompt, hashes, prefer=self._ram.contains)
-            if match is None:
-                self._count_miss(ram=True)
-                return None
-            indexed, num_matched = match
-            key = indexed.info.key
-            entry = self._ram.get(key)
-            if entry is not None:
-                self._counts.ram_hits += 1
-                if self._disk is not None:
-                    self._disk.touch(key)  # keeps hot entries' files from disk eviction
-                return CacheHit(entry.tokens, entry.state, num_matched, "ram")
-            self._counts.ram_misses += 1
-            if self._disk is None or not indexed.on_disk:
-                self._count_miss(ram=False)
-                return None
-            disk = self._disk
-        entry = disk.get(key)  # the read happens outside the lock
-        with self._lock:
-            if entry is None:  # deleted meanwhile, or found corrupt (and removed)
-                self._count_miss(ram=False)
-                self._sync_disk_copy(key)
-                return None
-            self._counts.disk_hits += 1
-            promote = self._index.get(key) is indexed and not self._ram.contains(key)
-            if promote and self._ram.fits(entry):  # (a write in flight is pinned)
-                self._drop_ram_copies(self._ram.put(entry))
-            return CacheHit(entry.tokens, entry.state, num_matched, "disk")
-
-    def _count_miss(self, ram: bool) -> None:
-        """A lookup no tier served (`ram`: RAM was not counted for it yet)."""
-        if ram:
-            self._counts.ram_misses += 1
-        if self._disk is not None:
-            self._counts.disk_misses += 1
+    def _count_misses(self, tiers: Sequence[Tier]) -> None:
+        for tier in tiers:  # (lock held)
+            self._counts.count(self._counts.misses, tier.name)
 
     # -- save -----------------------------------------------------------------------------
 
@@ -246,7 +236,7 @@ class PrefixCache(Reports):
         entry = Entry(entry_key(chain_seed, prompt), salt, prompt, state)
         hashes = tuple(block_hashes(prompt, self._block, chain_seed))
         with self._lock:
-            if not (self._ram.fits(entry) or (self._disk is not None and self._disk.fits(entry))):
+            if not any(tier.fits(entry) for tier in self._local):
                 self._counts.saves_dropped += 1
                 return False
             if self._covered(entry, hashes):
@@ -270,6 +260,7 @@ class PrefixCache(Reports):
             self._counts.save_errors += 1
 
     def _store(self, job: _Save) -> None:
+        """The writer thread: the entry into every tier that takes it (see the module)."""
         entry, hashes = job.entry, job.hashes
         indexed = IndexedEntry(entry.info, hashes)
         with self._lock:
@@ -281,87 +272,73 @@ class PrefixCache(Reports):
             # A growing conversation keeps one entry: the new one replaces its prefixes
             # (whole states keep them: see `whole_states`).
             for old in () if self.whole_states else self._index.extended_by(entry.tokens, hashes):
-                self._remove(old.info.key)
-            if self._ram.fits(entry):
-                self._index.add(indexed)
-                self._ram.pin(entry.key)  # not evicted before it is on disk
-                self._drop_ram_copies(self._ram.put(entry))
-        written, evicted = self._write_to_disk(entry)
+                self._copies.remove(old.info.key)
+            for tier in self._local:
+                if not tier.blocking and tier.fits(entry):
+                    if self._index.get(entry.key) is None:
+                        self._index.add(indexed)
+                    tier.pin(entry.key)  # not evicted before the blocking tiers have it
+                    self._copies.drop(tier, tier.put(entry))
+        written: dict[Tier, list[str]] = {}  # the blocking tiers written: the keys they evicted
+        for tier in self._local:
+            if tier.blocking and (evicted := self._write_to(tier, entry)) is not None:
+                written[tier] = evicted
         with self._lock:
-            # Queued under the lock: a purge after this check covers it in the shared tier.
-            if self._shared is not None and not self._purges.covers(job.generation, entry.salt):
-                self._shared.save(entry, hashes)  # never blocks: its own writer thread
-            self._ram.pin(None)
-            if self._purges.covers(job.generation, entry.salt):  # purged during the write
-                if written and self._disk is not None:
-                    self._disk.delete(entry.key)
+            purged = self._purges.covers(job.generation, entry.salt)
+            for tier in self._searched:  # under the lock: a purge after this covers it there
+                if not purged:
+                    tier.put(entry)  # never blocks: their own writer thread
+            for tier in self._local:
+                tier.pin(None)
+            if purged:  # purged during the writes
+                for tier in written:
+                    tier.delete(entry.key)
                 return
             if written and self._index.get(entry.key) is None:
                 self._index.add(indexed)
             # Another model's write may have evicted it already (cache/budget.py).
-            for key in (entry.key, *evicted):
-                self._sync_disk_copy(key)
-            self._drop_ram_copies(self._ram.trim())  # the protected write may have overrun
+            self._copies.sync([entry.key, *(key for keys in written.values() for key in keys)])
+            for tier in self._local:  # a pinned entry may have overrun a budget
+                self._copies.drop(tier, tier.trim())
             if self._index.get(entry.key) is not None:
                 self._counts.saves += 1
 
-    def _write_to_disk(self, entry: Entry) -> tuple[bool, list[str]]:
-        """(written, keys evicted from disk). A failed write costs only this entry's
-        disk copy: counted in save_errors, temporary file already removed."""
-        if self._disk is None or not self._disk.fits(entry):
-            return False, []
+    def _write_to(self, tier: Tier, entry: Entry) -> list[str] | None:
+        """A blocking indexed tier's copy, written outside the lock: the keys it evicted,
+        or None if not written. A failed write costs only this copy (temporary file
+        already removed): counted in save_errors and the tier's errors."""
+        if not tier.fits(entry):
+            return None
         try:
-            return True, self._disk.put(entry)
+            return tier.put(entry)
         except OSError as e:
-            log.warning("cache: writing an entry to %s failed: %s", self._disk.dir, e)
+            log.warning("cache: writing an entry to the %s tier failed: %s", tier.name, e)
             with self._lock:
                 self._counts.save_errors += 1
-            return False, []
-
-    # -- tier bookkeeping (lock held) -----------------------------------------------------
-
-    def _drop_ram_copies(self, evicted: list[str]) -> None:
-        """RAM evicted these: entries with no disk copy are gone."""
-        for key in evicted:
-            indexed = self._index.get(key)
-            if indexed is not None and not indexed.on_disk:
-                self._index.remove(key)
-
-    def _sync_disk_copy(self, key: str) -> None:
-        """The indexed entry `key` is on disk if the disk tier has it now; one on no
-        tier leaves the index."""
-        indexed = self._index.get(key)
-        if indexed is not None:
-            indexed.on_disk = self._disk is not None and self._disk.contains(key)
-            if not indexed.on_disk and not self._ram.contains(key):
-                self._index.remove(key)
-
-    def _remove(self, key: str) -> None:
-        self._index.remove(key)
-        self._ram.delete(key)
-        if self._disk is not None:
-            self._disk.delete(key)
+                self._counts.count(self._counts.write_errors, tier.name)
+            return None
 
     # -- admin ----------------------------------------------------------------------------
 
     def purge(self) -> int:
-        """Drop every entry of this namespace in both tiers; the number of entries."""
+        """Drop every entry of this namespace in every tier; the number of entries."""
         with self._lock:
             self._purges.record()
             keys = self._index.keys()
             for key in keys:
                 self._index.remove(key)
-            self._ram.clear()
-        if self._disk is not None:  # file deletions outside the store's lock
-            self._disk.clear()
-        if self._shared is not None:  # every replica's entries of this namespace
-            self._shared.clear()
+            for tier in self._tiers:
+                if not tier.blocking:
+                    tier.clear()
+        for tier in self._tiers:  # file deletions, every replica's shared entries
+            if tier.blocking:  # outside the store's lock
+                tier.clear()
         return len(keys)
 
     def entries_of(self, owns: Callable[[str], bool]) -> tuple[int, int]:
         """(entries, tokens) of the stored prefixes whose salt `owns` accepts: one
         tenant's share of the cache, for its own view of it."""
-        self._settle_disk()
+        self._settle()
         with self._lock:
             mine = [e for e in self._index.entries() if owns(e.info.salt)]
             return len(mine), sum(len(e.tokens) for e in mine)
@@ -370,21 +347,21 @@ class PrefixCache(Reports):
         """Drop the entries whose salt `owns` accepts (one tenant's) in every tier: RAM,
         disk (with the files other replicas added to a shared directory) and the shared
         store (every replica's). Saves of those salts queued before are discarded. Returns
-        the number dropped from the local tiers."""
-        self._refresh_disk()
+        the number dropped from the indexed tiers."""
+        self._refresh()
         with self._lock:
             self._purges.record(owns)
             keys = [e.info.key for e in self._index.entries() if owns(e.info.salt)]
             for key in keys:
-                self._remove(key)
-        if self._shared is not None:
-            self._shared.purge_where(owns)
+                self._copies.remove(key)
+        for tier in self._searched:
+            tier.purge_where(owns)
         return len(keys)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted save is stored (or failed); False on timeout."""
         local = self._writer is None or self._writer.flush(timeout)
-        return (self._shared is None or self._shared.flush(timeout)) and local
+        return all([tier.flush(timeout) for tier in self._tiers]) and local
 
     def close(self, timeout: float | None = STALL_S) -> None:
         """Refuse new saves, store the queued ones (giving up on a writer that finished
@@ -395,6 +372,27 @@ class PrefixCache(Reports):
         with self._lock:  # a stuck writer's saves, logged by it
             self._counts.saves_dropped += lost
             # Its RAM goes back to the process's budget (a deleted model's, or at exit).
-            self._drop_ram_copies(self._ram.release())
-        if self._shared is not None:  # after the local writer: it queues shared saves
-            self._shared.close(timeout)
+            for tier in self._tiers:
+                if not tier.blocking:
+                    self._copies.drop(tier, tier.close(timeout))
+        for tier in self._tiers:  # after the writer: it queues their saves
+            if tier.blocking and (released := tier.close(timeout)):
+                with self._lock:
+                    self._copies.drop(tier, released)
+
+    # -- reports --------------------------------------------------------------------------
+
+    def stats(self) -> CacheStats:
+        own = {tier.name: tier.stats() for tier in self._tiers if tier.blocking}
+        with self._lock:
+            own |= {tier.name: tier.stats() for tier in self._tiers if not tier.blocking}
+            return self._counts.cache_stats({tier.name: own[tier.name] for tier in self._tiers})
+
+    def check_integrity(self) -> None:
+        """Raise RuntimeError unless the index and the tiers agree. For tests and idle
+        moments: call it after flush(), with no save in flight."""
+        self._settle()
+        with self._lock:
+            problems = self._copies.problems()
+        if problems:
+            raise RuntimeError("; ".join(problems))

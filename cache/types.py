@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 AUTO_DISK_DIR = "auto"  # disk_dir: the user's cache directory (default_cache_dir())
 SHARED_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -68,7 +67,7 @@ class CacheHit:
     tokens: tuple[int, ...]  # the stored entry's full token ids
     state: bytes  # the stored KV state blob
     num_matched: int  # common prefix length between the looked-up prompt and `tokens`
-    tier: str  # "ram", "disk" or "shared"
+    tier: str  # the name of the tier that served it: "ram", "disk", "shared"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +86,12 @@ class StoreCall:
 
 @dataclass(frozen=True)
 class TierStats:
-    """One tier's contents and counters. A lookup not served from RAM is a RAM miss; one
-    that then is not served from disk either is also a disk miss (a disk tier exists).
-    One that the local tiers did not serve through its last full block is asked of the
-    shared tier: a longer prefix there is a shared hit, anything else a shared miss (the
-    shared tier's entries/bytes are not known: other replicas write there too)."""
+    """One tier's contents and counters. A lookup asks the tiers in order (cache/tier.py):
+    one a tier does not serve is a miss there, and goes on to the next. The indexed tiers
+    (RAM, disk) are asked for the longest stored prefix; one they did not serve through
+    its last full block goes on to the tiers other replicas write to (shared): a longer
+    prefix there is a hit, anything else a miss (the shared tier's entries/bytes are not
+    known: other replicas write there too)."""
 
     entries: int = 0
     bytes: int = 0
@@ -103,24 +103,42 @@ class TierStats:
     bytes_written: int = 0  # entries stored to it
     io_ops: int = 0  # timed reads and writes: io_seconds / io_ops is the mean latency
     io_seconds: float = 0.0
+    saves_dropped: int = 0  # saves its own queue refused (part of CacheStats.saves_dropped)
+    corrupt_removed: int = 0  # entries found corrupt or foreign, and deleted
 
 
 @dataclass(frozen=True)
 class CacheStats:
-    """`saves`: entries stored; `saves_dropped`: refused because the writer queue was full
-    or the entry fits in no tier; `save_errors`: disk writes that failed (the entry stays
-    in RAM only); `saves_skipped`: already covered by a stored entry that starts with the
-    same tokens; `corrupt_removed`: disk files found truncated, corrupt, foreign or
-    left over from an interrupted write, and deleted."""
+    """`tiers`: each tier's stats by name, in lookup order ("ram", "disk", "shared": the
+    ones configured). `saves`: entries stored; `saves_dropped`: refused because a writer
+    queue was full or the entry fits in no tier; `save_errors`: writes that failed (the
+    entry stays in the tiers that took it); `saves_skipped`: already covered by a stored
+    entry that starts with the same tokens; `corrupt_removed`: entries found truncated,
+    corrupt, foreign or left over from an interrupted write, and deleted."""
 
-    ram: TierStats
-    disk: TierStats
-    shared: TierStats | None = None  # None: no shared tier configured
+    tiers: Mapping[str, TierStats] = field(default_factory=dict)
     saves: int = 0
     saves_dropped: int = 0
     save_errors: int = 0
     saves_skipped: int = 0
     corrupt_removed: int = 0
+
+    @property
+    def ram(self) -> TierStats:
+        return self.tiers.get("ram", _NONE)
+
+    @property
+    def disk(self) -> TierStats:
+        """Zeros when there is no disk tier."""
+        return self.tiers.get("disk", _NONE)
+
+    @property
+    def shared(self) -> TierStats | None:
+        """None: no shared tier configured."""
+        return self.tiers.get("shared")
+
+
+_NONE = TierStats()
 
 
 @dataclass(frozen=True)
@@ -149,21 +167,3 @@ class Entry:
     def nbytes(self) -> int:
         """RAM footprint used for the budget: the state plus the packed token ids."""
         return len(self.state) + 4 * len(self.tokens) + len(self.salt)
-
-
-class Tier(Protocol):
-    """The narrow interface every tier offers, so another (a shared store) can slot in.
-    `put` stores the entry and returns the keys it evicted to stay in budget; it never
-    evicts the entry itself or a protected key."""
-
-    name: str
-
-    def get(self, key: str) -> Entry | None: ...
-    def put(self, entry: Entry, protect: Collection[str] = ()) -> list[str]: ...
-    def contains(self, key: str) -> bool: ...
-    def delete(self, key: str) -> bool: ...
-    def touch(self, key: str) -> None: ...
-    def infos(self) -> Iterator[EntryInfo]: ...
-    def fits(self, entry: Entry) -> bool: ...
-    def clear(self) -> int: ...
-    def stats(self) -> TierStats: ...

@@ -237,9 +237,7 @@ def cache_and_session_metrics(model: str, stats: EngineStats) -> Iterator[Metric
     cache = stats.cache
     if cache is None:
         return
-    tiers = [("ram", cache.ram), ("disk", cache.disk)]
-    if cache.shared is not None:
-        tiers.append(("shared", cache.shared))
+    tiers = cache.tiers.items()  # the configured ones, in lookup order
     per_tier = {
         "kvserve_cache_entries": (GaugeMetricFamily, "Entries stored.", "entries"),
         "kvserve_cache_bytes": (GaugeMetricFamily, "Bytes stored.", "bytes"),

@@ -9,7 +9,7 @@ import pytest
 from cache.purges import KEEP, PurgeLog
 from cache.types import Entry
 from tests.cache.conftest import MakeCache
-from tests.cache.util import state_for
+from tests.cache.util import disk_of, state_for
 
 
 def _t1(salt: str) -> bool:
@@ -22,7 +22,7 @@ def test_a_tenant_purge_discards_its_saves_queued_or_being_written(
     """Issue 17, item 9: a save queued (or half stored) before a tenant's purge does not
     land after it; other tenants' saves do."""
     cache = make_cache()
-    disk = cache._disk
+    disk = disk_of(cache)
     assert disk is not None
     writing, go = threading.Event(), threading.Event()
     real_put = disk.put

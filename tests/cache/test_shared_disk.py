@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 from cache import PrefixCache
-from cache.disk import _HOST, TMP_MAX_AGE_S, _is_leftover
+from cache.tmpfiles import HOST as _HOST
+from cache.tmpfiles import TMP_MAX_AGE_S
+from cache.tmpfiles import is_leftover as _is_leftover
 from tests.cache.conftest import MakeCache
 from tests.cache.util import config, saved, state_for
 

@@ -22,7 +22,7 @@ from cache.disk import DiskTier
 from cache.keys import entry_key, seed
 from cache.types import Entry
 from tests.cache.conftest import MakeCache
-from tests.cache.util import config, saved, state_for
+from tests.cache.util import config, disk_of, saved, state_for
 
 WAIT_S = 30.0
 FILE = record.encoded_size("ns", "", 8, 100)  # the file of an 8-token entry, 100-byte state
@@ -51,11 +51,11 @@ def test_a_lookup_during_our_own_write_neither_adopts_nor_deletes_its_file(
     saved(cache, a)
     for _ in range(2):  # a's hits make a fresh file the cheapest to evict
         assert cache.lookup(a) is not None
-    disk = cache._disk
+    disk = disk_of(cache)
     assert disk is not None
     disk._write, renamed, write_go_on = pause_after(disk._write)  # type: ignore[method-assign]
-    paused, on_disk, store_go_on = pause_after(cache._write_to_disk)
-    cache._write_to_disk = paused  # type: ignore[method-assign]
+    paused, on_disk, store_go_on = pause_after(cache._write_to)
+    cache._write_to = paused  # type: ignore[method-assign]
     try:
         assert cache.save(x, state_for(x))
         assert renamed.wait(WAIT_S)  # x's file is in place, the tier does not count it yet
@@ -80,7 +80,7 @@ def test_a_file_another_replica_wrote_and_our_write_evicted_is_not_indexed(
     mine = make_cache(disk_bytes=FILE)
     other = make_cache()  # another replica on the same directory
     foreign, y = [3] * 8, [4] * 8
-    disk = mine._disk
+    disk = disk_of(mine)
     assert disk is not None
     disk.refresh, listed, go_on = pause_after(disk.refresh)  # type: ignore[method-assign]
     saved(other, foreign)
@@ -108,8 +108,8 @@ def test_an_entry_another_model_evicts_during_its_write_is_not_on_disk(
     a, b = PrefixCache(cfg, "model-a", budget), PrefixCache(cfg, "model-b", budget)
     x, z = [5] * 8, [6] * 8
     try:
-        paused, written, go_on = pause_after(a._write_to_disk)
-        a._write_to_disk = paused  # type: ignore[method-assign]
+        paused, written, go_on = pause_after(a._write_to)
+        a._write_to = paused  # type: ignore[method-assign]
         try:
             assert a.save(x, state_for(x))
             assert written.wait(WAIT_S)  # x's file is counted in the pool, the index not told

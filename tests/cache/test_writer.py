@@ -12,7 +12,7 @@ import pytest
 
 from cache import PrefixCache
 from tests.cache.conftest import MakeCache
-from tests.cache.util import saved, state_for
+from tests.cache.util import disk_of, saved, state_for
 
 BlockWriter = Callable[[PrefixCache], tuple[threading.Event, threading.Event]]
 
@@ -144,8 +144,8 @@ def test_check_integrity_notices_a_lost_file(make_cache: MakeCache) -> None:
     cache = make_cache()
     saved(cache, [1] * 8)
     cache.check_integrity()
-    assert cache._disk is not None
-    cache._disk.clear()  # behind the index's back
+    assert disk_of(cache) is not None
+    disk_of(cache).clear()  # behind the index's back
     with pytest.raises(RuntimeError, match="wrong about where"):
         cache.check_integrity()
 
@@ -154,7 +154,7 @@ def test_an_entry_is_not_evicted_from_ram_before_it_is_on_disk(make_cache: MakeC
     a, b = [1] * 8, [2] * 8
     cache = make_cache(ram_bytes=100 + 4 * 8)  # one entry
     saved(cache, a)
-    disk = cache._disk
+    disk = disk_of(cache)
     assert disk is not None
     entered, release = threading.Event(), threading.Event()
     write = disk._write

@@ -7,6 +7,7 @@ from array import array
 from collections.abc import Sequence
 
 from cache import CacheConfig, PrefixCache
+from cache.disk import DiskTier
 
 BLOCK = 4  # small blocks keep token lists readable
 
@@ -28,3 +29,10 @@ def saved(cache: PrefixCache, *token_lists: Sequence[int], salt: str = "", size:
     for tokens in token_lists:
         assert cache.save(tokens, state_for(tokens, size), salt=salt)
         assert cache.flush(timeout=30)
+
+
+def disk_of(cache: PrefixCache) -> DiskTier:
+    """The cache's disk tier (the test configured one)."""
+    disk = cache.tier("disk")
+    assert isinstance(disk, DiskTier)
+    return disk

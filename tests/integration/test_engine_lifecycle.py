@@ -235,7 +235,7 @@ async def test_a_drain_saves_every_resident_slot(tmp_path: Path) -> None:
     cache = CacheConfig(block_tokens=16, min_tokens=16, disk_dir=str(tmp_path), writer_queue=1)
     engine = await start(n_seq_max=4, n_threads=1, embeddings=False, exact_reuse=False, cache=cache)
     store = engine._cache
-    assert store is not None and store._disk is not None
+    assert store is not None and store.tier("disk") is not None
     # The requests' own saves are refused, as a busy writer would: the slots keep
     # what only the drain saves.
     store.save = lambda *a, **kw: False  # type: ignore[method-assign]
@@ -245,7 +245,9 @@ async def test_a_drain_saves_every_resident_slot(tmp_path: Path) -> None:
         async for _ in generation:
             pass
     del store.save  # type: ignore[method-assign]
-    disk, real_put = store._disk, store._disk.put
+    disk = store.tier("disk")
+    assert disk is not None
+    real_put = disk.put
 
     def slow_put(entry: Any) -> Any:  # a slow disk: the 1-deep queue stays full
         threading.Event().wait(0.3)

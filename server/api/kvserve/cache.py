@@ -71,6 +71,7 @@ def _cache_object(served: ServedModel) -> dict[str, Any]:
     }
     if stats is not None:
         body |= dataclasses.asdict(stats)
+        body |= body.pop("tiers")  # each configured tier by its name, beside the totals
     if engine_stats is not None:
         body["requests"] = dict(engine_stats.hits)
         body["reused_tokens"] = engine_stats.num_reused_tokens

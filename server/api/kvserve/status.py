@@ -99,10 +99,7 @@ def _tier(stats: TierStats) -> dict[str, Any]:
 def _server_cache(cache: CacheStats | None, stats: EngineStats | None) -> dict[str, Any]:
     out: dict[str, Any] = {"enabled": cache is not None, "scope": "server"}
     if cache is not None:
-        tiers = {"ram": _tier(cache.ram), "disk": _tier(cache.disk)}
-        if cache.shared is not None:
-            tiers["shared"] = _tier(cache.shared)
-        out["tiers"] = tiers
+        out["tiers"] = {name: _tier(tier) for name, tier in cache.tiers.items()}
         out["saves"] = cache.saves
         out["saves_dropped"] = cache.saves_dropped
     if stats is not None:

@@ -50,7 +50,7 @@ async def test_status_without_keys_is_the_whole_server(client: httpx.AsyncClient
 
 
 async def test_admin_sees_cache_tiers_with_hit_rates(client: httpx.AsyncClient, fake: FakeEngine) -> None:
-    stats = CacheStats(ram=TierStats(entries=2, bytes=2048, hits=3, misses=1), disk=TierStats())
+    stats = CacheStats({"ram": TierStats(entries=2, bytes=2048, hits=3, misses=1), "disk": TierStats()})
     fake.cache_stats = lambda: stats  # type: ignore[method-assign]
     (model,) = (await client.get("/v1/status")).json()["models"]
     tiers = model["cache"]["tiers"]
