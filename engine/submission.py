@@ -120,7 +120,9 @@ class Submitting:
                 ThinkingBudget.of(
                     request.thinking,
                     default=self.config.reasoning_budget,
-                    free=not constrained_from_start(request.sampling),
+                    free=not constrained_from_start(
+                        request.sampling.grammar, request.sampling.grammar_lazy
+                    ),
                 ),
             )  # fmt: skip
             for index, (request, sampler) in enumerate(zip(requests, samplers, strict=True))

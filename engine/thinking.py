@@ -18,10 +18,6 @@ masked distribution.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from engine.types import SamplingParams
 
 UNLIMITED = -1
 
@@ -108,7 +104,7 @@ class ThinkingBudget:
         return 0
 
 
-def constrained_from_start(sampling: SamplingParams) -> bool:
+def constrained_from_start(grammar: str | None, lazy: bool) -> bool:
     """A grammar that constrains from the first token (not a lazy one): it owns the
     whole output, so no close is forced into it (the budget only counts)."""
-    return sampling.grammar is not None and not sampling.grammar_lazy
+    return grammar is not None and not lazy

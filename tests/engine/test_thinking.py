@@ -11,7 +11,7 @@ from engine.scheduler import Chunk, Scheduler, SchedulerConfig
 from engine.sequence import SeqStatus, Sequence
 from engine.stats import StepCounters
 from engine.thinking import UNLIMITED, ThinkingBudget, ThinkingSpec, constrained_from_start
-from engine.types import FinishReason, GenerateRequest, SamplingParams, SeqOutput
+from engine.types import FinishReason, GenerateRequest, SeqOutput
 
 # Tokens 0-25 are the letters; then the tags, a close of three tokens, and the two
 # halves of "é".
@@ -125,9 +125,9 @@ def test_a_grammar_that_constrains_gets_nothing_forced() -> None:
     seq = running(1)
     actions = step(seq, A, grammar_on=True)  # a lazy grammar that has triggered
     assert not any(isinstance(a, Force) for a in actions)
-    constrained = SamplingParams(grammar="root ::= x")
-    assert constrained_from_start(constrained)
-    assert not constrained_from_start(SamplingParams(grammar="root ::= x", grammar_lazy=True))
+    assert constrained_from_start("root ::= x", False)
+    assert not constrained_from_start("root ::= x", True)  # lazy: free until it triggers
+    assert not constrained_from_start(None, False)
     counted = ThinkingBudget.of(spec(0), default=UNLIMITED, free=False)
     assert counted is not None and counted.due() == ()  # counted only, never forced
 
