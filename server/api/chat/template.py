@@ -46,7 +46,8 @@ RENDERED = {"model", "messages", "add_generation_prompt", "tools", "tool_choice"
 
 
 class ApplyTemplateRequest(ChatCompletionRequest):
-    model: str | None = None  # llama-server's: the default model's template without one
+    # llama-server's: the default model's template without one (optional here, unlike chat)
+    model: str | None = None  # type: ignore[assignment]
     add_generation_prompt: bool = True
 
     def refuse_unsupported(self) -> None:
