@@ -1,4 +1,5 @@
-"""The tiered KV prefix cache: RAM, then disk, keyed by chained hashes of token blocks.
+"""The tiered KV prefix cache: an ordered list of tiers (RAM, then disk, then a store
+the replicas share: cache/tiers.py), keyed by chained hashes of token blocks.
 
 A leaf package (the standard library, and redis-py for the tier that replicas share:
 cache/shared.py). It stores opaque KV state blobs with the exact token ids they cover;

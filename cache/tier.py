@@ -10,16 +10,17 @@ reads them by key (`get`). Not indexed: other replicas write there too, so only 
 can say what it holds: it is searched (`find`) for a longer prefix than the indexed tiers
 offer. Indexed tiers come first in the list.
 
-`blocking`: get, put, find, clear and close wait on I/O (files, a network), so
-PrefixCache calls them outside its lock, and records in the index which entries such an
-indexed tier holds (copied from `contains` under the lock). A tier that is not blocking
-is a dict under the cache's lock (its pool's lock: cache/budget.py), asked directly.
-
-Under the cache's lock, whatever the tier: fits, contains, delete, touch, take_lost,
-pin, trim, problems (bookkeeping with no I/O: a blocking tier guards it with a lock of
-its own, always taken inside the cache's). A tier that is not indexed also takes `put`
-under the lock, so that a purge recorded after the put covers it: its put only queues
-(a writer thread of its own), and it honours purges itself (clear, purge_where).
+`blocking`: its reads and writes wait on I/O (files, a network). PrefixCache calls a
+tier that is not blocking (a dict: RAM) only under its lock (its pool's lock:
+cache/budget.py), and asks it directly where an entry is. A blocking tier guards itself
+with a lock of its own, taken inside the cache's where both are held: PrefixCache never
+holds its lock across that tier's get, find, clear, close, stats, take_lost, changed
+or refresh, nor an indexed one's put; it may call the bookkeeping (fits, contains,
+delete, touch, infos, problems) under it, and it records in the index which entries
+such an indexed tier holds (copied from `contains` under the lock: cache/copies.py).
+A tier that is not indexed takes `put` under the lock, so that a purge recorded after
+the put covers it: its put only queues (a writer thread of its own), and it honours
+purges itself (clear, purge_where).
 
 A tier class names itself and subclasses `Tier`, which gives the defaults below (the
 methods of the other kind raise TypeError: PrefixCache never calls them); its module's
