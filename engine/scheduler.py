@@ -227,9 +227,9 @@ class Scheduler:
         limit = min(room, self.config.n_ctx_seq - len(seq.tokens) - 1)
         if seq.request.max_tokens is not None:
             limit = min(limit, seq.request.max_tokens - seq.num_output_tokens - 1)
-        room = seq.thinking.draft_room() if seq.thinking is not None else None
-        if room is not None:  # a thinking budget may run out only on the step's last token
-            limit = min(limit, room)
+        thinking = seq.thinking.draft_room() if seq.thinking is not None else None
+        if thinking is not None:  # a thinking budget may run out only on the step's last token
+            limit = min(limit, thinking)
         return seq.drafter.propose(seq.tokens, limit)
 
     def _chunk_length(self, seq: Sequence, room: int) -> int:

@@ -155,3 +155,13 @@ def test_drafts_leave_the_budget_to_the_steps_last_token() -> None:
     assert outside.draft_room() == 3  # the opening, then three tokens
     assert ThinkingBudget(spec(0, inside=False), 0).draft_room() == 0
     assert ThinkingBudget(spec(-1), -1).draft_room() is None
+
+
+def test_the_scheduler_caps_a_draft_by_the_budget_left() -> None:
+    from tests.engine.test_speculation import REPEATING, first_decode, sched
+
+    thinking = spec(3)
+    request = GenerateRequest("a", REPEATING, thinking=thinking)
+    seq = Sequence(request, None, IncrementalDetokenizer([b""]), None,
+                   ThinkingBudget(thinking, 3))  # fmt: skip
+    assert first_decode(sched(), seq) == (2, 3)  # uncapped: (2, 3, 4, 5)
