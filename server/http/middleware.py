@@ -148,7 +148,7 @@ class OriginGuard:
     (403, in the shape of the API the path belongs to) before their body is read.
 
     Every route reads its body as JSON whatever the Content-Type (curl's default form type
-    included, as llama-server and Ollama do; server/http/middleware.py). That makes any page a
+    included, as llama-server and Ollama do; server/http/bodies.py). That makes any page a
     user opens able to send a "simple" cross-origin POST (text/plain, no preflight) to a
     server on their machine or network. Two checks keep such pages out:
 

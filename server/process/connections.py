@@ -9,7 +9,7 @@ time. Measured before this module (issue 9): 1,200 silent connections against a
 Here each connection must deliver a complete request head within `header_timeout_s`
 of connecting, and every later head within `header_timeout_s` of its first byte (an
 idle connection between requests is closed by uvicorn's keep-alive timeout), or it is
-closed; a request's body is bounded by `BodyLimit` (server/http/middleware.py),
+closed; a request's body is bounded by `BodyLimit` (server/http/bodies.py),
 `body_timeout_s`; past `max_connections` open connections a new
 one is closed at once (its descriptor is freed, the server stays responsive to the
 ones it holds); and the accept-failure report is logged at most once per
