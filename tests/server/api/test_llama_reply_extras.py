@@ -30,7 +30,8 @@ def chunks(r: httpx.Response) -> list[dict[str, Any]]:
 
 
 async def test_chat_return_tokens(client: httpx.AsyncClient) -> None:
-    (choice,) = (await client.post("/v1/chat/completions", json=chat(return_tokens=True))).json()["choices"]
+    r = await client.post("/v1/chat/completions", json=chat(return_tokens=True))
+    (choice,) = r.json()["choices"]
     assert choice["tokens"] == list(REPLY.encode())
     (choice,) = (await client.post("/v1/chat/completions", json=chat())).json()["choices"]
     assert "tokens" not in choice
@@ -80,7 +81,8 @@ async def test_timings_on_a_streams_last_chunk(
     last = events[-1]
     assert set(last["timings"]) == TIMINGS
     if include_usage:
-        assert last["choices"] == [] and last["timings"]["predicted_n"] == last["usage"]["completion_tokens"]
+        assert last["choices"] == []
+        assert last["timings"]["predicted_n"] == last["usage"]["completion_tokens"]
     else:
         assert last["choices"][0]["finish_reason"] == "stop"
 

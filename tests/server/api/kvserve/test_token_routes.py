@@ -51,7 +51,9 @@ async def _chat_prompt(client: httpx.AsyncClient, fake: FakeEngine, **body: Any)
 # -- /apply-template -------------------------------------------------------------------
 
 
-async def test_apply_template_is_the_chat_prompt(client: httpx.AsyncClient, fake: FakeEngine) -> None:
+async def test_apply_template_is_the_chat_prompt(
+    client: httpx.AsyncClient, fake: FakeEngine
+) -> None:
     r = await client.post("/apply-template", json={"messages": HI})
     assert r.status_code == 200 and r.json() == {"prompt": CHATML_HI}
     assert list(CHATML_HI.encode()) == await _chat_prompt(client, fake, messages=HI)
@@ -75,7 +77,9 @@ async def test_apply_template_names_a_model_and_its_kwargs(two: httpx.AsyncClien
     assert (await two.post("/apply-template", json=body)).json() == {"prompt": "FB:Hi"}
     body["chat_template_kwargs"] = {}
     assert (await two.post("/apply-template", json=body)).json() == {"prompt": "B:Hi"}
-    assert_error(await two.post("/apply-template", json={"model": "c", "messages": HI}), 404, "model")
+    assert_error(
+        await two.post("/apply-template", json={"model": "c", "messages": HI}), 404, "model"
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,8 +91,10 @@ async def test_apply_template_names_a_model_and_its_kwargs(two: httpx.AsyncClien
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
         ({"messages": HI, "add_generation_prompt": "maybe"}, "add_generation_prompt"),
         ({"messages": HI, "tools": [{"type": "function"}]}, "tools[0].function"),
-        ({"messages": HI, "tool_choice": {"type": "function", "function": {"name": "x"}}},
-         "tool_choice"),
+        (
+            {"messages": HI, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),
         ({"messages": HI, "tools": [{"type": "mcp", "server_label": "s"}]}, "tools"),
         ({"messages": HI, "model": 5}, "model"),
     ],
@@ -151,7 +157,9 @@ async def test_pieces_show_special_tokens_and_bytes(
         ({"content": "x", "with_pieces": "yes please"}, "with_pieces"),
     ],
 )
-async def test_tokenize_bad_input(client: httpx.AsyncClient, body: dict[str, Any], param: str) -> None:
+async def test_tokenize_bad_input(
+    client: httpx.AsyncClient, body: dict[str, Any], param: str
+) -> None:
     assert_error(await client.post("/tokenize", json=body), 400, param)
 
 
