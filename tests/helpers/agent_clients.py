@@ -166,5 +166,9 @@ def run(client: Client, url: str, root: Path, *, model: str | None,
            "LANG": "C.UTF-8", "TERM": "dumb", "NO_COLOR": "1",
            "HTTP_PROXY": NO_PROXY_THERE, "HTTPS_PROXY": NO_PROXY_THERE,
            "NO_PROXY": "127.0.0.1,localhost", **extra}  # fmt: skip
-    return subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)  # fmt: skip
+    try:
+        return subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:  # the test then shows the traffic so far
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        return subprocess.CompletedProcess(argv, -9, f"{out}\n[timed out after {timeout} s]")
