@@ -1,14 +1,20 @@
 """What every tool-call format offers the planner: a grammar for calls and a parser for
-output, plus what the formats share (the grammar memo, text-exclusion rules).
+output, plus what the formats share (the memoized grammar, lazy triggers, thinking
+before a forced answer, text-exclusion rules).
 
 A format family lives in its own module (chat/formats.py: the JSON families;
-chat/formats_xml.py: Qwen3-Coder's XML; chat/harmony.py: gpt-oss's channels);
-chat/formats.py's `detect_format` picks one from the template.
+chat/formats_xml.py: Qwen3-Coder's XML; chat/formats_glm.py: GLM's tags;
+chat/formats_sections.py: DeepSeek's and Kimi's sections; chat/formats_cohere.py:
+Command R7B's blocks; chat/harmony.py: gpt-oss's channels); chat/formats.py's
+`detect_format` picks one from the template. Their parsers share chat/callstream.py's
+`BufferedParser`.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -66,6 +72,30 @@ class CallFormat(Protocol):
     ) -> GrammarSpec: ...
 
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser: ...
+
+
+class MemoizedGrammar(ABC):
+    """A format's `grammar`, built by its `build` from what the grammar depends on and
+    memoized by it (bounded by bytes): agents resend the same tools every turn."""
+
+    __slots__ = ()
+    name: str
+
+    def grammar(
+        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
+    ) -> GrammarSpec:
+        """The calls grammar; with `document` (a JSON schema), in `auto` mode the answer is
+        either calls or one document matching it (tools together with a response format)."""
+        key, doc = tools_key(tools), document_key(document, choice)
+        return memo_grammar(
+            f"{self.name}|{choice.mode}|{parallel}|{key}|{doc}",
+            lambda: self.build(key, choice.mode, parallel, doc),
+        )
+
+    @abstractmethod
+    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+        """The grammar for the tools `key` holds (`keyed_tools`), the tool choice's mode
+        and the response schema `doc_key` holds ("" for none)."""
 
 
 def tools_key(tools: Sequence[Tool]) -> str:
@@ -147,6 +177,36 @@ GRAMMARS: ByteMemo[GrammarSpec] = ByteMemo(16 << 20, _spec_bytes)
 
 def memo_grammar(key: str, make: Callable[[], GrammarSpec]) -> GrammarSpec:
     return GRAMMARS.get(key, make)
+
+
+def starts_at(word: str) -> str:
+    """A lazy trigger pattern (matched against the whole output so far, std::regex
+    ECMAScript) for `word` anywhere: the grammar starts at it."""
+    return rf"[\s\S]*?({re.escape(word)})[\s\S]*"
+
+
+def lazy_at(gbnf: str, word: str) -> GrammarSpec:
+    """A lazy grammar that starts at `word`, a special token, anywhere in the output."""
+    return GrammarSpec(gbnf, lazy=True, trigger_patterns=(starts_at(word),), trigger_words=(word,))
+
+
+def thinking_block(rules: RuleSet, close: str, opening: str = "", closing: str = "") -> str:
+    """A rule for a thinking block ended by `close`: GBNF `opening`, text that cannot hold
+    `close`, `close`, GBNF `closing`."""
+    thinking = excluding(rules, "thinking", close)
+    return rules.add("think", f"{opening} {thinking} {literal(close)} {closing}".strip())
+
+
+def thinking_then(
+    rules: RuleSet, think: str, answer: str, doc_key: str, answer_doc: Callable[[str], str] = str
+) -> GrammarSpec:
+    """A forced answer's grammar (`required` / named mode, or `auto` with a response
+    schema): the thinking may come first, so that a forced call does not land inside the
+    reasoning; then `answer`, or with a response schema, its document (written as the
+    format writes an answer: `answer_doc` of the document's rule)."""
+    if doc_key:
+        answer = f"({answer} | {answer_doc(document_rule(rules, doc_key))})"
+    return GrammarSpec(rules.text(f"({think})? {answer}"))
 
 
 def excluding(rules: RuleSet, base: str, word: str) -> str:

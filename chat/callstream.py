@@ -1,4 +1,5 @@
-"""Output deltas, and an incremental scanner for one tool-call JSON object.
+"""Output deltas, what every format's incremental parser shares, and an incremental
+scanner for one tool-call JSON object.
 
 The scanner reads `{"name": "...", "arguments": {...}}` one character at a time and
 reports the name once it is complete and the raw JSON text of the arguments value as
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import secrets
 import string
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,6 +34,82 @@ class Delta:
     call_id: str = ""
 
 
+def held_back(buf: str, words: Sequence[str]) -> int:
+    """How many characters at the end of `buf` may begin one of `words`: a parser holds
+    them back until the next text shows whether they do."""
+    return max(
+        (k for w in words for k in range(1, min(len(w), len(buf) + 1)) if w.startswith(buf[-k:])),
+        default=0,
+    )
+
+
+def first_of(buf: str, words: Sequence[str]) -> tuple[int, str] | None:
+    """Where the earliest of `words` stands in `buf`, and which it is; None: none does."""
+    return min(((buf.find(w), w) for w in words if w in buf), default=None)
+
+
+class BufferedParser(ABC):
+    """The frame of a format's incremental parser: text waits in `_buf`, and `_step`
+    moves the parser's state on over it until it needs more text (it returns False).
+    Empty deltas never leave (a call's start does: it carries the name)."""
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        self._buf += text
+        out: list[Delta] = []
+        while self._buf and self._step(out):
+            pass
+        return [d for d in out if d.text or d.kind == "start"]
+
+    @abstractmethod
+    def finish(self) -> list[Delta]: ...
+
+    @abstractmethod
+    def _step(self, out: list[Delta]) -> bool:
+        """One move over the buffer; False when more text is needed."""
+
+    def _release(self, words: Sequence[str]) -> str:
+        """Take from the buffer the text that cannot begin one of `words`; the rest stays
+        until it resolves."""
+        cut = len(self._buf) - held_back(self._buf, words)
+        text, self._buf = self._buf[:cut], self._buf[cut:]
+        return text
+
+    def _start_call(self, name: str, out: list[Delta]) -> None:
+        """The call numbered `num_calls` begins: its name, and the id kvserve issues."""
+        out.append(Delta("start", name, self.num_calls, new_call_id()))
+
+
+class JsonNesting:
+    """Where a JSON text stands, one character at a time: how deep in brackets, whether
+    inside a string (where brackets do not count)."""
+
+    __slots__ = ("depth", "in_string", "_escape")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self._escape = False
+
+    def step(self, ch: str) -> None:
+        if self.in_string:
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self.in_string = False
+        elif ch == '"':
+            self.in_string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+
+
 class CallScanner:
     """Scans one call object; `feed` returns the characters left after it closes."""
 
@@ -38,9 +117,7 @@ class CallScanner:
         self.index = index
         self.args_keys = args_keys
         self.done = False
-        self._depth = 0
-        self._in_string = False
-        self._escape = False
+        self._json = JsonNesting()
         self._token = ""  # a key or the name, as raw JSON text
         self._key: str | None = None
         self._mode: Literal["key", "colon", "value", "comma"] = "key"
@@ -58,47 +135,32 @@ class CallScanner:
                 return text[i + 1 :]
         return ""
 
-    def _track(self, ch: str) -> None:
-        if self._in_string:
-            if self._escape:
-                self._escape = False
-            elif ch == "\\":
-                self._escape = True
-            elif ch == '"':
-                self._in_string = False
-        elif ch == '"':
-            self._in_string = True
-        elif ch in "{[":
-            self._depth += 1
-        elif ch in "}]":
-            self._depth -= 1
-
     def _step(self, ch: str, out: list[Delta]) -> None:
         if self._copying is not None:
             if not (self._value_kind == "scalar" and ch in ",}"):
                 self._copy(ch, out)
-                self._track(ch)
-                ended = (self._value_kind == "container" and self._depth == 1) or (
-                    self._value_kind == "string" and not self._in_string
+                self._json.step(ch)
+                ended = (self._value_kind == "container" and self._json.depth == 1) or (
+                    self._value_kind == "string" and not self._json.in_string
                 )
-                if ended and not self._in_string:
+                if ended and not self._json.in_string:
                     self._copying, self._mode = None, "comma"
                 return
             self._copying, self._mode = None, "comma"  # a scalar ends at , or }
-        if self._in_string:  # inside a key or the name
+        if self._json.in_string:  # inside a key or the name
             self._token += ch
-            self._track(ch)
-            if not self._in_string:
+            self._json.step(ch)
+            if not self._json.in_string:
                 self._end_token(out)
             return
         if ch.isspace():
             return
-        if self._depth == 0:
+        if self._json.depth == 0:
             if ch == "{":
-                self._depth = 1
+                self._json.depth = 1
             return
         if ch == "}" and self._mode in ("key", "comma"):
-            self._depth = 0
+            self._json.depth = 0
             self._finish(out)
         elif (
             ch == '"'
@@ -106,7 +168,7 @@ class CallScanner:
             or (ch == '"' and self._mode == "value" and self._key == "name")
         ):
             self._token = ch
-            self._track(ch)
+            self._json.step(ch)
         elif ch == ":" and self._mode == "colon":
             self._mode = "value"
         elif ch == "," and self._mode == "comma":
@@ -115,7 +177,7 @@ class CallScanner:
             self._copying = "args" if self._key in self.args_keys else "skip"
             self._value_kind = "container" if ch in "{[" else "string" if ch == '"' else "scalar"
             self._copy(ch, out)
-            self._track(ch)
+            self._json.step(ch)
 
     def _end_token(self, out: list[Delta]) -> None:
         value = json.loads(self._token)

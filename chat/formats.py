@@ -9,8 +9,10 @@ ones, and the incremental parser that turns its output back into calls.
   as the whole answer. In `auto` mode the lazy grammar arms when the answer starts with
   `{"tool_calls"`; any other answer stays free text (a plain JSON answer included).
 
-Other families live beside this module: Qwen3-Coder's XML in chat/formats_xml.py,
-gpt-oss's harmony channels in chat/harmony.py; `detect_format` chooses among them all.
+Other families live beside this module: Qwen3-Coder's XML in chat/formats_xml.py, GLM's
+tags in chat/formats_glm.py, DeepSeek's and Kimi's sections in chat/formats_sections.py,
+Command R7B's blocks in chat/formats_cohere.py, gpt-oss's harmony channels in
+chat/harmony.py; `detect_format` chooses among them all.
 """
 
 from __future__ import annotations
@@ -23,14 +25,12 @@ from typing import Any
 from chat.callformat import (
     CallFormat,
     GrammarSpec,
-    document_key,
+    MemoizedGrammar,
     document_rule,
     json_arguments,
     keyed_tools,
-    memo_grammar,
-    tools_key,
 )
-from chat.callstream import CallScanner, Delta
+from chat.callstream import CallScanner, Delta, held_back
 from chat.formats_cohere import detect_cohere
 from chat.formats_glm import detect_glm
 from chat.formats_sections import detect_sections
@@ -44,7 +44,7 @@ __all__ = ["GENERIC", "HERMES", "LLAMA3", "MISTRAL", "CallFormat", "GrammarSpec"
 
 
 @dataclass(frozen=True, slots=True)
-class ToolFormat:
+class ToolFormat(MemoizedGrammar):
     name: str
     native: bool  # the template renders `tools` and `tool_calls` itself
     marker: str | None  # a call region starts at this text, anywhere in the output
@@ -58,15 +58,8 @@ class ToolFormat:
     trigger_word: str = ""
     owns_reasoning: bool = False  # `<think>` (if any) is split before the calls
 
-    def grammar(
-        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
-    ) -> GrammarSpec:
-        """The calls grammar; with `document` (a JSON schema), in `auto` mode the answer is
-        either calls or one document matching it (tools together with a response format).
-        Memoized (bounded by bytes): agents resend the same tools every turn."""
-        doc_key, key = document_key(document, choice), tools_key(tools)
-        memo_key = f"{self.name}|{choice.mode}|{parallel}|{key}|{doc_key}"
-        return memo_grammar(memo_key, lambda: _grammar(self, key, choice.mode, parallel, doc_key))
+    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+        return _grammar(self, key, mode, parallel, doc_key)
 
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> ToolParser:
         """The JSON families need neither: a call names itself and carries JSON."""
@@ -122,12 +115,12 @@ def detect_format(template_source: str) -> CallFormat:
 
 
 def _grammar(
-    fmt: ToolFormat, tools_key: str, mode: str, parallel: bool, doc_key: str = ""
+    fmt: ToolFormat, key: str, mode: str, parallel: bool, doc_key: str = ""
 ) -> GrammarSpec:
     rules = RuleSet()
     ws = rules.primitive("ws")
     alternatives = []
-    for i, tool in enumerate(keyed_tools(tools_key)):
+    for i, tool in enumerate(keyed_tools(key)):
         args = json_arguments(rules, i, tool)
         body = (
             f'"{{" {ws} "\\"name\\"" {ws} ":" {ws} {literal(json.dumps(tool.name))} {ws} "," {ws} '
@@ -207,11 +200,7 @@ class ToolParser:
             self._buf = self._buf[at + len(marker) :]
             self._state = "calls"
             return
-        keep = next(
-            (k for k in range(min(len(marker) - 1, len(self._buf)), 0, -1)
-             if marker.startswith(self._buf[-k:])),
-            0,
-        )  # fmt: skip
+        keep = held_back(self._buf, (marker,))
         out.append(Delta("content", self._buf[: len(self._buf) - keep]))
         self._buf = self._buf[len(self._buf) - keep :]
 

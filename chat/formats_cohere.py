@@ -16,25 +16,22 @@ is off (`<|START_THINKING|><|END_THINKING|>`).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from chat.callformat import (
     CallParser,
     GrammarSpec,
-    document_key,
-    document_rule,
-    excluding,
+    MemoizedGrammar,
     json_arguments,
     keyed_tools,
-    memo_grammar,
-    tools_key,
+    lazy_at,
+    thinking_block,
+    thinking_then,
 )
-from chat.callstream import Delta, new_call_id
+from chat.callstream import BufferedParser, Delta, first_of
 from chat.gbnf import RuleSet, literal
-from chat.tools import Tool, ToolChoice
+from chat.tools import Tool
 
 THINK = ("<|START_THINKING|>", "<|END_THINKING|>")
 RESPONSE = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
@@ -42,19 +39,13 @@ ACTION = ("<|START_ACTION|>", "<|END_ACTION|>")
 
 
 @dataclass(frozen=True, slots=True)
-class CohereFormat:
+class CohereFormat(MemoizedGrammar):
     name: str = "command-r7b"
     native: bool = True
     owns_reasoning: bool = True
 
-    def grammar(
-        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
-    ) -> GrammarSpec:
-        key, doc = tools_key(tools), document_key(document, choice)
-        return memo_grammar(
-            f"{self.name}|{choice.mode}|{parallel}|{key}|{doc}",
-            lambda: _grammar(key, choice.mode, parallel, doc),
-        )
+    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+        return _grammar(key, mode, parallel, doc_key)
 
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
         return CohereParser(calls=bool(tools), reasoning=reasoning)
@@ -90,40 +81,29 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         "action", f"{literal(ACTION[0] + '[')} {sp} {calls} {sp} {literal(']' + ACTION[1])}"
     )
     if mode == "auto" and not doc_key:
-        pattern = rf"[\s\S]*?({re.escape(ACTION[0])})[\s\S]*"
-        return GrammarSpec(
-            rules.text(action), lazy=True, trigger_patterns=(pattern,), trigger_words=(ACTION[0],)
-        )
-    thinking = excluding(rules, "thinking", THINK[1])
-    think = rules.add("think", f"{literal(THINK[0])}? {thinking} {literal(THINK[1])}")
-    answer = action
-    if doc_key:  # auto with a response schema: calls, or the document as the response
-        value = document_rule(rules, doc_key)
-        answer = f"({action} | {literal(RESPONSE[0])} {value} {literal(RESPONSE[1])})"
-    return GrammarSpec(rules.text(f"({think})? {answer}"))
+        return lazy_at(rules.text(action), ACTION[0])
+    think = thinking_block(rules, THINK[1], f"{literal(THINK[0])}?")
+    return thinking_then(rules, think, action, doc_key, _response)
 
 
-class CohereParser:
+def _response(document: str) -> str:
+    """Auto mode with a response schema: the document is the answer, in its block."""
+    return f"{literal(RESPONSE[0])} {document} {literal(RESPONSE[1])}"
+
+
+class CohereParser(BufferedParser):
     """Blocks -> reasoning / content / calls, incrementally. Text that may still be a
     marker is held back until it resolves."""
 
     def __init__(self, *, calls: bool, reasoning: bool):
+        super().__init__()
         self._blocks = {RESPONSE[0]: ("content", RESPONSE[1])}
         if reasoning:
             self._blocks[THINK[0]] = ("reasoning", THINK[1])
         if calls:
             self._blocks[ACTION[0]] = ("action", ACTION[1])
-        self._buf = ""
         self._block: tuple[str, str] | None = None  # (kind, end marker) inside a block
         self._action = ""
-        self.num_calls = 0
-
-    def feed(self, text: str) -> list[Delta]:
-        self._buf += text
-        out: list[Delta] = []
-        while self._buf and self._step(out):
-            pass
-        return [d for d in out if d.text or d.kind == "start"]
 
     def finish(self) -> list[Delta]:
         out: list[Delta] = []
@@ -136,34 +116,25 @@ class CohereParser:
     def _step(self, out: list[Delta]) -> bool:
         if self._block is None:
             words = tuple(self._blocks)
-            found = [(self._buf.find(w), w) for w in words if w in self._buf]
-            if not found:
-                return self._emit("content", words, out)
-            at, start = min(found)
+            found = first_of(self._buf, words)
+            if found is None:
+                self._emit_text("content", self._release(words), out)
+                return False
+            at, start = found
             out.append(Delta("content", self._buf[:at]))
             self._buf, self._block = self._buf[at + len(start) :], self._blocks[start]
             return True
         kind, end = self._block
         at = self._buf.find(end)
         if at < 0:
-            return self._emit(kind, (end,), out)
+            self._emit_text(kind, self._release((end,)), out)
+            return False
         self._emit_text(kind, self._buf[:at], out)
         if kind == "action":
             self._calls(self._action, out)
             self._action = ""
         self._buf, self._block = self._buf[at + len(end) :], None
         return True
-
-    def _emit(self, kind: str, words: tuple[str, ...], out: list[Delta]) -> bool:
-        """Emit what cannot begin one of `words`; False: more text is needed."""
-        keep = max(
-            (k for w in words for k in range(1, min(len(w), len(self._buf) + 1))
-             if w.startswith(self._buf[-k:])),
-            default=0,
-        )  # fmt: skip
-        self._emit_text(kind, self._buf[: len(self._buf) - keep], out)
-        self._buf = self._buf[len(self._buf) - keep :]
-        return False
 
     def _emit_text(self, kind: str, text: str, out: list[Delta]) -> None:
         if kind == "action":
@@ -180,6 +151,6 @@ class CohereParser:
             if not isinstance(item, dict) or not isinstance(item.get("tool_name"), str):
                 continue
             args = json.dumps(item.get("parameters") or {}, ensure_ascii=False)
-            out.append(Delta("start", item["tool_name"], self.num_calls, new_call_id()))
+            self._start_call(item["tool_name"], out)
             out.append(Delta("args", args, self.num_calls))
             self.num_calls += 1

@@ -27,28 +27,26 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from chat.callformat import (
     CallParser,
     GrammarSpec,
-    document_key,
-    document_rule,
-    excluding,
+    MemoizedGrammar,
     json_arguments,
     keyed_tools,
-    memo_grammar,
-    tools_key,
+    lazy_at,
+    thinking_block,
+    thinking_then,
 )
-from chat.callstream import Delta, new_call_id
+from chat.callstream import BufferedParser, Delta, JsonNesting, first_of
 from chat.gbnf import RuleSet, literal
-from chat.tools import Tool, ToolChoice
+from chat.tools import Tool
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass(frozen=True, slots=True)
-class SectionFormat:
+class SectionFormat(MemoizedGrammar):
     name: str
     section_open: str
     section_close: str
@@ -63,14 +61,8 @@ class SectionFormat:
     owns_reasoning: bool = False  # calls may come from inside `<think>`: split here
     native: bool = True
 
-    def grammar(
-        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
-    ) -> GrammarSpec:
-        key, doc = tools_key(tools), document_key(document, choice)
-        return memo_grammar(
-            f"{self.name}|{choice.mode}|{parallel}|{key}|{doc}",
-            lambda: _grammar(self, key, choice.mode, parallel, doc),
-        )
+    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+        return _grammar(self, key, mode, parallel, doc_key)
 
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
         return SectionParser(self, calls=bool(tools), reasoning=reasoning and self.owns_reasoning)
@@ -130,58 +122,31 @@ def _grammar(fmt: SectionFormat, key: str, mode: str, parallel: bool, doc_key: s
     close = literal(fmt.section_close)
     lazy = mode == "auto" and not doc_key
     if lazy and fmt.lazy_from_call:  # the section's opening (if any) was free text
-        return _lazy(fmt, rules.text(f"{calls} {close}?"))
+        return lazy_at(rules.text(f"{calls} {close}?"), fmt.trigger)
     section_open = literal(fmt.section_open)
     if fmt.lazy_from_call:  # Kimi: the section tokens are optional (llama.cpp's grammar)
         section = rules.add("section", f"{section_open}? {calls} {close}?")
     else:
         section = rules.add("section", f"{section_open} {calls} {close}")
     if lazy:
-        return _lazy(fmt, rules.text(section))
-    thinking = excluding(rules, "thinking", THINK_CLOSE)
-    think = rules.add("think", f"{literal(fmt.think_open) if fmt.think_open else ''} "
-                               f"{thinking} {literal(THINK_CLOSE)}".strip())  # fmt: skip
-    root = f"({think})? {section}"
-    if doc_key:  # auto with a response schema: calls, or the document
-        root = f"({think})? ({section} | {document_rule(rules, doc_key)})"
-    return GrammarSpec(rules.text(root))
+        return lazy_at(rules.text(section), fmt.trigger)
+    opening = literal(fmt.think_open) if fmt.think_open else ""
+    think = thinking_block(rules, THINK_CLOSE, opening)
+    return thinking_then(rules, think, section, doc_key)
 
 
-def _lazy(fmt: SectionFormat, gbnf: str) -> GrammarSpec:
-    pattern = rf"[\s\S]*?({re.escape(fmt.trigger)})[\s\S]*"
-    return GrammarSpec(gbnf, lazy=True, trigger_patterns=(pattern,), trigger_words=(fmt.trigger,))
-
-
-def _held(buf: str, words: Sequence[str]) -> int:
-    """How many characters at the end of `buf` may begin one of `words`."""
-    return max(
-        (k for w in words for k in range(1, min(len(w), len(buf) + 1)) if w.startswith(buf[-k:])),
-        default=0,
-    )
-
-
-class SectionParser:
+class SectionParser(BufferedParser):
     """Output -> reasoning / content / call deltas, incrementally. Text that may still
     open a section (or a call, or end the thinking) is held back until it resolves; a
     call's arguments stream as they arrive."""
 
     def __init__(self, fmt: SectionFormat, *, calls: bool, reasoning: bool):
+        super().__init__()
         self._fmt = fmt
-        self._calls = calls
         self._head = re.compile(fmt.head_pattern)
         self._starts = (fmt.section_open, fmt.call_open) if calls else ()
-        self._buf = ""
         self._state = "start" if reasoning else "text"  # start|think|text|head|args|between
-        self._depth = 0
-        self._in_string = self._escape = False
-        self.num_calls = 0
-
-    def feed(self, text: str) -> list[Delta]:
-        self._buf += text
-        out: list[Delta] = []
-        while self._buf and self._step(out):
-            pass
-        return [d for d in out if d.text or d.kind == "start"]
+        self._json = JsonNesting()
 
     def finish(self) -> list[Delta]:
         out: list[Delta] = []
@@ -220,13 +185,11 @@ class SectionParser:
 
     def _think(self, out: list[Delta]) -> bool:
         ends = (THINK_CLOSE, *self._starts)
-        found = [(self._buf.find(e), e) for e in ends if e in self._buf]
-        if not found:
-            keep = _held(self._buf, ends)
-            out.append(Delta("reasoning", self._buf[: len(self._buf) - keep]))
-            self._buf = self._buf[len(self._buf) - keep :]
+        found = first_of(self._buf, ends)
+        if found is None:
+            out.append(Delta("reasoning", self._release(ends)))
             return False
-        at, end = min(found)
+        at, _ = found
         out.append(Delta("reasoning", self._buf[:at]))
         # a call from inside the thinking: the thinking ends there (llama.cpp's reading)
         self._buf = self._buf[at:].removeprefix(THINK_CLOSE).lstrip("\n")
@@ -234,13 +197,11 @@ class SectionParser:
         return True
 
     def _text(self, out: list[Delta]) -> bool:
-        found = [(self._buf.find(s), s) for s in self._starts if s in self._buf]
-        if not found:
-            keep = _held(self._buf, self._starts)
-            out.append(Delta("content", self._buf[: len(self._buf) - keep]))
-            self._buf = self._buf[len(self._buf) - keep :]
+        found = first_of(self._buf, self._starts)
+        if found is None:
+            out.append(Delta("content", self._release(self._starts)))
             return False
-        at, start = min(found)
+        at, start = found
         out.append(Delta("content", self._buf[:at]))
         self._buf = self._buf[at + len(start) :]
         self._state = "between" if start == self._fmt.section_open else "head"
@@ -255,32 +216,20 @@ class SectionParser:
             out.append(Delta("content", self._fmt.call_open + self._buf[:at]))
             self._buf, self._state = self._buf[at:], "text"
             return True
-        out.append(Delta("start", match.group("name"), self.num_calls, new_call_id()))
+        self._start_call(match.group("name"), out)
         self._buf, self._state = self._buf[at:], "args"
-        self._depth, self._in_string, self._escape = 0, False, False
+        self._json = JsonNesting()
         return True
 
     def _args(self, out: list[Delta]) -> bool:
         """Copy the JSON object's text until its closing brace."""
         for i, ch in enumerate(self._buf):
-            if self._in_string:
-                if self._escape:
-                    self._escape = False
-                elif ch == "\\":
-                    self._escape = True
-                elif ch == '"':
-                    self._in_string = False
-            elif ch == '"':
-                self._in_string = True
-            elif ch in "{[":
-                self._depth += 1
-            elif ch in "}]":
-                self._depth -= 1
-                if self._depth == 0:
-                    out.append(Delta("args", self._buf[: i + 1], self.num_calls))
-                    self.num_calls += 1
-                    self._buf, self._state = self._buf[i + 1 :], "between"
-                    return True
+            self._json.step(ch)
+            if ch in "}]" and not self._json.in_string and self._json.depth == 0:
+                out.append(Delta("args", self._buf[: i + 1], self.num_calls))
+                self.num_calls += 1
+                self._buf, self._state = self._buf[i + 1 :], "between"
+                return True
         out.append(Delta("args", self._buf, self.num_calls))
         self._buf = ""
         return False

@@ -8,141 +8,47 @@
     </function>
     </tool_call>
 
-As llama.cpp reads them (common/parsers/qwen3-coder.cpp): a parameter whose schema
-admits only strings is raw text; one that admits no string is JSON matching its schema;
-one that admits a string and other types is JSON when it parses as one of those other
-types, else the raw text (the grammar keeps only the raw-text form there). Required
-parameters come first in any order, then optional ones. Qwen3-Coder (the template
-without `<think>`) sometimes leaves out the first call's `<tool_call>`: the grammar
-allows that and a `<function=NAME>` of an offered tool also arms the lazy grammar.
-A tool with an input grammar (a custom tool) takes its one string parameter as raw text
-held to that grammar; the grammar cannot also keep `\n</parameter>\n` out of it, so an
-input holding that line would end at it when parsed.
+As llama.cpp reads them (common/parsers/qwen3-coder.cpp): each parameter's value is raw
+text or JSON by its schema, required parameters first in any order (chat/tagged_args.py).
+Qwen3-Coder (the template without `<think>`) sometimes leaves out the first call's
+`<tool_call>`: the grammar allows that and a `<function=NAME>` of an offered tool also
+arms the lazy grammar. A tool with an input grammar (a custom tool) takes its one string
+parameter as raw text held to that grammar; the grammar cannot also keep
+`\n</parameter>\n` out of it, so an input holding that line would end at it when parsed.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from chat.callformat import (
     CallParser,
     GrammarSpec,
-    document_key,
+    MemoizedGrammar,
     document_rule,
-    excluding,
-    input_grammar,
     keyed_tools,
-    memo_grammar,
-    tools_key,
+    starts_at,
 )
-from chat.callstream import Delta, new_call_id
+from chat.callstream import BufferedParser, Delta, first_of
 from chat.gbnf import RuleSet, literal
-from chat.schema import SchemaConverter, SchemaError
-from chat.tools import INPUT, ChatInputError, Tool, ToolChoice
+from chat.tagged_args import Tags, TypedArgs, tagged_arguments
+from chat.tools import Tool
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION = "<function="
 VALUE_END = "\n</parameter>\n"
-MAX_PERMUTE = 6  # llama.cpp's COMMON_CHAT_MAX_PERMUTE: past it, required in schema order
-ALL_TYPES = frozenset(("string", "number", "integer", "boolean", "null", "array", "object"))
-
-
-def value_types(schema: Any, root: Any, seen: frozenset[str] = frozenset()) -> frozenset[str]:
-    """The JSON types a parameter's schema admits (llama.cpp's `value_types`)."""
-    if schema is True or schema == {} or not isinstance(schema, dict):
-        return ALL_TYPES if schema is not False else frozenset()
-    if "$ref" in schema:
-        ref = schema["$ref"]
-        target = _resolve(root, ref)
-        return frozenset() if ref in seen or target is None else value_types(
-            target, root, seen | {ref})  # fmt: skip
-    if "const" in schema:
-        return frozenset((_json_type(schema["const"]),))
-    if "enum" in schema:
-        return frozenset(_json_type(v) for v in schema["enum"])
-    for union in ("anyOf", "oneOf"):
-        if union in schema:
-            return frozenset().union(*(value_types(s, root, seen) for s in schema[union]))
-    if "allOf" in schema:
-        out = ALL_TYPES
-        for part in schema["allOf"]:
-            out &= value_types(part, root, seen)
-        return out
-    kind = schema.get("type")
-    if kind is not None:
-        kinds = {kind} if isinstance(kind, str) else set(kind)
-        return frozenset(kinds | ({"integer"} if "number" in kinds else set()))
-    if "properties" in schema or "additionalProperties" in schema:
-        return frozenset(("object",))
-    if "items" in schema or "prefixItems" in schema:
-        return frozenset(("array",))
-    return ALL_TYPES
-
-
-def _resolve(root: Any, ref: str) -> Any:
-    if not ref.startswith("#/") or not isinstance(root, dict):
-        return None
-    node: Any = root
-    for part in ref[2:].split("/"):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
-
-
-_PYTHON_WORDS = {"True": True, "False": False, "None": None}  # as `|string` renders them
-
-
-def value_json(text: str, types: frozenset[str]) -> str:
-    """A parameter's raw text as the JSON value llama.cpp's parser makes of it."""
-    if types == {"string"}:
-        return json.dumps(text, ensure_ascii=False)
-    try:
-        value = _PYTHON_WORDS[text] if text in _PYTHON_WORDS else json.loads(text)
-    except ValueError:
-        return json.dumps(text, ensure_ascii=False)  # not JSON: the text it is
-    kind = _json_type(value)
-    allowed = types - {"string"}
-    if "string" in types and kind == "string":
-        return json.dumps(text, ensure_ascii=False)  # '"x"' for a string stays its text
-    if "string" in types and not (kind in allowed or (kind == "integer" and "number" in allowed)):
-        return json.dumps(text, ensure_ascii=False)
-    return json.dumps(value, ensure_ascii=False)
 
 
 @dataclass(frozen=True, slots=True)
-class XmlFormat:
+class XmlFormat(MemoizedGrammar):
     name: str
     bare_first: bool  # the first call may come without its <tool_call> (Qwen3-Coder)
     native: bool = True
     owns_reasoning: bool = False
 
-    def grammar(
-        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
-    ) -> GrammarSpec:
-        key, doc = tools_key(tools), document_key(document, choice)
-        return memo_grammar(
-            f"{self.name}|{choice.mode}|{parallel}|{key}|{doc}",
-            lambda: _grammar(self, key, choice.mode, parallel, doc),
-        )
+    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+        return _grammar(self, key, mode, parallel, doc_key)
 
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
         return XmlCallParser(self, tools)
@@ -169,16 +75,15 @@ def _grammar(fmt: XmlFormat, key: str, mode: str, parallel: bool, doc_key: str) 
     close = literal(VALUE_END)
     names = []
     alternatives = []
+
+    def param(name: str, value: str) -> str:
+        opener = literal(f"<parameter={name}>\n")
+        return f"{opener} {value} {close}"
+
+    tags = Tags(param, VALUE_END, "xml-arg-text")
     for i, tool in enumerate(keyed_tools(key)):
         names.append(tool.name)
-        if tool.grammar is not None:  # the input as raw text, held to its grammar
-            opener = literal(f"<parameter={INPUT}>\n")
-            args = f"{opener} {input_grammar(rules, i, tool.grammar, json_text=False)} {close}"
-        else:
-            try:
-                args = _arguments(rules, tool.parameters, f"t{i}-", close)
-            except SchemaError as exc:
-                raise ChatInputError(str(exc), param=f"tools[{i}].function.parameters") from None
+        args = tagged_arguments(rules, i, tool, tags)
         head, tail = literal(f"{FUNCTION}{tool.name}>\n"), literal("</function>\n")
         alternatives.append(rules.add(f"call-{i}", " ".join(p for p in (head, args, tail) if p)))
     opener = literal(OPEN + "\n")
@@ -191,77 +96,21 @@ def _grammar(fmt: XmlFormat, key: str, mode: str, parallel: bool, doc_key: str) 
         value = document_rule(rules, doc_key)
         root, lazy = f"({root}) | {value}", False
     starts = [OPEN] + ([f"{FUNCTION}{n}>" for n in names] if fmt.bare_first else [])
-    patterns = tuple(rf"[\s\S]*?({re.escape(s)})[\s\S]*" for s in starts)
+    patterns = tuple(starts_at(s) for s in starts)
     return GrammarSpec(rules.text(root), lazy=lazy, trigger_patterns=patterns if lazy else ())
 
 
-def _arguments(rules: RuleSet, parameters: Any, prefix: str, close: str) -> str:
-    """Required parameters in any order (llama.cpp's `permute`), then optional ones."""
-    props = parameters.get("properties") if isinstance(parameters, dict) else None
-    if not isinstance(props, dict) or not props:
-        return ""
-    required = set(parameters.get("required") or ())
-    converter = SchemaConverter(rules, parameters, prefix)
-    req: list[str] = []
-    opt: list[str] = []
-    for pname, pschema in props.items():
-        if "string" in value_types(pschema, parameters):
-            value = rules.add("xml-arg-string", f"{_raw_text(rules)} {close}")
-        else:
-            value = f"{converter.convert(pschema, f'arg-{pname}')} {close}"
-        opener = literal(f"<parameter={pname}>\n")
-        (req if pname in required else opt).append(rules.add(f"{prefix}arg", f"{opener} {value}"))
-    if len(req) > MAX_PERMUTE:
-        head = " ".join(req)
-    else:
-        head = _permute(rules, req, prefix, (1 << len(req)) - 1) if req else ""
-    tail = f"({' | '.join(opt)})*" if opt else ""
-    return f"{head} {tail}".strip()
-
-
-def _permute(rules: RuleSet, items: list[str], prefix: str, mask: int) -> str:
-    left = [i for i in range(len(items)) if mask & (1 << i)]
-    if len(left) == 1:
-        return items[left[0]]
-    alternatives = [f"{items[i]} {_permute(rules, items, prefix, mask & ~(1 << i))}" for i in left]
-    return rules.add(f"{prefix}args-{mask}", " | ".join(alternatives))
-
-
-def _raw_text(rules: RuleSet) -> str:
-    if "xml-arg-text-0" not in rules.rules:
-        excluding(rules, "xml-arg-text", VALUE_END)
-    return "xml-arg-text-0"
-
-
-class XmlCallParser:
+class XmlCallParser(BufferedParser):
     """Splits output into content and XML calls, incrementally. Text that may still
     open a call is held back; each parameter's value is typed once it closes."""
 
     def __init__(self, fmt: XmlFormat, tools: Sequence[Tool]):
-        self._types = {
-            t.name: {
-                k: value_types(v, t.parameters)
-                for k, v in ((t.parameters or {}).get("properties") or {}).items()
-            }
-            for t in tools
-            if isinstance(t.parameters, dict)
-        }
-        starts = [OPEN] + ([f"{FUNCTION}{t.name}>" for t in tools] if fmt.bare_first else [])
-        self._starts = starts
-        self._buf = ""
+        super().__init__()
+        self._args = TypedArgs(tools)
+        self._starts = [OPEN] + ([f"{FUNCTION}{t.name}>" for t in tools] if fmt.bare_first else [])
         self._state = "text"  # text | open | params | value | close
-        self._name = ""
         self._param = ""
-        self._num_args = 0
         self._between = False
-        self.num_calls = 0
-
-    def feed(self, text: str) -> list[Delta]:
-        self._buf += text
-        out: list[Delta] = []
-        while self._step(out):
-            pass
-        return [d for d in out if d.text or d.kind == "start"]
 
     def finish(self) -> list[Delta]:
         out: list[Delta] = []
@@ -271,7 +120,6 @@ class XmlCallParser:
         return out
 
     def _step(self, out: list[Delta]) -> bool:
-        """One move of the state machine; False when it needs more text."""
         if self._state == "text":
             return self._scan_text(out)
         if self._state in ("open", "params", "close"):
@@ -286,7 +134,7 @@ class XmlCallParser:
             at = self._buf.find(VALUE_END)
             if at < 0:
                 return False
-            self._add_arg(self._buf[:at], out)
+            out.append(Delta("args", self._args.add(self._param, self._buf[:at]), self.num_calls))
             self._buf, self._state = self._buf[at + len(VALUE_END) :], "params"
             return True
         if self._buf.startswith(CLOSE):  # close: after </function>
@@ -303,21 +151,15 @@ class XmlCallParser:
             if not self._buf:
                 return False
             self._between = False
-        found = [(self._buf.find(s), s) for s in self._starts if s in self._buf]
-        if found:
-            at, start = min(found)
-            out.append(Delta("content", self._buf[:at]))
-            skip = len(start) if start == OPEN else 0  # a bare <function=...> is the call
-            self._buf, self._state = self._buf[at + skip :], "open"
-            return True
-        keep = max(
-            (k for s in self._starts for k in range(1, min(len(s), len(self._buf) + 1))
-             if s.startswith(self._buf[-k:])),
-            default=0,
-        )  # fmt: skip
-        out.append(Delta("content", self._buf[: len(self._buf) - keep]))
-        self._buf = self._buf[len(self._buf) - keep :]
-        return False
+        found = first_of(self._buf, self._starts)
+        if found is None:
+            out.append(Delta("content", self._release(self._starts)))
+            return False
+        at, start = found
+        out.append(Delta("content", self._buf[:at]))
+        skip = len(start) if start == OPEN else 0  # a bare <function=...> is the call
+        self._buf, self._state = self._buf[at + skip :], "open"
+        return True
 
     def _open(self, out: list[Delta]) -> bool:
         if not self._buf.startswith(FUNCTION):
@@ -329,10 +171,10 @@ class XmlCallParser:
         end = self._buf.find(">")
         if end < 0:
             return False
-        self._name = self._buf[len(FUNCTION) : end].strip()
-        self._buf, self._state, self._num_args = self._buf[end + 1 :], "params", 0
-        out.append(Delta("start", self._name, self.num_calls, new_call_id()))
-        out.append(Delta("args", "{", self.num_calls))
+        name = self._buf[len(FUNCTION) : end].strip()
+        self._buf, self._state = self._buf[end + 1 :], "params"
+        self._start_call(name, out)
+        out.append(Delta("args", self._args.open(name), self.num_calls))
         return True
 
     def _params(self, out: list[Delta]) -> bool:
@@ -355,10 +197,3 @@ class XmlCallParser:
             return False
         self._buf = self._buf[1:]  # stray text inside a call (no grammar held it): skipped
         return True
-
-    def _add_arg(self, text: str, out: list[Delta]) -> None:
-        types = self._types.get(self._name, {}).get(self._param, ALL_TYPES)
-        head = ", " if self._num_args else ""
-        self._num_args += 1
-        piece = f"{head}{json.dumps(self._param, ensure_ascii=False)}: {value_json(text, types)}"
-        out.append(Delta("args", piece, self.num_calls))

@@ -23,22 +23,19 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from chat.callformat import (
     CallParser,
     GrammarSpec,
-    document_key,
+    MemoizedGrammar,
     document_rule,
     excluding,
     json_arguments,
     keyed_tools,
-    memo_grammar,
-    tools_key,
 )
-from chat.callstream import Delta, new_call_id
+from chat.callstream import BufferedParser, Delta, first_of
 from chat.gbnf import RuleSet, literal
-from chat.tools import Tool, ToolChoice
+from chat.tools import Tool
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 ENDINGS = (END, "<|call|>", "<|return|>")
@@ -56,19 +53,14 @@ TRIGGERS = (
 
 
 @dataclass(frozen=True, slots=True)
-class HarmonyFormat:
+class HarmonyFormat(MemoizedGrammar):
     name: str = "harmony"
     native: bool = True
     owns_reasoning: bool = True
 
-    def grammar(
-        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
-    ) -> GrammarSpec:
+    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         # `parallel` changes nothing: `<|call|>` ends the reply, one call per turn.
-        key, doc = tools_key(tools), document_key(document, choice)
-        return memo_grammar(
-            f"{self.name}|{choice.mode}|{key}|{doc}", lambda: _grammar(key, choice.mode, doc)
-        )
+        return _grammar(key, mode, doc_key)
 
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
         return HarmonyParser(calls=bool(tools), reasoning=reasoning)
@@ -108,25 +100,17 @@ def _grammar(key: str, mode: str, doc_key: str) -> GrammarSpec:
     return GrammarSpec(rules.text(f"{earlier}* {answer}"))
 
 
-class HarmonyParser:
+class HarmonyParser(BufferedParser):
     """Messages -> reasoning / content / call deltas, incrementally. A header is held
     until its `<|message|>`; a body streams, holding back a possible partial ending."""
 
     def __init__(self, *, calls: bool, reasoning: bool):
+        super().__init__()
         self._calls = calls
         self._reasoning = reasoning
-        self._buf = ""
         self._state = "header"  # header | body | plain
         self._kind = "content"  # the body's: content | reasoning | args | drop
         self._args = ""
-        self.num_calls = 0
-
-    def feed(self, text: str) -> list[Delta]:
-        self._buf += text
-        out: list[Delta] = []
-        while self._step(out):
-            pass
-        return [d for d in out if d.text or d.kind == "start"]
 
     def finish(self) -> list[Delta]:
         out: list[Delta] = []
@@ -145,22 +129,16 @@ class HarmonyParser:
             return False
         if self._state == "header":
             return self._header(out)
-        ends = [(self._buf.find(e), e) for e in ENDINGS if e in self._buf]
-        if ends:
-            at, ending = min(ends)
-            self._emit(self._buf[:at], out)
-            self._buf = self._buf[at + len(ending) :]
-            self._end_body(out)
-            self._state = "header"
-            return True
-        keep = max(
-            (k for e in ENDINGS for k in range(1, min(len(e), len(self._buf) + 1))
-             if e.startswith(self._buf[-k:])),
-            default=0,
-        )  # fmt: skip
-        self._emit(self._buf[: len(self._buf) - keep], out)
-        self._buf = self._buf[len(self._buf) - keep :]
-        return False
+        found = first_of(self._buf, ENDINGS)
+        if found is None:
+            self._emit(self._release(ENDINGS), out)
+            return False
+        at, ending = found
+        self._emit(self._buf[:at], out)
+        self._buf = self._buf[at + len(ending) :]
+        self._end_body(out)
+        self._state = "header"
+        return True
 
     def _header(self, out: list[Delta]) -> bool:
         if not self._buf:
@@ -185,7 +163,7 @@ class HarmonyParser:
             function = recipient.removeprefix("functions.")
             if recipient.startswith("functions.") and self._calls:
                 self._kind, self._args = "args", ""
-                out.append(Delta("start", function, self.num_calls, new_call_id()))
+                self._start_call(function, out)
             else:
                 self._kind = "drop"  # a builtin tool, or a call when none was offered
         elif channel == "analysis" and self._reasoning:

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from chat.formats import HERMES, detect_format
-from chat.formats_xml import QWEN3_CODER, QWEN3_XML, value_json, value_types
+from chat.formats_xml import QWEN3_CODER, QWEN3_XML
 from chat.plan import ChatOptions, plan_chat
+from chat.tagged_args import value_json, value_types
 from chat.template import ChatTemplate
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
