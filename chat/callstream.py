@@ -43,11 +43,6 @@ def held_back(buf: str, words: Sequence[str]) -> int:
     )
 
 
-def first_of(buf: str, words: Sequence[str]) -> tuple[int, str] | None:
-    """Where the earliest of `words` stands in `buf`, and which it is; None: none does."""
-    return min(((buf.find(w), w) for w in words if w in buf), default=None)
-
-
 class BufferedParser(ABC):
     """The frame of a format's incremental parser: text waits in `_buf`, and `_step`
     moves the parser's state on over it until it needs more text (it returns False).
@@ -71,12 +66,18 @@ class BufferedParser(ABC):
     def _step(self, out: list[Delta]) -> bool:
         """One move over the buffer; False when more text is needed."""
 
-    def _release(self, words: Sequence[str]) -> str:
-        """Take from the buffer the text that cannot begin one of `words`; the rest stays
-        until it resolves."""
-        cut = len(self._buf) - held_back(self._buf, words)
-        text, self._buf = self._buf[:cut], self._buf[cut:]
-        return text
+    def _until(self, words: Sequence[str]) -> tuple[str, str | None]:
+        """Take from the buffer the text before the first of `words` and that word (the
+        buffer then holds what follows it). None of them there: the text that cannot
+        begin one, and None; the rest stays until the next text resolves it."""
+        found = min(((self._buf.find(w), w) for w in words if w in self._buf), default=None)
+        if found is None:
+            cut = len(self._buf) - held_back(self._buf, words)
+            text, self._buf = self._buf[:cut], self._buf[cut:]
+            return text, None
+        at, word = found
+        text, self._buf = self._buf[:at], self._buf[at + len(word) :]
+        return text, word
 
     def _start_call(self, name: str, out: list[Delta]) -> None:
         """The call numbered `num_calls` begins: its name, and the id kvserve issues."""

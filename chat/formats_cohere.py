@@ -29,7 +29,7 @@ from chat.callformat import (
     thinking_block,
     thinking_then,
 )
-from chat.callstream import BufferedParser, Delta, first_of
+from chat.callstream import BufferedParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.tools import Tool
 
@@ -115,25 +115,21 @@ class CohereParser(BufferedParser):
 
     def _step(self, out: list[Delta]) -> bool:
         if self._block is None:
-            words = tuple(self._blocks)
-            found = first_of(self._buf, words)
-            if found is None:
-                self._emit_text("content", self._release(words), out)
+            text, start = self._until(tuple(self._blocks))
+            out.append(Delta("content", text))
+            if start is None:
                 return False
-            at, start = found
-            out.append(Delta("content", self._buf[:at]))
-            self._buf, self._block = self._buf[at + len(start) :], self._blocks[start]
+            self._block = self._blocks[start]
             return True
         kind, end = self._block
-        at = self._buf.find(end)
-        if at < 0:
-            self._emit_text(kind, self._release((end,)), out)
+        text, closed = self._until((end,))
+        self._emit_text(kind, text, out)
+        if closed is None:
             return False
-        self._emit_text(kind, self._buf[:at], out)
         if kind == "action":
             self._calls(self._action, out)
             self._action = ""
-        self._buf, self._block = self._buf[at + len(end) :], None
+        self._block = None
         return True
 
     def _emit_text(self, kind: str, text: str, out: list[Delta]) -> None:

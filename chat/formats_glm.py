@@ -134,12 +134,11 @@ class GlmParser(BufferedParser):
             self._between = not self._buf
             if self._between:
                 return False
-        at = self._buf.find(OPEN)
-        if at < 0:
-            out.append(Delta("content", self._release((OPEN,))))
+        text, start = self._until((OPEN,))
+        out.append(Delta("content", text))
+        if start is None:
             return False
-        out.append(Delta("content", self._buf[:at]))
-        self._buf, self._state = self._buf[at + len(OPEN) :], "name"
+        self._state = "name"
         return True
 
     def _arg_tags(self, out: list[Delta]) -> bool:

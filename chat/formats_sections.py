@@ -38,7 +38,7 @@ from chat.callformat import (
     thinking_block,
     thinking_then,
 )
-from chat.callstream import BufferedParser, Delta, JsonNesting, first_of
+from chat.callstream import BufferedParser, Delta, JsonNesting
 from chat.gbnf import RuleSet, literal
 from chat.tools import Tool
 
@@ -184,26 +184,20 @@ class SectionParser(BufferedParser):
         return True
 
     def _think(self, out: list[Delta]) -> bool:
-        ends = (THINK_CLOSE, *self._starts)
-        found = first_of(self._buf, ends)
-        if found is None:
-            out.append(Delta("reasoning", self._release(ends)))
+        text, end = self._until((THINK_CLOSE, *self._starts))
+        out.append(Delta("reasoning", text))
+        if end is None:
             return False
-        at, _ = found
-        out.append(Delta("reasoning", self._buf[:at]))
-        # a call from inside the thinking: the thinking ends there (llama.cpp's reading)
-        self._buf = self._buf[at:].removeprefix(THINK_CLOSE).lstrip("\n")
-        self._state = "text"
+        if end != THINK_CLOSE:  # a call from inside the thinking: the thinking ends there
+            self._buf = end + self._buf  # (llama.cpp's reading), the call stays to be read
+        self._buf, self._state = self._buf.lstrip("\n"), "text"
         return True
 
     def _text(self, out: list[Delta]) -> bool:
-        found = first_of(self._buf, self._starts)
-        if found is None:
-            out.append(Delta("content", self._release(self._starts)))
+        text, start = self._until(self._starts)
+        out.append(Delta("content", text))
+        if start is None:
             return False
-        at, start = found
-        out.append(Delta("content", self._buf[:at]))
-        self._buf = self._buf[at + len(start) :]
         self._state = "between" if start == self._fmt.section_open else "head"
         return True
 

@@ -30,7 +30,7 @@ from chat.callformat import (
     keyed_tools,
     starts_at,
 )
-from chat.callstream import BufferedParser, Delta, first_of
+from chat.callstream import BufferedParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.tagged_args import Tags, TypedArgs, tagged_arguments
 from chat.tools import Tool
@@ -151,14 +151,13 @@ class XmlCallParser(BufferedParser):
             if not self._buf:
                 return False
             self._between = False
-        found = first_of(self._buf, self._starts)
-        if found is None:
-            out.append(Delta("content", self._release(self._starts)))
+        text, start = self._until(self._starts)
+        out.append(Delta("content", text))
+        if start is None:
             return False
-        at, start = found
-        out.append(Delta("content", self._buf[:at]))
-        skip = len(start) if start == OPEN else 0  # a bare <function=...> is the call
-        self._buf, self._state = self._buf[at + skip :], "open"
+        if start != OPEN:  # a bare <function=NAME> is the call: it stays to be read
+            self._buf = start + self._buf
+        self._state = "open"
         return True
 
     def _open(self, out: list[Delta]) -> bool:

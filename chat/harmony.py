@@ -33,7 +33,7 @@ from chat.callformat import (
     json_arguments,
     keyed_tools,
 )
-from chat.callstream import BufferedParser, Delta, first_of
+from chat.callstream import BufferedParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.tools import Tool
 
@@ -129,13 +129,10 @@ class HarmonyParser(BufferedParser):
             return False
         if self._state == "header":
             return self._header(out)
-        found = first_of(self._buf, ENDINGS)
-        if found is None:
-            self._emit(self._release(ENDINGS), out)
+        text, ending = self._until(ENDINGS)
+        self._emit(text, out)
+        if ending is None:
             return False
-        at, ending = found
-        self._emit(self._buf[:at], out)
-        self._buf = self._buf[at + len(ending) :]
         self._end_body(out)
         self._state = "header"
         return True
