@@ -19,7 +19,7 @@ from chat.template import ChatTemplate
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
-from tests.chat.plan_run import run
+from tests.chat.parse_run import run
 
 TEMPLATES = Path(__file__).parent / "templates"
 THINKING = "Kimi-K2-Thinking.jinja"

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from chat.callstream import Delta
 from chat.formats import GENERIC, HERMES, LLAMA3, MISTRAL, ToolFormat, detect_format
 from chat.plan import ChatOptions, plan_chat
 from chat.reasoning import ReasoningSplitter
 from chat.template import ChatTemplate
 from chat.tools import ChatInputError, Tool, ToolChoice
+from tests.chat.parse_run import deltas, raw_calls
 from tests.chat.test_template import SMOL
 
 HERMES_TEMPLATE = (
@@ -33,20 +33,9 @@ TIME = Tool("get_time", "", {"type": "object", "properties": {}})
 
 
 def run(fmt: ToolFormat, text: str, step: int) -> tuple[str, list[tuple[str, str]]]:
-    parser = fmt.parser()
-    deltas: list[Delta] = []
-    for i in range(0, len(text), step):
-        deltas += parser.feed(text[i : i + step])
-    deltas += parser.finish()
-    content = "".join(d.text for d in deltas if d.kind == "content")
-    calls: list[list[str]] = []
-    for d in deltas:
-        if d.kind == "start":
-            assert d.index == len(calls) and d.call_id.startswith("call_")
-            calls.append([d.text, ""])
-        elif d.kind == "args":
-            calls[d.index][1] += d.text
-    return content, [(n, a) for n, a in calls]
+    """The content and each call's raw arguments text, from the format's own parser."""
+    released = deltas(fmt.parser(), text, step)
+    return "".join(d.text for d in released if d.kind == "content"), raw_calls(released)
 
 
 CASES = [
@@ -84,13 +73,9 @@ def test_truncated_call_reports_name_and_partial_arguments() -> None:
 def test_reasoning_split_streamed_and_whole() -> None:
     text = "<think>step 1\nstep 2</think>\n\nAnswer <b>bold</b>"
     for step in (1, 2, 1000):
-        splitter = ReasoningSplitter()
-        deltas = []
-        for i in range(0, len(text), step):
-            deltas += splitter.feed(text[i : i + step])
-        deltas += splitter.finish()
-        assert "".join(d.text for d in deltas if d.kind == "reasoning") == "step 1\nstep 2"
-        assert "".join(d.text for d in deltas if d.kind == "content") == "Answer <b>bold</b>"
+        released = deltas(ReasoningSplitter(), text, step)
+        assert "".join(d.text for d in released if d.kind == "reasoning") == "step 1\nstep 2"
+        assert "".join(d.text for d in released if d.kind == "content") == "Answer <b>bold</b>"
     inside = ReasoningSplitter(inside=True)
     assert [d.kind for d in inside.feed("hmm</think>ok") + inside.finish()] == [
         "reasoning",
