@@ -5,39 +5,36 @@ engine (tests/chat/gbnf_check.py), past calls rendered through the template."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chat.formats import detect_format
 from chat.formats_cohere import COMMAND_R7B
 from chat.plan import ChatOptions, plan_chat
-from chat.template import ChatTemplate
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
-from tests.chat.parse_run import run
+from tests.chat.llama_cases import HELLO, SPECIAL, ParseCase, detected, past_calls, template
 
-TEMPLATES = Path(__file__).parent / "templates"
 R7B = "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja"
-HELLO = "Hello, world!\nWhat's up?"
 THOUGHTS = "<|START_THINKING|>I'm\nthinking<|END_THINKING|>"
 ACTION = (
     "<|START_ACTION|>[\n"
     '    {"tool_call_id": "0", "tool_name": "special_function", "parameters": {"arg1": 1}}\n'
     "]<|END_ACTION|>"
 )
-SPECIAL = [("special_function", {"arg1": 1})]
 
 
-def template() -> ChatTemplate:
-    return ChatTemplate((TEMPLATES / R7B).read_text(), bos_token="", eos_token="", add_bos=False)
+def case(
+    name: str, reasoning_format: str, tools: list[Tool], text: str, reasoning: str, content: str,
+    calls: list[tuple[str, Any]],
+) -> ParseCase:  # fmt: skip
+    return ParseCase(name, R7B, tools, text, reasoning, content, calls,
+                     {"reasoning_format": reasoning_format})  # fmt: skip
 
 
-USER = [{"role": "user", "content": "Hi"}]
 # (the test-chat.cpp case, reasoning_format, tools, output, reasoning, content, calls)
-CASES: list[tuple[str, str, list[Tool], str, str, str, list[tuple[str, Any]]]] = [
+CASES = [case(*c) for c in [
     ("response block", "auto", [], f"<|START_RESPONSE|>{HELLO}<|END_RESPONSE|>", "", HELLO, []),
     ("thinking and response", "auto", [], THOUGHTS + f"<|START_RESPONSE|>{HELLO}<|END_RESPONSE|>",
      "I'm\nthinking", HELLO, []),
@@ -50,30 +47,13 @@ CASES: list[tuple[str, str, list[Tool], str, str, str, list[tuple[str, Any]]]] =
      "I'm\nthinking", "", []),
     ("empty thinking and a call", "auto", [T.special_function_tool],
      "<|START_THINKING|><|END_THINKING|>" + ACTION, "", "", SPECIAL),
-]  # fmt: skip
+]]  # fmt: skip
 
 
 @pytest.mark.parametrize("step", [1, 7, 100_000])
-@pytest.mark.parametrize(
-    ("case", "reasoning_format", "tools", "text", "reasoning", "content", "calls"),
-    CASES,
-    ids=[c[0] for c in CASES],
-)
-def test_parser_matches_llama_cpp(
-    case: str,
-    reasoning_format: Any,
-    tools: list[Tool],
-    text: str,
-    reasoning: str,
-    content: str,
-    calls: list[Any],
-    step: int,
-) -> None:
-    opts = ChatOptions(tools=tuple(tools), reasoning_format=reasoning_format)
-    got = run(plan_chat(template(), USER, opts).parser(), text, step)
-    assert got["reasoning_content"].strip() == reasoning
-    assert got["content"].strip() == content
-    assert got["tool_calls"] == calls
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
+    case.check(step)
 
 
 TWO = [T.special_function_tool, T.python_tool]
@@ -117,22 +97,14 @@ def test_lazy_grammar_and_parallel_off() -> None:
 
 
 def test_detection() -> None:
-    assert detect_format((TEMPLATES / R7B).read_text()) is COMMAND_R7B
-    assert detect_format((TEMPLATES / "Cohere2MoE.jinja").read_text()).name == "generic"
+    assert detected(R7B) is COMMAND_R7B
+    assert detected("Cohere2MoE.jinja").name == "generic"
 
 
 def test_past_calls_render_as_the_grammar_writes_them() -> None:
-    messages: list[dict[str, Any]] = [
-        {"role": "user", "content": "Run it"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {
-                "name": "special_function", "arguments": '{"arg1": 1}'}},
-            {"id": "c2", "type": "function", "function": {
-                "name": "python", "arguments": '{"code": "print(1)"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
-        {"role": "tool", "tool_call_id": "c2", "content": "1"},
-    ]  # fmt: skip
-    text = plan_chat(template(), messages, ChatOptions(tools=tuple(TWO))).prompt.text
+    messages = past_calls([("special_function", '{"arg1": 1}', "ok"),
+                           ("python", '{"code": "print(1)"}', "1")])  # fmt: skip
+    text = plan_chat(template(R7B), messages, ChatOptions(tools=tuple(TWO))).prompt.text
     start = text.index("<|START_ACTION|>[")
     action = text[start : text.index("]<|END_ACTION|>", start) + len("]<|END_ACTION|>")]
     assert '"tool_name": "python", "parameters": {"code": "print(1)"}' in action

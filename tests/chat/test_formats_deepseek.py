@@ -7,27 +7,33 @@ character at a time, the grammars checked by llama.cpp's own grammar engine
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chat.formats import GENERIC, detect_format
+from chat.formats import GENERIC
 from chat.formats_sections import DEEPSEEK_R1, DEEPSEEK_V3
 from chat.plan import ChatOptions, plan_chat
-from chat.template import ChatTemplate
-from chat.tools import Tool, ToolChoice
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
+from tests.chat.llama_cases import (
+    HELLO,
+    USER,
+    ParseCase,
+    SwitchedRow,
+    assert_renders,
+    detected,
+    past_calls,
+    template,
+)
 from tests.chat.parse_run import run
 
-TEMPLATES = Path(__file__).parent / "templates"
 V31 = "deepseek-ai-DeepSeek-V3.1.jinja"
 R1 = "llama-cpp-deepseek-r1.jinja"
 R1_QWEN = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
 R1_LLAMA = "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"
 BEGIN, END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
-HELLO = "Hello, world!\nWhat's up?"
 
 
 def v31(name: str, args: str) -> str:
@@ -40,14 +46,8 @@ def r1(name: str, args: str) -> str:
     )
 
 
-def template(name: str) -> ChatTemplate:
-    return ChatTemplate((TEMPLATES / name).read_text(), bos_token="", eos_token="",
-                        add_bos=False)  # fmt: skip
-
-
-USER = [{"role": "user", "content": "Hi"}]
 # (the test-chat.cpp case, template, thinking, tools, output, reasoning, content, calls)
-CASES: list[tuple[str, str, bool, list[Tool], str, str, str, list[tuple[str, Any]]]] = [
+ROWS: list[SwitchedRow] = [
     ("V3.1: a call, thinking off", V31, False, [T.get_time_tool],
      BEGIN + v31("get_time", '{"city": "XYZCITY"}') + END, "", "",
      [("get_time", {"city": "XYZCITY"})]),
@@ -77,24 +77,13 @@ CASES: list[tuple[str, str, bool, list[Tool], str, str, str, list[tuple[str, Any
     ("R1 Distill Llama: thoughts", R1_LLAMA, True, [], "I'm\nthinking</think>" + HELLO,
      "I'm\nthinking", HELLO, []),
 ]  # fmt: skip
+CASES = [ParseCase.switched(("thinking", "enable_thinking"), *c) for c in ROWS]
 
 
 @pytest.mark.parametrize("step", [1, 4, 100_000])
-@pytest.mark.parametrize(
-    ("case", "name", "thinking", "tools", "text", "reasoning", "content", "calls"), CASES,
-    ids=[c[0] for c in CASES],
-)  # fmt: skip
-def test_parser_matches_llama_cpp(
-    case: str, name: str, thinking: bool, tools: list[Tool], text: str, reasoning: str,
-    content: str, calls: list[Any], step: int,
-) -> None:  # fmt: skip
-    kwargs = {"thinking": thinking, "enable_thinking": thinking}
-    plan = plan_chat(template(name), USER, ChatOptions(tools=tuple(tools), template_kwargs=kwargs))
-    got = run(plan.parser(), text, step)
-    # llama.cpp compares content and reasoning stripped (assert_msg_equals)
-    assert got["reasoning_content"].strip() == reasoning
-    assert got["content"].strip() == content
-    assert got["tool_calls"] == calls
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
+    case.check(step)
 
 
 @pytest.mark.parametrize(
@@ -178,19 +167,12 @@ def test_truncated_call_is_not_reported() -> None:
     [(V31, DEEPSEEK_V3), (R1, DEEPSEEK_R1), (R1_QWEN, DEEPSEEK_R1), (R1_LLAMA, GENERIC)],
 )
 def test_detection_from_llama_cpp_templates(name: str, fmt: object) -> None:
-    assert detect_format((TEMPLATES / name).read_text()) is fmt
+    assert detected(name) is fmt
 
 
-HISTORY: list[dict[str, Any]] = [
-    {"role": "user", "content": "Weather and time in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {
-            "name": "get_weather", "arguments": json.dumps({"city": "Paris"})}},
-        {"id": "c2", "type": "function", "function": {
-            "name": "get_time", "arguments": '{"city": "Paris"}'}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-    {"role": "tool", "tool_call_id": "c2", "content": "noon"},
-]  # fmt: skip
+HISTORY = past_calls([("get_weather", json.dumps({"city": "Paris"}), "sunny"),
+                      ("get_time", '{"city": "Paris"}', "noon")],
+                     user="Weather and time in Paris?")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -227,11 +209,7 @@ def test_past_calls_render_in_the_templates_syntax_and_the_grammar_accepts_them(
     # the arguments reach the template as a mapping (`arguments | tojson`, not a quoted
     # string), and the calls as rendered are what the grammar lets the model write, so
     # a sampled call sent back renders to the same text
-    tools = (T.get_weather_tool, T.get_time_tool)
-    plan = plan_chat(template(name), HISTORY, ChatOptions(tools=tools))
-    assert rendered in plan.prompt.text
-    fmt = detect_format((TEMPLATES / name).read_text())
-    assert accepts(fmt.grammar(list(tools), ToolChoice("required"), True).gbnf, rendered)
+    assert_renders(name, HISTORY, (T.get_weather_tool, T.get_time_tool), rendered, detected(name))
 
 
 def test_thinking_switch_opens_the_reasoning_in_the_prompt() -> None:

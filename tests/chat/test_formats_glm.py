@@ -5,24 +5,27 @@ own grammar engine (tests/chat/gbnf_check.py), past calls rendered through the t
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chat.formats import detect_format
 from chat.formats_glm import GLM_45, GLM_47
 from chat.plan import ChatOptions, plan_chat
-from chat.template import ChatTemplate
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
-from tests.chat.parse_run import run
+from tests.chat.llama_cases import (
+    HELLO,
+    SPECIAL,
+    ParseCase,
+    SwitchedRow,
+    assert_renders,
+    detected,
+    past_calls,
+    template,
+)
 
-TEMPLATES = Path(__file__).parent / "templates"
 G46, G47 = "GLM-4.6.jinja", "GLM-4.7-Flash.jinja"
-HELLO = "Hello, world!\nWhat's up?"
-SPECIAL = [("special_function", {"arg1": 1})]
 NO_ARGS = Tool(
     "read_file_diff_md",
     "Reads a file diff",
@@ -38,13 +41,8 @@ def call(name: str, *args: tuple[str, str], nl: str = "") -> str:
     return f"<tool_call>{name}{nl if args else ''}{body}</tool_call>"
 
 
-def template(name: str) -> ChatTemplate:
-    return ChatTemplate((TEMPLATES / name).read_text(), bos_token="", eos_token="", add_bos=False)
-
-
-USER = [{"role": "user", "content": "Hi"}]
 # (the test-chat.cpp case, template, thinking, tools, output, reasoning, content, calls)
-CASES: list[tuple[str, str, bool, list[Tool], str, str, str, list[tuple[str, Any]]]] = [
+ROWS: list[SwitchedRow] = [
     ("GLM-4.6: a call", G46, False, [T.special_function_tool],
      call("special_function", ("arg1", "1"), nl="\n"), "", "", SPECIAL),
     ("GLM-4.6: thinking, then a call", G46, True, [T.special_function_tool],
@@ -67,31 +65,13 @@ CASES: list[tuple[str, str, bool, list[Tool], str, str, str, list[tuple[str, Any
      "Let me read the diff content.</think><tool_call>read_file_diff_md</tool_call>",
      "Let me read the diff content.", "", [("read_file_diff_md", {})]),
 ]  # fmt: skip
+CASES = [ParseCase.switched(("enable_thinking",), *c) for c in ROWS]
 
 
 @pytest.mark.parametrize("step", [1, 5, 100_000])
-@pytest.mark.parametrize(
-    ("case", "name", "thinking", "tools", "text", "reasoning", "content", "calls"),
-    CASES,
-    ids=[c[0] for c in CASES],
-)
-def test_parser_matches_llama_cpp(
-    case: str,
-    name: str,
-    thinking: bool,
-    tools: list[Tool],
-    text: str,
-    reasoning: str,
-    content: str,
-    calls: list[Any],
-    step: int,
-) -> None:
-    opts = ChatOptions(tools=tuple(tools), template_kwargs={"enable_thinking": thinking})
-    got = run(plan_chat(template(name), USER, opts).parser(), text, step)
-    # llama.cpp compares content and reasoning stripped (assert_msg_equals)
-    assert got["reasoning_content"].strip() == reasoning
-    assert got["content"].strip() == content
-    assert got["tool_calls"] == calls
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
+    case.check(step)
 
 
 @pytest.mark.parametrize(
@@ -146,19 +126,12 @@ def test_lazy_grammar_and_parallel_off() -> None:
 
 @pytest.mark.parametrize(("name", "fmt"), [(G46, GLM_45), (G47, GLM_47)])
 def test_detection_from_llama_cpp_templates(name: str, fmt: object) -> None:
-    assert detect_format((TEMPLATES / name).read_text()) is fmt
+    assert detected(name) is fmt
 
 
-HISTORY: list[dict[str, Any]] = [
-    {"role": "user", "content": "Run it"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {
-            "name": "special_function", "arguments": '{"arg1": 1}'}},
-        {"id": "c2", "type": "function", "function": {
-            "name": "python", "arguments": '{"code": "print(1)"}'}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": "ok"},
-    {"role": "tool", "tool_call_id": "c2", "content": "1"},
-]  # fmt: skip
+HISTORY = past_calls([("special_function", '{"arg1": 1}', "ok"),
+                      ("python", '{"code": "print(1)"}', "1")])  # fmt: skip
+TOOLS = (T.special_function_tool, T.python_tool)
 
 
 @pytest.mark.parametrize(
@@ -180,10 +153,7 @@ HISTORY: list[dict[str, Any]] = [
 )
 def test_past_calls_render_as_the_grammar_writes_them(name: str, fmt: Any, rendered: str) -> None:
     # the arguments reach the template as a mapping (it iterates `arguments.items()`)
-    tools = (T.special_function_tool, T.python_tool)
-    plan = plan_chat(template(name), HISTORY, ChatOptions(tools=tools))
-    assert rendered in plan.prompt.text
-    assert accepts(fmt.grammar(list(tools), ToolChoice("required"), True).gbnf, rendered)
+    assert_renders(name, HISTORY, TOOLS, rendered, fmt)
 
 
 # The other templates llama.cpp ships with these tags: detected by the same rule, and
@@ -199,9 +169,8 @@ SAME_TAGS = {
 
 @pytest.mark.parametrize(("name", "fmt"), SAME_TAGS.items())
 def test_templates_with_the_same_tags(name: str, fmt: Any) -> None:
-    assert detect_format((TEMPLATES / name).read_text()) is fmt
-    tools = (T.special_function_tool, T.python_tool)
-    text = plan_chat(template(name), HISTORY, ChatOptions(tools=tools)).prompt.text
+    assert detected(name) is fmt
+    text = plan_chat(template(name), HISTORY, ChatOptions(tools=TOOLS)).prompt.text
     start = text.index("<tool_call>special_function")
     calls = text[start : text.rindex("</tool_call>") + len("</tool_call>")]
-    assert accepts(fmt.grammar(list(tools), ToolChoice("required"), True).gbnf, calls)
+    assert accepts(fmt.grammar(list(TOOLS), ToolChoice("required"), True).gbnf, calls)

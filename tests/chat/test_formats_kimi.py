@@ -7,25 +7,30 @@ llama.cpp's own grammar engine (tests/chat/gbnf_check.py), past calls rendered."
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from chat.formats import detect_format
 from chat.formats_sections import KIMI_K2
 from chat.plan import ChatOptions, plan_chat
-from chat.template import ChatTemplate
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
+from tests.chat.llama_cases import (
+    HELLO,
+    SPECIAL,
+    USER,
+    ParseCase,
+    Row,
+    assert_renders,
+    detected,
+    past_calls,
+    template,
+)
 from tests.chat.parse_run import run
 
-TEMPLATES = Path(__file__).parent / "templates"
 THINKING = "Kimi-K2-Thinking.jinja"
+EOS = "<|im_end|>"
 OPEN, CLOSE = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
-HELLO = "Hello, world!\nWhat's up?"
-SPECIAL = [("special_function", {"arg1": 1})]
 EXECUTE = Tool(
     "execute_command",
     "Execute shell command",
@@ -47,16 +52,10 @@ def call(name: str, index: int, args: str, end: bool = True) -> str:
     return f"<|tool_call_begin|>functions.{name}:{index}<|tool_call_argument_begin|>{args}{tail}"
 
 
-def template(name: str) -> ChatTemplate:
-    source = (TEMPLATES / name).read_text()
-    return ChatTemplate(source, bos_token="", eos_token="<|im_end|>", add_bos=False)
-
-
-USER = [{"role": "user", "content": "Hi"}]
 TWO = [T.special_function_tool, T.python_tool]
 PYTHON = '{"code": "print(\'hey\')"}'
 # (the test-chat.cpp case, template, tools, output, reasoning, content, calls)
-CASES: list[tuple[str, str, list[Tool], str, str, str, list[tuple[str, Any]]]] = [
+ROWS: list[Row] = [
     ("basic content only", THINKING, [], HELLO, "", HELLO, []),
     ("single tool call", THINKING, [T.special_function_tool],
      OPEN + call("special_function", 0, '{"arg1": 1}') + CLOSE, "", "", SPECIAL),
@@ -103,43 +102,26 @@ CASES: list[tuple[str, str, list[Tool], str, str, str, list[tuple[str, Any]]]] =
     ("Kimi-K2-Instruct: a call", "Kimi-K2-Instruct.jinja", [T.special_function_tool],
      OPEN + call("special_function", 0, '{"arg1": 1}') + CLOSE, "", "", SPECIAL),
 ]  # fmt: skip
+CASES = [ParseCase(*c, eos=EOS) for c in ROWS]
 
 
 @pytest.mark.parametrize("step", [1, 6, 100_000])
-@pytest.mark.parametrize(
-    ("case", "name", "tools", "text", "reasoning", "content", "calls"),
-    CASES,
-    ids=[c[0] for c in CASES],
-)
-def test_parser_matches_llama_cpp(
-    case: str,
-    name: str,
-    tools: list[Tool],
-    text: str,
-    reasoning: str,
-    content: str,
-    calls: list[Any],
-    step: int,
-) -> None:
-    plan = plan_chat(template(name), USER, ChatOptions(tools=tuple(tools)))
-    got = run(plan.parser(), text, step)
-    # llama.cpp compares content and reasoning stripped (assert_msg_equals)
-    assert got["reasoning_content"].strip() == reasoning
-    assert got["content"].strip() == content
-    assert got["tool_calls"] == calls
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
+    case.check(step)
 
 
 def test_partial_call_is_held_and_then_dropped() -> None:
     # "partial tool call (streaming)": llama.cpp shows the partial arguments; kvserve
     # holds a call until it is complete, and a call cut off (max_tokens) is not reported
-    plan = plan_chat(template(THINKING), USER, ChatOptions(tools=(T.special_function_tool,)))
+    plan = plan_chat(template(THINKING, EOS), USER, ChatOptions(tools=(T.special_function_tool,)))
     got = run(plan.parser(), OPEN + call("special_function", 0, '{"arg1": ', end=False), 1)
     assert got == {"content": "", "reasoning_content": "", "tool_calls": []}
 
 
 def test_reasoning_format_none_keeps_the_thinking_in_the_content() -> None:
     opts = ChatOptions(reasoning_format="none")
-    plan = plan_chat(template(THINKING), USER, opts)
+    plan = plan_chat(template(THINKING, EOS), USER, opts)
     got = run(plan.parser(), "<think>hm</think>Hi", 1)
     assert got["content"] == "<think>hm</think>Hi" and got["reasoning_content"] == ""
 
@@ -183,23 +165,15 @@ def test_lazy_grammar_starts_at_a_call_as_llama_cpp_triggers_it() -> None:
 
 @pytest.mark.parametrize("name", [THINKING, "moonshotai-Kimi-K2.jinja", "Kimi-K2-Instruct.jinja"])
 def test_detection_from_llama_cpp_templates(name: str) -> None:
-    assert detect_format((TEMPLATES / name).read_text()) is KIMI_K2
+    assert detected(name) is KIMI_K2
 
 
 @pytest.mark.parametrize("name", [THINKING, "Kimi-K2-Instruct.jinja"])
 def test_past_calls_render_with_the_templates_ids_and_the_grammar_accepts_them(name: str) -> None:
-    messages: list[dict[str, Any]] = [
-        {"role": "user", "content": "Run it"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_a", "type": "function", "function": {
-                "name": "special_function", "arguments": '{"arg1": 1}'}},
-            {"id": "call_b", "type": "function", "function": {
-                "name": "python", "arguments": json.dumps({"code": "print('hey')"})}}]},
-        {"role": "tool", "tool_call_id": "call_a", "content": "ok"},
-        {"role": "tool", "tool_call_id": "call_b", "content": "hey"},
-    ]  # fmt: skip
-    plan = plan_chat(template(name), messages, ChatOptions(tools=tuple(TWO)))
+    messages = past_calls([("special_function", '{"arg1": 1}', "ok"),
+                           ("python", json.dumps({"code": "print('hey')"}), "hey")],
+                          ids=("call_a", "call_b"))  # fmt: skip
     rendered = OPEN + call("special_function", 0, '{"arg1": 1}') + call("python", 1, PYTHON) + CLOSE
-    assert rendered in plan.prompt.text  # the template numbers the calls itself
-    assert "## Return of functions.python:1" in plan.prompt.text
-    assert accepts(KIMI_K2.grammar(TWO, ToolChoice("required"), True).gbnf, rendered)
+    # the template numbers the calls itself
+    text = assert_renders(name, messages, tuple(TWO), rendered, KIMI_K2, EOS)
+    assert "## Return of functions.python:1" in text
