@@ -5,9 +5,12 @@ render as the format's grammar writes them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import pytest
 
 from chat.callformat import CallFormat
 from chat.formats import detect_format
@@ -26,6 +29,7 @@ Calls = list[tuple[str, Any]]  # (name, arguments as JSON values)
 # content, calls); with the thinking switch after the template
 Row = tuple[str, str, list[Tool], str, str, str, Calls]
 SwitchedRow = tuple[str, str, bool, list[Tool], str, str, str, Calls]
+Test = TypeVar("Test", bound=Callable[..., None])
 
 
 def template(name: str, eos: str = "") -> ChatTemplate:
@@ -71,6 +75,17 @@ class ParseCase:
         assert got["reasoning_content"].strip() == self.reasoning
         assert got["content"].strip() == self.content
         assert got["tool_calls"] == self.calls
+
+
+def each_case(cases: list[ParseCase], steps: tuple[int, ...]) -> Callable[[Test], Test]:
+    """Parametrizes a test by `cases` (their names as ids) and by `steps` (how many
+    characters the parser is fed at a time)."""
+
+    def mark(test: Test) -> Test:
+        by_case = pytest.mark.parametrize("case", cases, ids=[c.name for c in cases])(test)
+        return pytest.mark.parametrize("step", steps)(by_case)
+
+    return mark
 
 
 def past_calls(

@@ -14,7 +14,15 @@ from chat.plan import ChatOptions, plan_chat
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
-from tests.chat.llama_cases import HELLO, SPECIAL, ParseCase, detected, past_calls, template
+from tests.chat.llama_cases import (
+    HELLO,
+    SPECIAL,
+    ParseCase,
+    detected,
+    each_case,
+    past_calls,
+    template,
+)
 
 R7B = "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja"
 THOUGHTS = "<|START_THINKING|>I'm\nthinking<|END_THINKING|>"
@@ -50,8 +58,7 @@ CASES = [case(*c) for c in [
 ]]  # fmt: skip
 
 
-@pytest.mark.parametrize("step", [1, 7, 100_000])
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@each_case(CASES, steps=(1, 7, 100_000))
 def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
     case.check(step)
 

@@ -24,6 +24,7 @@ from tests.chat.llama_cases import (
     SwitchedRow,
     assert_renders,
     detected,
+    each_case,
     past_calls,
     template,
 )
@@ -80,8 +81,7 @@ ROWS: list[SwitchedRow] = [
 CASES = [ParseCase.switched(("thinking", "enable_thinking"), *c) for c in ROWS]
 
 
-@pytest.mark.parametrize("step", [1, 4, 100_000])
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@each_case(CASES, steps=(1, 4, 100_000))
 def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
     case.check(step)
 
@@ -170,6 +170,13 @@ def test_detection_from_llama_cpp_templates(name: str, fmt: object) -> None:
     assert detected(name) is fmt
 
 
+R1_RENDERED = (
+    BEGIN
+    + r1("get_weather", '{"city": "Paris"}\n')
+    + "\n"
+    + r1("get_time", '{"city": "Paris"}\n')
+    + END
+)
 HISTORY = past_calls([("get_weather", json.dumps({"city": "Paris"}), "sunny"),
                       ("get_time", '{"city": "Paris"}', "noon")],
                      user="Weather and time in Paris?")  # fmt: skip
@@ -185,22 +192,8 @@ HISTORY = past_calls([("get_weather", json.dumps({"city": "Paris"}), "sunny"),
             + v31("get_time", '{"city": "Paris"}')
             + END,
         ),  # fmt: skip
-        (
-            R1,
-            BEGIN
-            + r1("get_weather", '{"city": "Paris"}\n')
-            + "\n"
-            + r1("get_time", '{"city": "Paris"}\n')
-            + END,
-        ),  # fmt: skip
-        (
-            R1_QWEN,
-            BEGIN
-            + r1("get_weather", '{"city": "Paris"}\n')
-            + "\n"
-            + r1("get_time", '{"city": "Paris"}\n')
-            + END,
-        ),  # fmt: skip
+        (R1, R1_RENDERED),
+        (R1_QWEN, R1_RENDERED),  # the same syntax
     ],
 )
 def test_past_calls_render_in_the_templates_syntax_and_the_grammar_accepts_them(

@@ -21,6 +21,7 @@ from tests.chat.llama_cases import (
     SwitchedRow,
     assert_renders,
     detected,
+    each_case,
     past_calls,
     template,
 )
@@ -68,8 +69,7 @@ ROWS: list[SwitchedRow] = [
 CASES = [ParseCase.switched(("enable_thinking",), *c) for c in ROWS]
 
 
-@pytest.mark.parametrize("step", [1, 5, 100_000])
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@each_case(CASES, steps=(1, 5, 100_000))
 def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
     case.check(step)
 

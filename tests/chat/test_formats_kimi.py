@@ -23,6 +23,7 @@ from tests.chat.llama_cases import (
     Row,
     assert_renders,
     detected,
+    each_case,
     past_calls,
     template,
 )
@@ -105,8 +106,7 @@ ROWS: list[Row] = [
 CASES = [ParseCase(*c, eos=EOS) for c in ROWS]
 
 
-@pytest.mark.parametrize("step", [1, 6, 100_000])
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@each_case(CASES, steps=(1, 6, 100_000))
 def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
     case.check(step)
 
