@@ -14,7 +14,7 @@ run as the request is parsed, with a 400 that names them, never silently ignored
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -94,9 +94,14 @@ class RequestModel(BaseModel):
     def refuse_unsupported(self) -> None:
         """This model's own rules (see `_request_rules`); none by default."""
 
+    # Fields the API defines that change nothing here: logged as hints by the model's
+    # own rules, so not a second time as unknown.
+    HINTS: ClassVar[tuple[str, ...]] = ()
+
     def log_unknown(self, where: str) -> None:
-        if self.model_extra:
-            log.info("%s: ignoring unknown fields %s", where, sorted(self.model_extra))
+        unknown = sorted(set(self.model_extra or ()) - set(self.HINTS))
+        if unknown:
+            log.info("%s: ignoring unknown fields %s", where, unknown)
 
 
 class StreamOptions(RequestModel):

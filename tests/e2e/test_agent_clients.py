@@ -107,4 +107,7 @@ def test_a_turn_on_the_default_model(client: Client, kvserve: str, tmp_path: Pat
     why = explain(proxy, done)
     assert not proxy.refused(), why
     assert proxy.requests_to(client.path), why
-    assert done.returncode == 0, why
+    # The model may use up the small output limit (it samples at the client's
+    # temperature): Claude Code then reports its own error and exits 1 after each
+    # request was answered in full. That is the client's rule, not a refusal by kvserve.
+    assert done.returncode == 0 or "output token maximum" in done.stdout, why

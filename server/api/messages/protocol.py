@@ -55,6 +55,7 @@ MESSAGES_HINTS = ("context_management",)
 
 
 class CountTokensRequest(RequestModel):
+    HINTS = MESSAGES_HINTS
     model: str
     messages: Annotated[list[dict[str, Any]], Field(min_length=1)]
     system: str | list[dict[str, Any]] | None = None

@@ -333,3 +333,15 @@ async def test_a_prompt_that_leaves_no_room_is_worded_as_anthropic_words_it(
     openai = await client.post("/v1/chat/completions", json={
         "model": MODEL, "messages": [{"role": "user", "content": "x" * 200}]})
     assert openai.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_a_hint_is_logged_once_as_a_hint(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="kvserve.server")
+    r = await post(client, req(context_management={"edits": []}, surprise=1))
+    assert r.status_code == 200, r.text
+    lines = [record.getMessage() for record in caplog.records]
+    assert any("hints" in line and "context_management" in line for line in lines)
+    unknown = [line for line in lines if "ignoring unknown fields" in line]
+    assert unknown == ["messages: ignoring unknown fields ['surprise']"]
