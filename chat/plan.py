@@ -7,6 +7,7 @@ Messages arrive as plain dicts in OpenAI's shape (content already joined to a st
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -17,8 +18,10 @@ from chat.formats import GrammarSpec, detect_format, generic_history, tool_syste
 from chat.reasoning import ReasoningSplitter, has_thinking, starts_inside
 from chat.replay import TurnLookup, render_replaying
 from chat.schema import SchemaError, check_schema, json_object_gbnf, schema_to_gbnf
-from chat.template import ChatTemplate, RenderedPrompt
+from chat.template import ChatTemplate, RenderedPrompt, TemplateError, TemplateRefusal
 from chat.tools import ChatInputError, Tool, ToolChoice, check_tools, parse_arguments
+
+log = logging.getLogger("kvserve.chat")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +125,76 @@ def plan_chat(
     replay: TurnLookup | None = None,
 ) -> ChatPlan:
     """`replay`: the sampled text of past tool turns, which render as they were sampled
-    where that keeps the prompt the model saw (chat/replay.py)."""
+    where that keeps the prompt the model saw (chat/replay.py). A template that refuses
+    a system message past the head (Gemma's, Mistral's, Qwen 3.5's: 6 of llama.cpp's 70)
+    gets it folded into a user turn (`fold_late_system`) instead of a 400: Claude Code
+    sends its environment block so, on every request. Whether to fold is the template's
+    answer to a probe, never the conversation's, so that turn 1 (which such a template
+    may still render) and turn 2 (which it refuses) share their head."""
+    if refuses_late_system(template):
+        folded = fold_late_system(messages)
+        if folded is not None:
+            log.debug("folded a system message past the head into a user turn")
+            messages = folded
+    return _plan_chat(template, messages, opts, replay)
+
+
+_LATE_SYSTEM_PROBE = [
+    {"role": "user", "content": "a"},
+    {"role": "system", "content": "b"},
+    {"role": "assistant", "content": "c"},
+    {"role": "user", "content": "d"},
+]
+_late_system_refused: dict[str, bool] = {}  # template source -> refused the probe
+
+
+def refuses_late_system(template: ChatTemplate) -> bool:
+    """Whether the template refuses a system message between turns (memoized)."""
+    refused = _late_system_refused.get(template.source)
+    if refused is None:
+        try:
+            template.render(_LATE_SYSTEM_PROBE, add_generation_prompt=True)
+            refused = False
+        except TemplateRefusal:
+            refused = True
+        except TemplateError:
+            refused = False  # a template that fails otherwise fails the request as before
+        if len(_late_system_refused) >= 256:  # bounded: templates come from config and GGUFs
+            _late_system_refused.clear()
+        _late_system_refused[template.source] = refused
+    return refused
+
+
+def fold_late_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The conversation with each system message after the leading ones joined to the
+    user turn before it (or, with none before it, after it), so a turn's text and the
+    prompt's head stay what they were when the next turn comes; None if there is none
+    to fold or a text is not a string."""
+    head = 0
+    while head < len(messages) and messages[head]["role"] == "system":
+        head += 1
+    late = [i for i in range(head, len(messages)) if messages[i]["role"] == "system"]
+    if not late or any(not isinstance(messages[i].get("content"), str) for i in late):
+        return None
+    out = [dict(m) for m in messages]
+    for i in late:
+        users = [j for j in range(i - 1, head - 1, -1) if out[j]["role"] == "user"]
+        users = users[:1] or [j for j in range(i + 1, len(out)) if out[j]["role"] == "user"][:1]
+        if not users or not isinstance(out[users[0]].get("content"), str):
+            return None
+        j = users[0]
+        text = out[i]["content"]
+        out[j]["content"] = (f"{out[j]['content']}\n\n{text}" if j < i
+                             else f"{text}\n\n{out[j]['content']}")  # fmt: skip
+    return [m for i, m in enumerate(out) if i not in set(late)]
+
+
+def _plan_chat(
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    opts: ChatOptions,
+    replay: TurnLookup | None,
+) -> ChatPlan:
     fmt = detect_format(template.source)
     offered = check_tools(list(opts.tools), opts.tool_choice)
     described_choice = opts.prompt_choice or opts.tool_choice
