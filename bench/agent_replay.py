@@ -215,7 +215,9 @@ async def measure(
 def run_server(name: str, mode: str, sessions: list[Session], args: argparse.Namespace) -> list:
     from bench.compare import start
 
-    proc, base, model = start(name, args.threads, args.slots, args.n_ctx)
+    proc, base, model = start(
+        name, args.threads, args.slots, args.n_ctx, chat_template=args.chat_template
+    )
     root = base.removesuffix("/v1")
 
     def connect() -> httpx.AsyncClient:
@@ -316,6 +318,7 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--n-ctx", type=int, default=32768, help="context of one slot")
     p.add_argument("--model", default="gemma3-270m", help="gemma3-270m, smollm2 or a GGUF")
+    p.add_argument("--chat-template", help="a Jinja file both servers use instead of the model's")
     p.add_argument("--reply-tokens", type=int, default=16)
     p.add_argument("--probe-rounds", type=int, default=3, help="0: no grammar cost")
     p.add_argument("--threads", type=int, default=2)
@@ -344,8 +347,9 @@ def main() -> None:
         with open(args.json, "a") as f:
             for row in rows:
                 f.write(json.dumps({**vars(args), **row}, default=str) + "\n")
+    template = f", template {Path(args.chat_template).name}" if args.chat_template else ""
     print(
-        f"model {args.model}, {args.n_ctx} tokens a slot, {args.slots} slots, "
+        f"model {args.model}{template}, {args.n_ctx} tokens a slot, {args.slots} slots, "
         f"{args.sessions} sessions at once in 'several', {args.reply_tokens}-token replies"
     )
     print_tables(rows)

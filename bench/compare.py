@@ -79,10 +79,17 @@ def gpu_layers_wanted() -> int:
 
 
 def start(
-    name: str, threads: int, parallel: int, n_ctx: int = 4096, cache_dir: str | None = None
+    name: str,
+    threads: int,
+    parallel: int,
+    n_ctx: int = 4096,
+    cache_dir: str | None = None,
+    chat_template: str | None = None,
 ) -> tuple[subprocess.Popen, str, str]:
     """Start server `name` with `parallel` slots of `n_ctx` tokens each; kvserve's disk tier
-    lives in `cache_dir` when given (else it has none: each run starts cold). A kvserve name
+    lives in `cache_dir` when given (else it has none: each run starts cold). A Jinja file
+    `chat_template` replaces the model's own template on kvserve and llama-server alike (the
+    same prompt on both: a template with tool syntax, where the model's has none). A kvserve name
     may end in `@DIR`: that checkout's code is run (an A/B against another commit, e.g. a
     `git worktree` of it), on this environment's packages."""
     port = free_port()
@@ -113,6 +120,8 @@ def start(
             "--model",
             model,
         ]
+        if chat_template:
+            cmd += ["--chat-template", chat_template]
         if cache_dir is None:
             cmd.append("--no-disk-cache")  # each run starts cold, not warm from the last's disk
         else:
@@ -163,10 +172,13 @@ def start(
             *(["-fa", "off"] if name == "llama-server-nofa" else []),
             "-ngl",  # explicit: llama-server's default offloads what fits to a GPU
             str(gpu_layers),
+            *(["--jinja", "--chat-template-file", chat_template] if chat_template else []),
         ]
         model_id = model
     else:
         raise ValueError(name)
+    if chat_template and name == "llama_cpp.server":
+        raise ValueError("--chat-template: not passed to llama_cpp.server")
     if source and name not in KVSERVE_VARIANTS:
         raise ValueError(f"{name}@{source}: only kvserve's variants run from another checkout")
     log_name = name + (f"@{Path(source).name}" if source else "")
