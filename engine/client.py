@@ -8,7 +8,7 @@ tests/test_layering.py holds server/ to this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -35,6 +35,7 @@ from engine.types import (
     GenerateRequest,
     InvalidRequestError,
     LoraAdapter,
+    Media,
     ModelFamily,
     ModelInfo,
     NoSlotError,
@@ -77,6 +78,7 @@ __all__ = [
     "Generation",
     "InvalidRequestError",
     "LoraAdapter",
+    "Media",
     "ModelFamily",
     "ModelInfo",
     "NoSlotError",
@@ -127,6 +129,9 @@ class EngineLike(Protocol):
     def close(self, timeout: float = ...) -> None: ...
     def tokenize(
         self, text: str, *, add_special: bool = ..., parse_special: bool = ...
+    ) -> list[int]: ...
+    def tokenize_media(
+        self, text: str, media: Sequence[Media], *, add_special: bool
     ) -> list[int]: ...
     def detokenize(
         self, tokens: list[int], *, remove_special: bool = ..., unparse_special: bool = ...

@@ -37,6 +37,8 @@ from engine.types import (
     EngineRecoveringError,
     EngineState,
     EngineStats,
+    InvalidRequestError,
+    Media,
     ModelInfo,
 )
 from engine.watchdog import Watchdog
@@ -279,6 +281,18 @@ class Engine(Submitting, SessionOps, CacheOps):
     ) -> list[int]:
         return self._require_model().tokenize(
             text, add_special=add_special, parse_special=parse_special
+        )
+
+    def tokenize_media(self, text: str, media: Sequence[Media], *, add_special: bool) -> list[int]:
+        """`text` with one `info.media_marker` per image, in order: text tokenized as
+        tokenize(parse_special=True) does, each image's positions as ids < 0 from its
+        digest and position (engine/media.py). Blocking (decodes the images): call it off
+        the event loop. InvalidRequestError(param="image N") for an image that cannot be
+        decoded, (param="image") without a projector or when the markers and the images
+        differ in number."""
+        raise InvalidRequestError(
+            f"'{self.config.model_id}' takes no images (it has no vision projector)",
+            param="image",
         )
 
     def detokenize(

@@ -92,6 +92,14 @@ class SessionPool(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Media:
+    """One image a prompt carries, as the client sent it (PNG, JPEG, ... file bytes)."""
+
+    data: bytes = field(repr=False)
+    digest: str  # sha256 hex of `data`: what the prefix cache keys the image's positions by
+
+
+@dataclass(frozen=True, slots=True)
 class GenerateRequest:
     """One sequence to generate. `n > 1` in the API becomes n of these."""
 
@@ -116,6 +124,8 @@ class GenerateRequest:
     # Speculative decoding by prompt lookup; None: the model's default.
     speculative: bool | None = None
     thinking: ThinkingSpec | None = None  # its thinking block and budget (engine/thinking.py)
+    # The images whose positions prompt_tokens holds (ids < 0, engine/media.py), in order.
+    media: tuple[Media, ...] = ()
 
     @property
     def prefix_salt(self) -> str:
@@ -186,6 +196,9 @@ class Timings:
     restore: tuple[float, float] | None = None
     reuse_source: str = "none"
     finished: float | None = None
+    # Why a prompt that found a stored prefix computed cold ("": it did not, or found
+    # none): exact_tail, longer_state, window, short, kv_op_failed (engine/placement.py).
+    cold_reason: str = ""
 
     @property
     def queue_wait(self) -> float | None:
@@ -257,6 +270,9 @@ class ModelInfo:
     family: ModelFamily | None = None  # the load's probe (engine/family.py)
     exact_min_rows: int = 0  # exact_reuse: prompt rows computed again, measured; 0: off
     warm_tail: tuple[int, str] = (1, "")  # prompt rows a warm start computes again, and why
+    vision: bool = False  # a projector is loaded: prompts may carry images
+    # What marks an image's place in the rendered prompt text (mtmd's default marker).
+    media_marker: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +318,8 @@ class EngineStats:
     num_accepted_tokens: int = 0  # draft tokens the sampler agreed with (kept)
     hits: tuple[tuple[str, int], ...] = ()  # requests by kind: cold/partial/exact/session
     hit_sources: tuple[tuple[str, int], ...] = ()  # requests by source: none/slot/ram/disk
+    # Requests that found a stored prefix but computed cold, by why (Timings.cold_reason).
+    cold_reasons: tuple[tuple[str, int], ...] = ()
     cache: CacheStats | None = None
     # Tokens per step as a histogram: counts[i] steps had at most bounds[i] tokens (and
     # more than bounds[i-1]); counts has one more entry, for steps above the last bound.

@@ -18,6 +18,7 @@ import numpy as np
 from chat.template import CHATML
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine import EngineState, Generation
+from engine.media import media_ids
 from engine.sessions import Session, SessionLimits, SessionRegistry, unpinned_if_busy
 from engine.thinking import UNLIMITED, ThinkingBudget
 from engine.types import (
@@ -26,6 +27,7 @@ from engine.types import (
     FinishReason,
     GenerateRequest,
     InvalidRequestError,
+    Media,
     ModelFamily,
     ModelInfo,
     NoSlotError,
@@ -46,6 +48,9 @@ EOS = 256
 BOS = 257  # in the vocabulary, not added (add_bos is False)
 # The special tokens' text (llama.cpp's unparse_special), as /tokenize's pieces show it.
 SPECIAL_TEXT = {EOS: b"<|im_end|>", BOS: b"<s>"}
+FAKE_IMAGE_TOKENS = 4  # positions each image takes in a fake prompt
+# The leading bytes of the image files the fake "decodes" (PNG, JPEG, GIF, BMP, WebP's RIFF).
+IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
 
 
 class FakeEngine:
@@ -60,6 +65,7 @@ class FakeEngine:
         ready: bool = True,
         model_id: str = "fake-model",
         sessions: SessionLimits | None = None,
+        vision: bool = False,  # a projector "loaded": tokenize_media takes images
     ):
         self.reply = reply.encode()
         self.delay = delay
@@ -94,6 +100,8 @@ class FakeEngine:
             eos_token="<|im_end|>",
             add_bos=False,
             special_tokens=SpecialTokens(bos=BOS, eos=EOS, eot=EOS, nl=10),
+            vision=vision,
+            media_marker="<__media__>" if vision else "",
             family=ModelFamily("llama", n_ctx_train=n_ctx, n_params=1000, n_layer=2, n_embd=8,
                                size_bytes=4096, quantization="F32"),  # fmt: skip
         )
@@ -136,6 +144,28 @@ class FakeEngine:
         self, text: str, *, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:
         return list(text.encode())
+
+    def tokenize_media(self, text: str, media: Sequence[Media], *, add_special: bool) -> list[int]:
+        """As the engine's: text as tokenize(), each image 4 ids < 0 from its digest;
+        param "image" without vision or when the markers and images differ in number,
+        "image N" for an image whose bytes are not a PNG, JPEG, GIF, BMP or WebP."""
+        marker = self._info.media_marker
+        if not self._info.vision or not marker:
+            raise InvalidRequestError(f"'{self._info.model_id}' takes no images", param="image")
+        parts = text.split(marker)
+        if len(parts) != len(media) + 1:
+            raise InvalidRequestError(
+                f"the prompt marks {len(parts) - 1} images and carries {len(media)}",
+                param="image",
+            )
+        tokens = self.tokenize(parts[0], add_special=add_special)
+        for index, (image, part) in enumerate(zip(media, parts[1:], strict=True)):
+            if not image.data.startswith(IMAGE_MAGIC):
+                message = f"image {index} cannot be decoded"
+                raise InvalidRequestError(message, param=f"image {index}")
+            tokens += media_ids(image.digest, FAKE_IMAGE_TOKENS)
+            tokens += self.tokenize(part, add_special=False)
+        return tokens
 
     def detokenize(
         self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False
