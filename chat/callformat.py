@@ -17,7 +17,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from chat.callstream import Delta
 from chat.gbnf import RuleSet, literal
@@ -72,6 +72,18 @@ class CallFormat(Protocol):
     ) -> GrammarSpec: ...
 
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser: ...
+
+
+@runtime_checkable
+class TurnAdapter(Protocol):
+    """A format whose template needs the conversation or the prompt adjusted, as
+    llama.cpp's handler for it does (Gemma 4: chat/formats_gemma.py)."""
+
+    def adapt_messages(
+        self, source: str, messages: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]: ...
+
+    def adapt_prompt(self, text: str, generation: bool) -> str: ...
 
 
 class MemoizedGrammar(ABC):

@@ -11,7 +11,8 @@ ones, and the incremental parser that turns its output back into calls.
 
 Other families live beside this module: Qwen3-Coder's XML in chat/formats_xml.py, GLM's
 tags in chat/formats_glm.py, DeepSeek's and Kimi's sections in chat/formats_sections.py,
-Command R7B's blocks in chat/formats_cohere.py, gpt-oss's harmony channels in
+Command R7B's blocks in chat/formats_cohere.py, Gemma 4's calls and thought channel
+in chat/formats_gemma.py, gpt-oss's harmony channels in
 chat/harmony.py; `detect_format` chooses among them all.
 """
 
@@ -32,6 +33,7 @@ from chat.callformat import (
 )
 from chat.callstream import CallScanner, Delta, held_back
 from chat.formats_cohere import detect_cohere
+from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
 from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
@@ -93,6 +95,9 @@ def detect_format(template_source: str) -> CallFormat:
     llama.cpp's, common/chat.cpp: harmony, then Qwen3-Coder's XML, then the rest)."""
     if "<|channel|>" in template_source:
         return HARMONY
+    gemma = detect_gemma(template_source)  # Gemma 4's `<|tool_call>call:`
+    if gemma is not None:
+        return gemma
     xml = detect_xml(template_source)
     if xml is not None:
         return xml

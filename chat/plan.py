@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from chat.callformat import CallFormat, CallParser
+from chat.callformat import CallFormat, CallParser, TurnAdapter
 from chat.callstream import Delta
 from chat.formats import GrammarSpec, detect_format, generic_history, tool_system_prompt
 from chat.reasoning import ReasoningSplitter, has_thinking, starts_inside
@@ -217,15 +217,22 @@ def _plan_chat(
         generation: bool = opts.add_generation_prompt,
     ) -> RenderedPrompt:
         rendered_messages = _history(conversation, fmt, marks)
+        if isinstance(fmt, TurnAdapter):
+            rendered_messages = fmt.adapt_messages(template.source, rendered_messages)
         if system_prompt is not None:
             rendered_messages = _with_system(rendered_messages, system_prompt)
-        return template.render(
+        final = continue_final and conversation is messages
+        prompt = template.render(
             rendered_messages,
             add_generation_prompt=generation,
             extra=opts.template_kwargs,
             tools=tools_var,
-            continue_final=continue_final and conversation is messages,
+            continue_final=final,
         )
+        if isinstance(fmt, TurnAdapter):
+            text = fmt.adapt_prompt(prompt.text, generation and not final)
+            prompt = RenderedPrompt(text, prompt.add_bos)
+        return prompt
 
     prompt_text = render({}) if replay is None else render_replaying(render, messages, replay)
     grammar = None

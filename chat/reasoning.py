@@ -28,6 +28,7 @@ class ThinkingSyntax:
 # header itself after <|end|>), Command R7B's block (chat/formats_cohere.py), <think>.
 HARMONY_THINKING = ThinkingSyntax("<|channel|>analysis<|message|>", "<|end|>")
 COHERE_THINKING = ThinkingSyntax("<|START_THINKING|>", "<|END_THINKING|>")
+GEMMA4_THINKING = ThinkingSyntax("<|channel>thought", "<channel|>")  # chat/formats_gemma.py
 THINK = ThinkingSyntax(OPEN, CLOSE)
 
 
@@ -37,6 +38,8 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
         return HARMONY_THINKING
     if COHERE_THINKING.open in template_source:
         return COHERE_THINKING
+    if GEMMA4_THINKING.open in template_source:
+        return GEMMA4_THINKING
     if OPEN in template_source and CLOSE in template_source:
         return THINK
     return None
@@ -45,7 +48,7 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
 def has_thinking(template_source: str) -> bool:
     """`<think>` tags, or a format's own thinking blocks that its call parser splits:
     gpt-oss's analysis channel (chat/harmony.py), Command R7B's thinking block
-    (chat/formats_cohere.py)."""
+    (chat/formats_cohere.py), Gemma 4's thought channel (chat/formats_gemma.py)."""
     return thinking_syntax(template_source) is not None
 
 

@@ -61,3 +61,8 @@ edit_tool_oss = Tool(  # the "Complex tool calling" case of the gpt-oss tests
     _obj({"oldString": _STR, "newString": _STR, "replaceAll": {"type": "boolean"}},
          ["oldString", "newString"]),
 )  # fmt: skip
+empty_args_tool = Tool("empty_args", "", {"type": "object", "properties": {}})
+amount_tool = Tool("amount", "", _obj({"orig": {"type": "number"}}, ["orig"]))
+toggle_tool = Tool("toggle", "", _obj({"enabled": {"type": "boolean"}}, ["enabled"]))
+nullable_tool = Tool("set_nullable", "", _obj({"value": {"type": "null"}}, ["value"]))
+config_tool = Tool("set_config", "", _obj({"config": {"type": "object"}}, ["config"]))
