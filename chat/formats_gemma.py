@@ -48,6 +48,9 @@ CALL_OPEN, CALL_CLOSE, CALL = "<|tool_call>", "<tool_call|>", "call:"
 TURN_OPEN = "<|turn>model\n"
 DETECT = "'<|tool_call>call:'"  # llama.cpp's test: how the template writes a call
 CURRENT = "{#- OpenAI Chat Completions:"  # the template that reads role:tool itself
+# The name of the call a text turn followed by tool results is written as, so that the
+# template frames its text as it frames calls (`fold_tool_results`); never a tool's name.
+_AS_CALL = "\x00kvserve-text\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +69,15 @@ class GemmaFormat(MemoizedGrammar):
         return fold_tool_results(messages, older=CURRENT not in source)
 
     def adapt_prompt(self, text: str, generation: bool) -> str:
-        """After a turn with text following its tool results the template writes no
-        generation prompt; llama.cpp opens the model's turn (its gemma4.cpp)."""
+        """A text turn written as a call (`fold_tool_results`) as its text alone; after a
+        turn with text following its tool results the template writes no generation
+        prompt, and llama.cpp opens the model's turn (its gemma4.cpp)."""
+        opener = CALL_OPEN + CALL + _AS_CALL + "{"
+        while (at := text.find(opener)) >= 0:
+            end = text.find("}" + CALL_CLOSE, at)
+            if end < 0:
+                break
+            text = text[:at] + text[at + len(opener) : end] + text[end + len("}" + CALL_CLOSE) :]
         if generation and text.endswith("<turn|>\n"):
             return text + TURN_OPEN
         return text
@@ -194,12 +204,15 @@ class GemmaParser(BufferedParser):
 
 
 def fold_tool_results(messages: list[dict[str, Any]], older: bool) -> list[dict[str, Any]]:
-    """Tool results as the `tool_responses` of the assistant turn before them, where the
-    template would not read them as role:tool messages: every turn for the older
-    template (with the text of a plain assistant turn right after the results, as
-    llama.cpp's convert_tool_responses_gemma4 does), and for both, a turn with no calls
-    followed by results (a replayed turn, chat/replay.py: the current template reads
-    results only after calls, and would drop them)."""
+    """Tool results as the `tool_responses` of the assistant turn that called, for the
+    older template, which reads no role:tool message (with the text of a plain assistant
+    turn right after the results, as llama.cpp's convert_tool_responses_gemma4 does).
+
+    A turn with text and no calls followed by results is a replayed turn (chat/replay.py:
+    its text is a mark the sampled calls replace): both templates would drop its results
+    (they read results only after calls) or put them before its text, so its text is
+    written as the arguments of a call named `_AS_CALL`, which `adapt_prompt` unwraps:
+    the text stands where the calls stood, the results follow it."""
     out: list[dict[str, Any]] = []
     i = 0
     while i < len(messages):
@@ -207,7 +220,15 @@ def fold_tool_results(messages: list[dict[str, Any]], older: bool) -> list[dict[
         i += 1
         calls = message.get("tool_calls")
         following = i < len(messages) and messages[i].get("role") == "tool"
-        if message.get("role") != "assistant" or not following or (calls and not older):
+        if message.get("role") != "assistant" or not following:
+            out.append(message)
+            continue
+        if not calls and isinstance(message.get("content"), str):
+            as_call = {"type": "function",
+                       "function": {"name": _AS_CALL, "arguments": message["content"]}}  # fmt: skip
+            message = {**message, "content": None, "tool_calls": [as_call]}
+            calls = message["tool_calls"]
+        if not older:
             out.append(message)
             continue
         responses = []

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from chat.formats_gemma import GEMMA4, fold_tool_results
+from chat.formats_gemma import GEMMA4
 from chat.gemma_values import GemmaSyntaxError, gemma_json
 from chat.plan import ChatOptions, plan_chat
 from chat.reasoning import GEMMA4_THINKING, thinking_syntax
+from chat.replay import SampledTurn, prompt_digest
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
@@ -212,15 +213,29 @@ def test_generation_prompt_after_results_and_text() -> None:
     assert not plan_chat(template(G4), messages, opts).prompt.text.endswith("<|turn>model\n")
 
 
+@pytest.mark.parametrize("name", [G4, G4_OLD])
+def test_a_sampled_call_replays_before_its_results(name: str) -> None:
+    """A call turn sent back renders as it was sampled (chat/replay.py), after the prompt
+    it was sampled after (the empty thought included, which the template leaves out of a
+    past turn), and its results follow it: the KV reaches past the call."""
+    opts = ChatOptions(tools=(T.get_time_tool,))
+    first = plan_chat(template(name), USER, opts).prompt.text
+    sampled = call("get_time", "city:" + q("Paris"))
+    turn = SampledTurn(sampled, prompt_digest(first))
+    history = [*USER, *past_calls([("get_time", '{"city": "Paris"}', "noon")])[1:]]
+    second = plan_chat(template(name), history, opts, lambda m: [turn]).prompt.text
+    results = "<|tool_response>response:get_time{value:" + q("noon") + "}<tool_response|>"
+    assert second.startswith(first + sampled + results)
+    assert "kvserve" not in second
+    assert not plan_chat(template(name), history, opts).prompt.text.startswith(first)
+
+
 def test_results_after_a_turn_without_calls_are_kept() -> None:
-    """A replayed turn (chat/replay.py) renders as text alone: its results are folded
-    into it, so the template (which reads results only after calls) cannot drop them."""
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "MARK"},
+    """A turn with text and no calls followed by results: its text, then the results."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Text."},
                 {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "done"}]  # fmt: skip
-    folded = fold_tool_results(messages, older=False)
-    assert folded[1]["tool_responses"] == [{"name": "f", "response": "done"}]
-    text = template(G4).render(folded).text
-    assert "response:f{value:" + q("done") + "}" in text
+    text = plan_chat(template(G4), messages, ChatOptions()).prompt.text
+    assert "<|turn>model\nText.<|tool_response>response:f{value:" + q("done") + "}" in text
 
 
 def test_gemma_json() -> None:
