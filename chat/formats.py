@@ -4,6 +4,7 @@ ones, and the incremental parser that turns its output back into calls.
 - Hermes / Qwen: `<tool_call>{"name": .., "arguments": {..}}</tool_call>`, anywhere.
 - Llama 3.x: a bare `{"name": .., "parameters": {..}}` answer (after `<|python_tag|>`).
 - Mistral: `[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]`.
+- Granite 3.3: `<|tool_call|>[{"name": .., "arguments": {..}}, ..]` (chat/formats_granite.py).
 - Generic: for templates without tool support, the tools are described in the system
   prompt and a call is the envelope `{"tool_calls": [{"name": .., "arguments": {..}}]}`
   as the whole answer. In `auto` mode the lazy grammar arms when the answer starts with
@@ -35,14 +36,16 @@ from chat.callstream import CallScanner, Delta, held_back
 from chat.formats_cohere import detect_cohere
 from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
+from chat.formats_granite import calls_as_content, detect_granite
 from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
 from chat.gbnf import RuleSet, literal
 from chat.harmony import HARMONY
 from chat.tools import Tool, ToolChoice
 
-__all__ = ["GENERIC", "HERMES", "LLAMA3", "MISTRAL", "CallFormat", "GrammarSpec", "ToolFormat",
-           "ToolParser", "detect_format", "generic_history", "tool_system_prompt"]  # fmt: skip
+__all__ = ["GENERIC", "GRANITE", "HERMES", "LLAMA3", "MISTRAL", "CallFormat", "GrammarSpec",
+           "ToolFormat", "ToolParser", "detect_format", "generic_history",
+           "tool_system_prompt"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,25 @@ MISTRAL = ToolFormat(
     '"[TOOL_CALLS]" ws "[" ws', 'ws "," ws', 'ws "]"',
     r"[\s\S]*?(\[TOOL_CALLS\])[\s\S]*", "[TOOL_CALLS]",
 )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class GraniteFormat(ToolFormat):
+    """Granite 3.3 (chat/formats_granite.py): its template renders no past call, so the
+    calls are written into the turn's content (a `TurnAdapter`)."""
+
+    def adapt_messages(self, source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return calls_as_content(messages)
+
+    def adapt_prompt(self, text: str, generation: bool) -> str:
+        return text
+
+
+GRANITE = GraniteFormat(
+    "granite", True, "<|tool_call|>", (), True, "arguments",
+    '"<|tool_call|>" ws "[" ws', 'ws "," ws', 'ws "]"',
+    r"[\s\S]*?(<\|tool_call\|>)[\s\S]*", "<|tool_call|>",
+)  # fmt: skip
 GENERIC = ToolFormat(
     "generic", False, None, ("{", '"tool_calls"', ":", "["), True, "arguments",
     '"{" ws "\\"tool_calls\\"" ws ":" ws "[" ws', 'ws "," ws', 'ws "]" ws "}"',
@@ -112,6 +134,8 @@ def detect_format(template_source: str) -> CallFormat:
         return cohere
     if "<tool_call>" in template_source:
         return HERMES
+    if detect_granite(template_source):  # Granite 3.3's `<|tool_call|>` list
+        return GRANITE
     if "[TOOL_CALLS]" in template_source:
         return MISTRAL
     if "<|python_tag|>" in template_source:

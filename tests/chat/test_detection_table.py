@@ -59,7 +59,7 @@ EXPECTED = {
     "google-gemma-2-2b-it.jinja": "generic",
     "google-gemma-4-31B-it-interleaved.jinja": "gemma4",
     "google-gemma-4-31B-it.jinja": "gemma4",
-    "ibm-granite-granite-3.3-2B-Instruct.jinja": "generic",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
     "ibm-granite-granite-4.0.jinja": "hermes",
     "ibm-granite-granite-4.1.jinja": "hermes",
     "inclusionai-ling-3.0-flash.jinja": "glm-4.5",
