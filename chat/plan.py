@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from chat.callformat import CallFormat, CallParser, TurnAdapter
 from chat.callstream import Delta
+from chat.content import with_media_markers
 from chat.formats import GrammarSpec, detect_format, generic_history, tool_system_prompt
 from chat.reasoning import ReasoningSplitter, has_thinking, starts_inside
 from chat.replay import TurnLookup, render_replaying
@@ -41,6 +42,9 @@ class ChatOptions:
     # conversation without the assistant turn's opening (an assistant prefill continues
     # its message whatever this says).
     add_generation_prompt: bool = True
+    # What marks an image's place in the prompt text (the engine's `media_marker`; "":
+    # the model takes no images, and a message with an image part is refused).
+    media_marker: str = ""
 
 
 class OutputParser:
@@ -108,6 +112,9 @@ class ChatPlan:
     split_reasoning: bool
     reasoning_inside: bool
     tools: tuple[Tool, ...] = ()  # the offered ones (a parser types XML values by them)
+    # The images of the prompt, in the order of their markers in its text (what each
+    # message's image part carried: opaque here, the server's read image).
+    media: tuple[Any, ...] = ()
 
     def parser(self) -> OutputParser:
         fmt = self.tool_format
@@ -130,13 +137,19 @@ def plan_chat(
     gets it folded into a user turn (`fold_late_system`) instead of a 400: Claude Code
     sends its environment block so, on every request. Whether to fold is the template's
     answer to a probe, never the conversation's, so that turn 1 (which such a template
-    may still render) and turn 2 (which it refuses) share their head."""
+    may still render) and turn 2 (which it refuses) share their head.
+
+    A message's content may be a list of parts: text parts and image parts
+    (`{"type": "image", "image": ..., "param": ...}`); it renders as its text with
+    `opts.media_marker` in each image's place (`with_media_markers`)."""
+    messages, media = with_media_markers(messages, opts.media_marker)
     if refuses_late_system(template):
         folded = fold_late_system(messages)
         if folded is not None:
             log.debug("folded a system message past the head into a user turn")
             messages = folded
-    return _plan_chat(template, messages, opts, replay)
+    plan = _plan_chat(template, messages, opts, replay)
+    return replace(plan, media=media) if media else plan
 
 
 _LATE_SYSTEM_PROBE = [
