@@ -45,6 +45,7 @@ from server.config.model_entries import (
 from server.config.sources import hints, later_values, model_entries, read_toml, table
 from server.config.values import ConfigError
 from server.mcp.config import McpSection, McpServerSection, mcp_servers, validate_mcp
+from server.serving.media import MediaSection
 from server.serving.replay import ReplaySection
 from server.telemetry.tracing import TracingSection
 
@@ -178,6 +179,7 @@ class Settings:
     sessions: SessionLimits = field(default_factory=SessionLimits)
     responses: ResponsesSection = field(default_factory=ResponsesSection)
     replay: ReplaySection = field(default_factory=ReplaySection)
+    media: MediaSection = field(default_factory=MediaSection)
     auth: AuthSection = field(default_factory=AuthSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
@@ -208,6 +210,7 @@ SECTIONS: dict[str, type] = {
     "sessions": SessionLimits,
     "responses": ResponsesSection,
     "replay": ReplaySection,
+    "media": MediaSection,
     "model_names": ModelNamesSection,
     "auth": AuthSection,
     "metrics": MetricsSection,
@@ -360,6 +363,7 @@ __all__ = [
     "LoadingSection",
     "LoggingSection",
     "LoraSection",
+    "MediaSection",
     "MetricsSection",
     "ModelNamesSection",
     "ModelSection",

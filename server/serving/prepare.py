@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chat.formats import GrammarSpec
@@ -31,6 +31,7 @@ from server.http.deps import Caller, EngineLike
 from server.http.errors import BadRequest
 from server.http.sampling import generate_requests
 from server.serving.drive import TOKENIZE_INLINE_CHARS, tokenize
+from server.serving.media import media_of, tokenize_images
 from server.serving.replay import Recorder, Replay
 from server.serving.request_sampling import RequestSampling
 from server.serving.state import Choice, ChoiceState, Step
@@ -78,21 +79,40 @@ def make_plan(
     messages: list[dict[str, Any]],
     options: ChatOptions,
     replay: TurnLookup | None = None,
+    *,
+    media_marker: str = "",
 ) -> ChatPlan:
     """The chat plan; what the template or tool checks refuse is a 400 naming the field.
-    `replay`: sampled tool turns sent back render as sampled (as in `prepare_chat`)."""
+    `replay`: sampled tool turns sent back render as sampled (as in `prepare_chat`);
+    `media_marker`: the engine's, where the messages may carry images."""
     check_message_count(messages)
     try:
-        return plan_chat(template, messages, options, replay)
+        return plan_chat(template, messages, replace(options, media_marker=media_marker), replay)
     except TemplateError as exc:
         raise BadRequest(str(exc), param="messages") from exc
     except ChatInputError as exc:
         raise BadRequest(exc.message, param=exc.param) from exc
 
 
-async def prompt_tokens(engine: EngineLike, plan: ChatPlan) -> list[int]:
+async def prompt_tokens(
+    engine: EngineLike, plan: ChatPlan, *, add_special: bool | None = None
+) -> list[int]:
+    """The plan's prompt tokens (`add_special`: None, as the template says)."""
     rendered = plan.prompt
-    return await tokenize(engine, rendered.text, add_special=rendered.add_bos, parse_special=True)
+    special = rendered.add_bos if add_special is None else add_special
+    if plan.media:  # decoding the images blocks: a worker thread
+        return await asyncio.to_thread(
+            tokenize_images, engine, rendered.text, plan.media, add_special=special
+        )
+    return await tokenize(engine, rendered.text, add_special=special, parse_special=True)
+
+
+def plan_tokens(engine: EngineLike, plan: ChatPlan) -> list[int]:
+    """The plan's prompt tokens, its images' positions included (blocking)."""
+    rendered = plan.prompt
+    if plan.media:
+        return tokenize_images(engine, rendered.text, plan.media, add_special=rendered.add_bos)
+    return engine.tokenize(rendered.text, add_special=rendered.add_bos, parse_special=True)
 
 
 async def prepare_chat(
@@ -111,8 +131,11 @@ async def prepare_chat(
 ) -> Prepared:
     """`replay`: the caller's sampled tool turns (server/serving/replay.py): the ones the
     messages send back render as sampled, and this request's own are recorded.
-    `thinking_budget`: the one the request names (server/serving/thinking.py)."""
+    `thinking_budget`: the one the request names (server/serving/thinking.py).
+    Images in the messages are read already (server/serving/media.py read_images); the
+    requests carry those of the prompt, in order."""
     check_message_count(messages)
+    options = replace(options, media_marker=engine.info.media_marker)
     lookup = replay.lookup if replay is not None else None
     try:
         plan, prompt, dropped = await plan_within_context(
@@ -134,6 +157,9 @@ async def prepare_chat(
     spec = thinking_spec(engine, template.source, plan.prompt.text, thinking_budget,
                          options.template_kwargs)  # fmt: skip
     requests = with_thinking(requests, spec)
+    if plan.media:
+        media = media_of(plan.media)
+        requests = [replace(r, media=media) for r in requests]
     recorder = Recorder(replay, plan.prompt.text) if replay is not None else None
     return Prepared(plan, prompt, requests, dropped, recorder)
 
@@ -167,8 +193,7 @@ async def plan_within_context(
         """The plan that keeps the turns from `turn` on, and whether it fits."""
         kept = keep_turns_from(messages, starts, turn)
         plan = plan_chat(template, kept, opts, replay)
-        rendered = plan.prompt
-        prompt = engine.tokenize(rendered.text, add_special=rendered.add_bos, parse_special=True)
+        prompt = plan_tokens(engine, plan)
         fits = len(prompt) + (max_tokens or 1) <= engine.info.n_ctx
         return (plan, prompt, len(messages) - len(kept)), fits
 
@@ -183,6 +208,8 @@ async def plan_within_context(
 def _is_short(messages: list[dict[str, Any]]) -> bool:
     if len(messages) > INLINE_MESSAGES:
         return False
+    if any(isinstance(m.get("content"), list) for m in messages):
+        return False  # images: decoding them blocks
     chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
     return chars <= TOKENIZE_INLINE_CHARS
 

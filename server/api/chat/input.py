@@ -9,19 +9,22 @@ from chat.callstream import Delta
 from chat.plan import ChatOptions, OutputParser
 from chat.reasoning import effort_kwargs
 from chat.tools import tool_choice
-from server.api.chat.protocol import ChatCompletionRequest
+from server.api.chat.protocol import ChatCompletionRequest, ContentPart
 from server.api.common import function_tool
+from server.serving.media import chat_part, image_from_url
 from server.serving.state import ParsedOutput, openai_calls, parsed
 
 log = logging.getLogger("kvserve.server")
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The messages in chat/'s form: text parts joined; a message with images keeps its
+    parts, each image an ImagePart (server/serving/media.py reads them)."""
     out = []
-    for message in body.messages:
-        content = message.content
+    for i, message in enumerate(body.messages):
+        content: Any = message.content
         if isinstance(content, list):
-            content = "".join(part.text or "" for part in content)
+            content = _content(content, f"messages[{i}].content")
         # Templates written before the 'developer' role know it as 'system'.
         role = "system" if message.role == "developer" else message.role
         item: dict[str, Any] = {"role": role, "content": content}
@@ -37,6 +40,23 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
         if message.tool_call_id is not None:
             item["tool_call_id"] = message.tool_call_id
         out.append(item)
+    return out
+
+
+def _content(parts: list[ContentPart], where: str) -> str | list[dict[str, Any]]:
+    if all(part.type != "image_url" for part in parts):
+        return "".join(part.text or "" for part in parts)
+    out: list[dict[str, Any]] = []
+    for j, part in enumerate(parts):
+        if part.type != "image_url":
+            out.append({"type": "text", "text": part.text or ""})
+            continue
+        at = f"{where}[{j}].image_url"
+        ref = part.image_url  # {"url", "detail"}; a bare string as vLLM and others take it
+        if isinstance(ref, dict):
+            out.append(chat_part(image_from_url(ref.get("url"), at, ref.get("detail"))))
+        else:
+            out.append(chat_part(image_from_url(ref, at)))
     return out
 
 

@@ -18,9 +18,13 @@ from server.api.constraints import ConstraintFields
 from server.http.errors import BadRequest, Unsupported
 
 
-class TextPart(RequestModel):
+class ContentPart(RequestModel):
+    """A text part, or an image part (`image_url`: {"url": a data: or http(s) URL,
+    "detail": a hint}; read by server/api/chat/input.py)."""
+
     type: str
     text: str | None = None
+    image_url: Any = None
 
 
 class FunctionCall(RequestModel):
@@ -36,7 +40,7 @@ class ToolCall(RequestModel):
 
 class ChatMessage(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -146,10 +150,16 @@ class ChatCompletionRequest(ConstraintFields, SamplingExtras):
                 )
             if isinstance(message.content, list):
                 for j, part in enumerate(message.content):
+                    if part.type == "image_url" and message.role == "user":
+                        continue  # read by input.py (server/serving/media.py)
+                    if part.type == "image_url":
+                        raise BadRequest("image parts belong in user messages",
+                                         param=f"{where}.content[{j}].type")  # fmt: skip
                     if part.type != "text":
                         raise Unsupported(
                             f"{where}.content[{j}].type",
-                            f"content parts of type '{part.type}' are not supported; only 'text'",
+                            f"content parts of type '{part.type}' are not supported; only "
+                            "'text' and 'image_url'",
                         )
                     if part.text is None:
                         raise BadRequest(

@@ -23,6 +23,7 @@ from server.serving.drive import (
     steps,
     until_disconnect,
 )
+from server.serving.media import request_images
 from server.serving.prepare import DROPPED_HEADER, Prepared, prepare_chat
 from server.serving.replay import request_replay
 from server.serving.state import Choice, chat_finish_text, parsed, usage
@@ -53,10 +54,11 @@ async def serve_chat(
     served = resolve_model(request, body.model)
     engine = served.engine
     check_n(body.n, engine.info.n_seq_max)
+    messages = await request_images(request, engine.info, chat_messages(body))
     prepared = await prepare_chat(
         engine,
         served.template,
-        chat_messages(body),
+        messages,
         chat_options(body),
         body.sampling_record(),
         caller,

@@ -32,6 +32,7 @@ from server.api.constraints import ConstraintFields
 from server.http.deps import Caller, CallerDep, GatedRoute, claim, registry, resolve_model
 from server.http.errors import BadRequest
 from server.models.served import ServedModel
+from server.serving.media import request_images
 from server.serving.prepare import make_plan
 from server.serving.replay import request_replay
 
@@ -74,8 +75,13 @@ async def render(request: Request, body: ApplyTemplateRequest, caller: Caller) -
     options = replace(chat_options(body), add_generation_prompt=body.add_generation_prompt)
     replay = request_replay(request, served.id, caller)
     lookup = replay.lookup if replay is not None else None
+    # Images are read as a chat request reads them (refused as it refuses them; /tokenize
+    # counts their positions); each renders as the model's media marker.
+    info = served.engine.info
+    messages = await request_images(request, info, chat_messages(body))
     # A long conversation renders for a while: off the event loop.
-    plan = await asyncio.to_thread(make_plan, served.template, chat_messages(body), options, lookup)
+    plan = await asyncio.to_thread(make_plan, served.template, messages, options, lookup,
+                                   media_marker=info.media_marker)  # fmt: skip
     return served, plan
 
 

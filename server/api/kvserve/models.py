@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from engine.client import EngineRecoveringError, EngineState
+from server.api.kvserve.props import modalities
 from server.http.deps import registry, resolve_model
 from server.http.errors import APIError, from_engine_error
 from server.models.loader import ModelLoader
@@ -67,6 +68,8 @@ def _card(served: ServedModel, created: int) -> dict[str, Any]:
             "family": family_of(info),
             # the vocabulary's special token ids (None: none), as GET /props shows them
             "special_tokens": info.special_tokens.as_dict(),
+            # what prompts may carry, as GET /props says it: vision with a projector
+            "modalities": modalities(info.vision),
         }
     card["meta"] = meta
     return card

@@ -36,17 +36,23 @@ def _build_info() -> str:
         return "kvserve"
 
 
+def modalities(vision: bool) -> dict[str, bool]:
+    """llama-server's `modalities`: vision with a projector loaded; audio never."""
+    return {"vision": vision, "audio": False}
+
+
 def props_of(served: ServedModel) -> dict[str, Any]:
     out: dict[str, Any] = {
         "model_alias": served.id,
         "model_path": served.path,
-        "modalities": {"vision": False, "audio": False},  # text only
+        "modalities": {"vision": False, "audio": False},  # known once loaded (below)
         "build_info": _build_info(),
         "is_sleeping": not served.engine.ready,
     }
     if not served.engine.ready:
         return out
     info = served.engine.info
+    out["modalities"] = modalities(info.vision)
     defaults = asdict(sampling_params(RequestSampling(), info))
     params = {k: v for k, v in defaults.items() if k not in _NOT_DEFAULTS}
     return out | {

@@ -63,7 +63,9 @@ async def tokenize(body: TokenizeRequest, request: Request, caller: CallerDep) -
             parse_special=body.parse_special is not False,  # default true, as llama-server
         )
     if body.with_pieces:
-        return {"tokens": [{"id": t, "piece": piece(engine.special_piece(t))} for t in tokens]}
+        # An image's positions (ids < 0, a chat with images) have no text: an empty piece.
+        return {"tokens": [{"id": t, "piece": piece(engine.special_piece(t)) if t >= 0 else ""}
+                           for t in tokens]}  # fmt: skip
     return {"tokens": tokens}
 
 

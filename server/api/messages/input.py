@@ -5,6 +5,8 @@ Blocks map onto chat turns: `text` blocks join into a turn's content; an assista
 `tool_result` blocks become tool turns (before the user's own text, in order);
 `thinking` blocks sent back are dropped (templates do not render past reasoning).
 `cache_control` is accepted anywhere: kvserve reuses every shared prefix by itself.
+`image` blocks (base64, or a `url` source) go where they are in a user turn or a
+tool_result's content, read by server/serving/media.py.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from chat.reasoning import effort_kwargs
 from chat.tools import Tool, ToolChoice
 from server.api.messages.protocol import CountTokensRequest
 from server.http.errors import BadRequest, Unsupported
-
-_REFUSED_BLOCKS = ("image", "document", "search_result", "server_tool_use", "container_upload")
+from server.serving.media import chat_part, image_from_base64, image_from_url
 
 
 def _block_type(block: Any, where: str) -> str:
@@ -35,7 +36,7 @@ def _text(block: dict[str, Any], where: str) -> str:
 
 
 def _texts(content: Any, where: str) -> str:
-    """A string, or text blocks joined (system prompts, tool_result content)."""
+    """A string, or text blocks joined (system prompts)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -50,6 +51,41 @@ def _texts(content: Any, where: str) -> str:
     return "\n".join(out) if where.endswith("system") else "".join(out)
 
 
+def _image(block: dict[str, Any], at: str) -> dict[str, Any]:
+    """An image block's source: base64 with its media_type, or a url (fetched where
+    [media] allow_urls says so)."""
+    raw = block.get("source")
+    source: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    kind = source.get("type") if isinstance(raw, dict) else None
+    if kind == "base64":
+        return chat_part(image_from_base64(source.get("data"), source.get("media_type"),
+                                           f"{at}.source"))  # fmt: skip
+    if kind == "url":
+        return chat_part(image_from_url(source.get("url"), f"{at}.source"))
+    raise BadRequest(f"'{at}.source' must be a base64 or url image source",
+                     param=f"{at}.source.type" if kind is not None else f"{at}.source")  # fmt: skip
+
+
+def _parts(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A tool_result's content: its text, or its text and image blocks as parts."""
+    if not isinstance(content, list) or all(
+        not isinstance(b, dict) or b.get("type") != "image" for b in content
+    ):
+        return _texts(content, where)
+    out: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        at = f"{where}[{j}]"
+        kind = _block_type(block, at)
+        if kind == "image":
+            out.append(_image(block, at))
+        elif kind == "text":
+            out.append({"type": "text", "text": _text(block, at)})
+        else:
+            raise Unsupported(f"{at}.type", f"'{kind}' blocks are not supported here; only "
+                              "text and image")  # fmt: skip
+    return out
+
+
 def system_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     if body.system is None:
         return []
@@ -62,14 +98,16 @@ def _turn(role: str, content: Any, where: str) -> list[dict[str, Any]]:
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise BadRequest(f"'{where}' must be a string or a list of blocks", param=where)
-    texts: list[str] = []
+    texts: list[dict[str, Any]] = []  # text and image parts
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         at = f"{where}[{j}]"
         kind = _block_type(block, at)
         if kind == "text":
-            texts.append(_text(block, at))
+            texts.append({"type": "text", "text": _text(block, at)})
+        elif kind == "image" and role == "user":
+            texts.append(_image(block, at))
         elif kind == "tool_use" and role == "assistant":
             for key in ("id", "name"):
                 if not isinstance(block.get(key), str) or not block[key]:
@@ -85,28 +123,36 @@ def _turn(role: str, content: Any, where: str) -> list[dict[str, Any]]:
                                  param=f"{at}.tool_use_id")  # fmt: skip
             if block.get("is_error") not in (None, True, False):
                 raise BadRequest(f"'{at}.is_error' must be a boolean", param=f"{at}.is_error")
-            text = _texts(block.get("content", ""), f"{at}.content")
+            text = _parts(block.get("content", ""), f"{at}.content")
             if block.get("is_error"):  # the model reads that the call failed
-                text = f"Error: {text}"
+                text = f"Error: {text}" if isinstance(text, str) else [
+                    {"type": "text", "text": "Error: "}, *text]
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": text})  # fmt: skip
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue
-        elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
-            owner = "user" if kind == "tool_result" else "assistant"
+        elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking", "image"):
+            owner = "user" if kind in ("tool_result", "image") else "assistant"
             raise BadRequest(f"'{kind}' blocks belong in {owner} turns", param=f"{at}.type")
         else:
             raise Unsupported(f"{at}.type", f"'{kind}' blocks are not supported; only text, "
-                              "tool_use, tool_result and thinking")  # fmt: skip
+                              "image, tool_use, tool_result and thinking")  # fmt: skip
     out = list(results)
     if texts or (not results and not calls):
-        out.append({"role": role, "content": "".join(texts)})
+        out.append({"role": role, "content": _joined(texts)})
     if calls:
         if out and out[-1]["role"] == "assistant":
             out[-1]["tool_calls"] = calls
         else:
             out.append({"role": "assistant", "content": None, "tool_calls": calls})
     return out
+
+
+def _joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Text parts as one string; with an image among them, the parts."""
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:

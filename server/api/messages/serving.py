@@ -26,6 +26,7 @@ from server.http.errors import APIError, params_renamed
 from server.serving import sse
 from server.serving.drive import collect, steps, until_disconnect
 from server.serving.events import NamedEvent
+from server.serving.media import request_images
 from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens
 from server.serving.replay import request_replay
 from server.serving.state import Choice, ParsedOutput, coalesced
@@ -46,9 +47,12 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     """The prompt's length, rendered exactly as /v1/messages would render it."""
     body.log_unknown("messages.count_tokens")
     served = resolve_model(request, body.model)
+    info = served.engine.info
+    messages = await request_images(request, info, chat_messages(body))
     with params_renamed(chat_param):
-        plan = make_plan(served.template, chat_messages(body), message_options(body))
-    return {"input_tokens": len(await prompt_tokens(served.engine, plan))}
+        plan = make_plan(served.template, messages, message_options(body),
+                         media_marker=info.media_marker)  # fmt: skip
+        return {"input_tokens": len(await prompt_tokens(served.engine, plan))}
 
 
 async def serve_messages(body: MessagesRequest, request: Request, caller: Caller) -> Any:
@@ -56,8 +60,9 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
     served = resolve_model(request, body.model)
     engine = served.engine
     sampling = body.sampling_record(session_id=None)
+    messages = await request_images(request, engine.info, chat_messages(body))
     with params_renamed(chat_param):
-        prepared = await prepare_chat(engine, served.template, chat_messages(body),
+        prepared = await prepare_chat(engine, served.template, messages,
                                       message_options(body), sampling, caller,
                                       max_tokens=body.max_tokens,
                                       replay=request_replay(request, served.id, caller,

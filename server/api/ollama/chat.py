@@ -18,11 +18,20 @@ from fastapi import Request
 from chat.plan import ChatOptions
 from chat.reasoning import has_thinking, think_kwargs
 from server.api.common import function_tool
-from server.api.ollama.common import Piece, answer, kept_model, load_answer, options, within_window
+from server.api.ollama.common import (
+    Piece,
+    answer,
+    content_with_images,
+    kept_model,
+    load_answer,
+    options,
+    within_window,
+)
 from server.api.ollama.protocol import OllamaChatRequest
 from server.http.deps import Caller
 from server.http.errors import BadRequest, params_renamed
 from server.models.keep_alive import apply_keep_alive
+from server.serving.media import request_images
 from server.serving.prepare import prepare_chat
 from server.serving.replay import request_replay
 
@@ -31,7 +40,8 @@ def chat_messages(body: OllamaChatRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     open_calls: list[tuple[str, str]] = []  # (id, name) of calls not answered yet
     for i, message in enumerate(body.messages):
-        item: dict[str, Any] = {"role": message.role, "content": message.content}
+        content = content_with_images(message.content, message.images, f"messages[{i}]")
+        item: dict[str, Any] = {"role": message.role, "content": content}
         if message.role == "assistant" and message.thinking:
             item["reasoning_content"] = message.thinking
         if message.tool_calls:
@@ -98,9 +108,10 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
     overflow = served.context_overflow
     if body.truncate is not None:
         overflow = "drop_oldest" if body.truncate else "error"
+    messages = await request_images(request, engine.info, chat_messages(body))
     with params_renamed(_param):
         prepared = await prepare_chat(
-            engine, template, chat_messages(body), chat_options(body, template.source, body.model),
+            engine, template, messages, chat_options(body, template.source, body.model),
             opts.sampling, caller, max_tokens=opts.max_tokens, overflow=overflow,
             replay=request_replay(request, served.id, caller, by_calls=True),
         )  # fmt: skip

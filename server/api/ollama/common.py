@@ -45,8 +45,22 @@ from server.http.errors import (
 from server.models.keep_alive import apply_keep_alive, check_keep_alive
 from server.models.served import ServedModel, resolve_ollama_model
 from server.serving.drive import collect, engine_failure, increments, until_disconnect
+from server.serving.media import chat_part, image_from_base64, image_from_url
 from server.serving.request_sampling import RequestSampling
 from server.serving.state import Choice, ChoiceState, parsed
+
+
+def content_with_images(text: str, images: list[Any] | None, where: str = "") -> Any:
+    """A turn's text with its `images` (base64, as Ollama sends them) before it, as
+    Ollama places them; the text alone without images."""
+    if not images:
+        return text
+    prefix = f"{where}." if where else ""
+    parts = [chat_part(image_from_url(image, f"{prefix}images[{k}]")
+                       if isinstance(image, str) and image.startswith("data:")
+                       else image_from_base64(image, None, f"{prefix}images[{k}]"))
+             for k, image in enumerate(images)]  # fmt: skip
+    return [*parts, {"type": "text", "text": text}]
 
 
 def ollama_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:

@@ -5,6 +5,7 @@ the `context` of an earlier answer, or a prefix and `suffix` to fill in between.
   model's own template. `context` (the token ids a previous answer returned: its prompt
   and its output) goes in front, so a continuation's head is exactly the tokens that
   the engine holds from that answer and only the new turn is prefilled.
+  `images` go in that turn, before the prompt's text (as Ollama places them).
 - `raw`: the prompt is tokenized as it is (special tokens parsed), no template.
 - `suffix`: fill in the middle, in llama.cpp's order (prefix-suffix-middle) with the
   vocabulary's own FIM tokens; refused for a model that has none.
@@ -13,6 +14,7 @@ the `context` of an earlier answer, or a prefix and `suffix` to fill in between.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -21,8 +23,16 @@ from chat.formats import GrammarSpec
 from chat.plan import ChatOptions, OutputParser
 from chat.reasoning import has_thinking, think_kwargs
 from chat.schema import SchemaError, json_object_gbnf, schema_to_gbnf
-from engine.client import ThinkingSpec
-from server.api.ollama.common import Piece, answer, kept_model, load_answer, options, within_window
+from engine.client import Media, ThinkingSpec
+from server.api.ollama.common import (
+    Piece,
+    answer,
+    content_with_images,
+    kept_model,
+    load_answer,
+    options,
+    within_window,
+)
 from server.api.ollama.protocol import OllamaGenerateRequest
 from server.http.deps import Caller, EngineLike
 from server.http.errors import BadRequest, params_renamed
@@ -30,6 +40,7 @@ from server.http.sampling import generate_requests
 from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel
 from server.serving.drive import tokenize
+from server.serving.media import media_of, request_images
 from server.serving.prepare import grammar_fields, make_plan, prompt_tokens
 from server.serving.state import ChoiceState
 from server.serving.thinking import thinking_spec, with_thinking
@@ -60,11 +71,14 @@ async def _raw_prompt(engine: EngineLike, body: OllamaGenerateRequest, model: st
     return [*bos, pre, *head, suf, *tail, mid]
 
 
-async def _templated(
-    served: ServedModel, body: OllamaGenerateRequest
-) -> tuple[list[int], OutputParser, GrammarSpec | None, ThinkingSpec | None]:
-    """The context's tokens, then the new turn rendered by the model's template; and
-    its thinking block (server/serving/thinking.py)."""
+Templated = tuple[list[int], OutputParser, GrammarSpec | None, ThinkingSpec | None,
+                  tuple[Media, ...]]  # fmt: skip
+
+
+async def _templated(request: Request, served: ServedModel, body: OllamaGenerateRequest
+                     ) -> Templated:  # fmt: skip
+    """The context's tokens, then the new turn rendered by the model's template; its
+    thinking block (server/serving/thinking.py) and its images."""
     template = served.template
     kwargs: dict[str, Any] = {}
     if body.think is not None:  # true or a level on a model that cannot think: Ollama's 400
@@ -72,26 +86,25 @@ async def _templated(
             raise BadRequest(f'"{body.model}" does not support thinking', param="think")
         kwargs.update(think_kwargs(body.think))  # the switch, or a level as an effort
     messages = [{"role": "system", "content": body.system}] if body.system else []
-    messages.append({"role": "user", "content": body.prompt})
+    messages.append({"role": "user", "content": content_with_images(body.prompt, body.images)})
+    info = served.engine.info
+    messages = await request_images(request, info, messages)
     fmt = body.response_format
     plan = make_plan(template, messages, ChatOptions(
         response_format=fmt,  # type: ignore[arg-type]
         json_schema=body.format if isinstance(body.format, dict) else None,
         template_kwargs=kwargs,
-    ))  # fmt: skip
+    ), media_marker=info.media_marker)  # fmt: skip
     context = list(body.context or [])
     n_vocab = served.engine.info.n_vocab
     bad = next((t for t in context if not 0 <= t < n_vocab), None)
     if bad is not None:
         raise BadRequest(f"'context' contains token id {bad}, outside [0, {n_vocab})",
                          param="context")  # fmt: skip
-    if context:  # the conversation's head is there already (its BOS included)
-        text = plan.prompt.text
-        turn = await tokenize(served.engine, text, add_special=False, parse_special=True)
-    else:
-        turn = await prompt_tokens(served.engine, plan)
+    # With a context, the conversation's head is there already (its BOS included).
+    turn = await prompt_tokens(served.engine, plan, add_special=False if context else None)
     spec = thinking_spec(served.engine, template.source, plan.prompt.text, None, kwargs)
-    return context + turn, plan.parser(), plan.grammar, spec
+    return context + turn, plan.parser(), plan.grammar, spec, media_of(plan.media)
 
 
 def _format_param(param: str | None) -> str | None:
@@ -109,7 +122,11 @@ async def serve_ollama_generate(
         return await load_answer(request, served, body.model, body.keep_alive, {"response": ""})
     engine = served.engine
     opts = options(body.options, engine.info.n_ctx)
+    media: tuple[Media, ...] = ()
     if body.raw or body.suffix:
+        if body.images:
+            raise BadRequest("images go in a templated prompt; a raw or fill-in-the-middle "
+                             "prompt has no place marked for them", param="images")  # fmt: skip
         if body.system or body.context:
             field = "system" if body.system else "context"
             raise BadRequest(f"'{field}' has no place in a fill-in-the-middle prompt",
@@ -118,12 +135,12 @@ async def serve_ollama_generate(
         parser, grammar, spec = OutputParser(None, None), _grammar(body), None
     else:
         with params_renamed(_format_param):
-            prompt, parser, grammar, spec = await _templated(served, body)
+            prompt, parser, grammar, spec, media = await _templated(request, served, body)
     limit = within_window(opts, len(prompt))
     requests = generate_requests(prompt, opts.sampling, engine.info, max_tokens=limit,
                                  logprobs=None, caller=caller,
                                  overrides=grammar_fields(grammar))  # fmt: skip
-    requests = with_thinking(requests, spec)
+    requests = [replace(r, media=media) for r in with_thinking(requests, spec)]
     apply_keep_alive(served, body.keep_alive)  # the request passed every check
     generation = await engine.generate(requests)
 

@@ -60,8 +60,6 @@ class _Generating(_Base):
     debug_render_only: bool | None = None
 
     def refuse_common(self) -> None:
-        if self.images:
-            raise Unsupported("images", "this server's models take no images")
         if self.logprobs or self.top_logprobs is not None:
             name = "logprobs" if self.logprobs else "top_logprobs"
             raise Unsupported(name, "log probabilities are on the OpenAI routes only")
@@ -89,13 +87,14 @@ class OllamaChatRequest(_Generating):
 
     def refuse_unsupported(self) -> None:
         self.refuse_common()
+        if self.images:  # /api/generate's field: on /api/chat each message has its own
+            raise BadRequest("images go on a message on /api/chat ('messages[i].images')",
+                             param="images")  # fmt: skip
         for i, message in enumerate(self.messages):
             where = f"messages[{i}]"
             if message.role not in ("system", "user", "assistant", "tool"):
                 raise BadRequest(f"'{where}.role' must be system, user, assistant or tool",
                                  param=f"{where}.role")  # fmt: skip
-            if message.images:
-                raise Unsupported(f"{where}.images", "this server's models take no images")
             if message.tool_calls and message.role != "assistant":
                 raise BadRequest("only assistant messages have tool_calls",
                                  param=f"{where}.tool_calls")  # fmt: skip

@@ -6,7 +6,8 @@ notation ("134.52M", "7.6B"), `quantization_level` the file type's name;
 `capabilities` says what kvserve does with the model: completion and tools always (a
 template without native tool calls gets the generic envelope), thinking when the
 template has thinking tags, embedding when the embedding context is on, insert when
-the vocabulary has fill-in-the-middle tokens.
+the vocabulary has fill-in-the-middle tokens, vision when a projector is loaded (known
+once the model has loaded: a model never loaded yet does not say it).
 
 `modelfile`'s FROM line names the model's file (as Ollama's names its blob) for an admin
 caller only (an admin key, or anyone on a server without keys): another key gets the
@@ -87,6 +88,7 @@ class _Facts:
     n_embd: int
     embedding: bool
     insert: bool
+    vision: bool = False  # a projector is loaded: prompts may carry images
     family: dict[str, Any] | None = None  # the load's probe; None: never loaded yet
 
 
@@ -94,7 +96,7 @@ def _loaded_facts(served: ServedModel) -> _Facts:
     info = served.engine.info  # EngineNotReadyError for a model never loaded yet
     return _Facts(info.path, dict(info.metadata), info.n_params, served.template.source,
                   info.n_ctx, info.n_ctx_train, info.n_embd, bool(info.embed_n_ctx),
-                  info.fim_tokens is not None, family_of(info))  # fmt: skip
+                  info.fim_tokens is not None, info.vision, family_of(info))  # fmt: skip
 
 
 async def _file_facts(served: ServedModel) -> _Facts:
@@ -144,6 +146,8 @@ async def serve_ollama_show(body: OllamaShowRequest, request: Request) -> dict[s
         capabilities.append("embedding")
     if facts.insert:
         capabilities.append("insert")
+    if facts.vision:
+        capabilities.append("vision")
     model_info = {k: _value(v) for k, v in meta.items()}
     model_info["general.parameter_count"] = facts.n_params
     if family:

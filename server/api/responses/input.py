@@ -1,6 +1,7 @@
 """A Responses-API request -> chat messages, tools and options for the serving core.
 
-Input items map onto chat turns: `message` items (text parts) -> system/user/assistant
+Input items map onto chat turns: `message` items (text parts; a user message's
+`input_image` parts where they are, read by server/serving/media.py) -> system/user/assistant
 turns, consecutive `function_call` / `custom_tool_call` items -> one assistant turn's
 tool calls (a custom tool's input as its `input` argument, a namespaced function under
 the name the model knows it by: server/api/responses/tools.py), `function_call_output` /
@@ -26,6 +27,7 @@ from server.api.responses.tools import (
     response_tools,
 )
 from server.http.errors import BadRequest, Unsupported
+from server.serving.media import chat_part, image_from_url
 
 # A reasoning item's encrypted_content (and its field name) -> its text, or None to drop it.
 Unseal = Callable[[object, str], str | None]
@@ -33,17 +35,25 @@ Unseal = Callable[[object, str], str | None]
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _text_of(content: Any, where: str) -> str:
+def _text_of(content: Any, where: str, images: bool = False) -> Any:
+    """The text of a content: a string, or its text parts joined; with `images` (a user
+    message), one with `input_image` parts is kept as parts, text and images in order."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise BadRequest(f"'{where}' must be a string or a list of content parts", param=where)
     texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
+            continue
+        if kind == "input_image" and images:
+            parts += [{"type": "text", "text": "".join(texts)}] if texts else []
+            parts.append(_input_image(part, at))
+            texts = []
             continue
         if kind not in _TEXT_PARTS:
             if isinstance(kind, str):
@@ -53,7 +63,18 @@ def _text_of(content: Any, where: str) -> str:
         if not isinstance(part.get("text"), str):
             raise BadRequest(f"'{at}.text' must be a string", param=f"{at}.text")
         texts.append(part["text"])
-    return "".join(texts)
+    if not parts:
+        return "".join(texts)
+    return parts + ([{"type": "text", "text": "".join(texts)}] if texts else [])
+
+
+def _input_image(part: dict[str, Any], at: str) -> dict[str, Any]:
+    """An `input_image` part: `image_url` (a data: or http(s) URL); `detail` a hint."""
+    if part.get("file_id") is not None:
+        raise Unsupported(f"{at}.file_id", "files are not stored here; send the image as "
+                          "a data: URL in 'image_url'")  # fmt: skip
+    return chat_part(image_from_url(part.get("image_url"), f"{at}.image_url",
+                                    part.get("detail")))  # fmt: skip
 
 
 def _string(item: dict[str, Any], key: str, where: str) -> str:
@@ -86,7 +107,8 @@ def input_messages(
                                  "assistant", param=f"{where}.role")  # fmt: skip
             if "content" not in item:
                 raise BadRequest(f"'{where}.content' is required", param=f"{where}.content")
-            text = _text_of(item["content"], f"{where}.content")
+            content = item["content"]
+            text: Any = _text_of(content, f"{where}.content", images=role == "user")
             out.append({"role": "system" if role == "developer" else role, "content": text})
             if role == "assistant":
                 _give_reasoning(out[-1], reasoning)

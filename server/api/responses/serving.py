@@ -44,6 +44,7 @@ from server.models.served import ServedModel
 from server.serving import sse
 from server.serving.drive import collect, until_disconnect
 from server.serving.events import named_events
+from server.serving.media import request_images
 from server.serving.prepare import Prepared, prepare_chat
 from server.serving.replay import request_replay
 from server.serving.state import Choice
@@ -76,6 +77,7 @@ async def open_turn(body: ResponsesRequest, request: Request, caller: Caller) ->
     seal = reasoning_seal(request)
     _, names = response_tools(request_tools(body.tools, body.input))
     current = input_messages(body, lambda blob, param: seal.open(blob, served.id, param), names)
+    current = await request_images(request, served.engine.info, current)
     return Turn(store, previous, served, [*history, *current], names)
 
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from engine.client import SessionPool
 from server.http.errors import NotFound, ServiceUnavailable
+from server.serving.media import restored_conversation, stored_conversation
 
 log = logging.getLogger("kvserve.server")
 
@@ -45,13 +46,14 @@ class Stored:
         return str(self.response["id"])
 
     def to_json(self) -> dict[str, Any]:
-        return {"tenant": self.tenant, "response": self.response,
-                "conversation": self.conversation, "session_id": self.session_id,
+        return {"tenant": self.tenant, "response": self.response,  # images as base64:
+                "conversation": stored_conversation(self.conversation),
+                "session_id": self.session_id,
                 "session_pool": self.session_pool.value}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Stored:
-        return cls(data["tenant"], data["response"], data["conversation"],
+        return cls(data["tenant"], data["response"], restored_conversation(data["conversation"]),
                    data["session_id"], SessionPool(data["session_pool"]))  # fmt: skip
 
 
