@@ -423,7 +423,7 @@ BAD_CHAT = [
     (chat(grammar="this is not gbnf"), "grammar"),
     (
         {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-        "messages[0].content[0].type",
+        "messages[0].content[0].image_url",
     ),
     (
         {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]},

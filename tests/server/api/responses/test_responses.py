@@ -201,7 +201,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     (req(input=[{"role": "user"}]), "input[0].content"),
     (req(input=[{"role": "user", "content": 5}]), "input[0].content"),
     (req(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
-     "input[0].content[0].type"),
+     "input[0].content[0].image_url"),
     (req(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]),
      "input[0].content[0].type"),
     (req(input=[{"role": "user", "content": [{"type": "input_text"}]}]),
