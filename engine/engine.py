@@ -290,10 +290,13 @@ class Engine(Submitting, SessionOps, CacheOps):
         the event loop. InvalidRequestError(param="image N") for an image that cannot be
         decoded, (param="image") without a projector or when the markers and the images
         differ in number."""
-        raise InvalidRequestError(
-            f"'{self.config.model_id}' takes no images (it has no vision projector)",
-            param="image",
-        )
+        vision = self._require_model().vision
+        if vision is None:
+            raise InvalidRequestError(
+                f"'{self.config.model_id}' takes no images (it has no vision projector)",
+                param="image",
+            )
+        return vision.tokenize(text, media, add_special=add_special)
 
     def detokenize(
         self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False

@@ -28,6 +28,7 @@ from engine.sessions import SessionLimits
 from engine.settings import EngineSettings
 from engine.stats import StepCounters
 from engine.types import LoraAdapter, ModelInfo
+from engine.vision import Vision, projector_beside
 from engine.worker import Deliver, Worker
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class EngineConfig(EngineSettings):
     # reporting its progress 0..1) and returns its local path, used instead of model_path.
     fetch: Callable[[Callable[[float], None]], str] | None = None
     loras: tuple[LoraAdapter, ...] = ()  # loaded with the model; requests pick among them
+    # A vision projector GGUF loaded with the model (engine/vision.py); "": the one
+    # mmproj*.gguf beside the model file, if there is exactly one.
+    mmproj: str = ""
 
     @classmethod
     def of(
@@ -134,6 +138,12 @@ def load(
                 path = adapter.fetch(progress)
                 report.load_phase = "loading"
             model.load_lora(adapter.id, path)
+        mmproj = cfg.mmproj or projector_beside(cfg.model_path)
+        if mmproj:
+            model.vision = Vision(
+                mmproj, model.handle, threads=cfg.threads, use_gpu=cfg.n_gpu_layers != 0
+            )
+            log.info("vision projector %s loaded for '%s'", mmproj, cfg.model_id)
         _go_on(report)
         ctx = Context(model, _context_params(cfg, total_cells))
         undo.callback(ctx.close)
@@ -248,6 +258,8 @@ def _model_info(
         family=family,
         exact_min_rows=sched.exact_min_rows if sched.exact else 0,
         warm_tail=sched.warm_tail,
+        vision=model.vision is not None,
+        media_marker=model.vision.marker if model.vision is not None else "",
     )
 
 

@@ -16,7 +16,7 @@ stable hash, so:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # Ids are int32 (the cache's key layout, cache/keys.py): [-2**31, -1].
 _ID_SPAN = 2**31
@@ -24,12 +24,46 @@ _ID_SPAN = 2**31
 
 def media_ids(digest: str, num_tokens: int, projector: str = "") -> list[int]:
     """The ids of an image's `num_tokens` positions: all < 0, stable across processes."""
-    head = f"{projector}\x00{digest}\x00".encode()
-    ids = []
-    for position in range(num_tokens):
-        h = hashlib.blake2b(head + position.to_bytes(4, "little"), digest_size=4).digest()
-        ids.append(-1 - int.from_bytes(h, "little") % _ID_SPAN)
-    return ids
+    head = _head(digest, projector)
+    return [_media_id(head, position) for position in range(num_tokens)]
+
+
+def _head(digest: str, projector: str) -> bytes:
+    return f"{projector}\x00{digest}\x00".encode()
+
+
+def _media_id(head: bytes, position: int) -> int:
+    h = hashlib.blake2b(head + position.to_bytes(4, "little"), digest_size=4).digest()
+    return -1 - int.from_bytes(h, "little") % _ID_SPAN
+
+
+def image_spans(
+    tokens: Sequence[int], digests: Sequence[str], projector: str = ""
+) -> list[tuple[int, int, int]]:
+    """Where each image sits in `tokens`: (start, end, index into `digests`), in order.
+
+    ValueError unless every id < 0 belongs to the ids of the images, in order, each at
+    least one position: a prompt holds only the image ids `tokenize_media` minted for
+    the images it carries (a client cannot make up a negative id)."""
+    spans: list[tuple[int, int, int]] = []
+    p, n = 0, len(tokens)
+    while p < n:
+        if tokens[p] >= 0:
+            p += 1
+            continue
+        index = len(spans)
+        if index >= len(digests):
+            raise ValueError(f"position {p} holds an image id, and no image is left for it")
+        head = _head(digests[index], projector)
+        start = p
+        while p < n and tokens[p] == _media_id(head, p - start):
+            p += 1
+        if p == start:
+            raise ValueError(f"position {p} holds an id that is not image {index}'s")
+        spans.append((start, p, index))
+    if len(spans) != len(digests):
+        raise ValueError(f"the prompt holds {len(spans)} images and carries {len(digests)}")
+    return spans
 
 
 def is_media(token: int) -> bool:
@@ -37,30 +71,25 @@ def is_media(token: int) -> bool:
     return token < 0
 
 
-def media_spans(tokens: Sequence[int]) -> list[tuple[int, int]]:
-    """The [start, end) spans of consecutive image ids in `tokens`, in order.
-
-    Two images placed back to back would read as one span here; `tokenize_media` never
-    places them so (llama.cpp's chat templates and mtmd put text between images).
-    """
-    spans: list[tuple[int, int]] = []
-    start = -1
-    for i, t in enumerate(tokens):
-        if t < 0 and start < 0:
-            start = i
-        elif t >= 0 and start >= 0:
-            spans.append((start, i))
-            start = -1
-    if start >= 0:
-        spans.append((start, len(tokens)))
-    return spans
-
-
 def cut_outside_media(tokens: Sequence[int], cut: int) -> int:
     """`cut` (a number of prompt positions reused) moved back to the start of the
-    image it falls inside: an image is computed whole or reused whole."""
+    image it falls inside: an image is computed whole or reused whole. (Two images back
+    to back read as one here: the cut goes back to the first one's start.)"""
     if cut <= 0 or cut >= len(tokens) or tokens[cut] >= 0 or tokens[cut - 1] >= 0:
         return cut
     while cut > 0 and tokens[cut - 1] < 0:
         cut -= 1
     return cut
+
+
+def whole_image_keep(
+    tokens: Sequence[int], keep: int, block_floor: Callable[[int], int], floor: int
+) -> int:
+    """The prefix a start may keep when `keep` would cut an image: moved back to the
+    image's start, then to its row block (exact mode), until neither moves it; 0 when
+    that is below `floor`, the shortest the slot's state may be cut to."""
+    while True:
+        cut = block_floor(cut_outside_media(tokens, keep))
+        if cut == keep:
+            return keep if keep >= floor else 0
+        keep = cut

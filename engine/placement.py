@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.media import whole_image_keep
 from engine.plan import FLASH_TILE_ROWS, SchedulerConfig, common_prefix
 from engine.sequence import Sequence
 from engine.slots import Copy, Drop, KvOp, Restore, SlotTable, window_floor
@@ -111,6 +112,8 @@ class Placer:
         keep = max(0, min(prefix.length, limit))
         if not sibling:
             keep = self.config.block_floor(padded_keep(len(seq.tokens), keep, self.config))
+        if seq.request.media:  # an image is computed whole or reused whole
+            keep = whole_image_keep(seq.tokens, keep, self.config.block_floor, prefix.floor)
         had_resident = slots.take(slot, session)
         if prefix.restore:
             assert seq.cache_hit is not None

@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.llama import Batch, Context
+from engine.media_prefill import EmbdBatch, has_media, prefill_media_chunk
 from engine.scheduler import Chunk
 from engine.sequence import Sequence
 from engine.types import TokenLogprob, TopLogprob
+from engine.vision import Vision
 
 
 class DecodeError(Exception):
@@ -57,10 +59,14 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
 class Runner:
     """The model runner: computes what the scheduler decided, decides nothing."""
 
-    def __init__(self, ctx: Context, capacity: int, *, solo_rows: int = 0):
+    def __init__(
+        self, ctx: Context, capacity: int, *, solo_rows: int = 0, vision: Vision | None = None
+    ):
         self.ctx = ctx
         self.batch = Batch(capacity)
         self.solo_rows = solo_rows  # chunks of this many rows get their own decode; 0: none
+        self.vision = vision  # the model's projector: prompts with images (engine/vision.py)
+        self._embd: EmbdBatch | None = None  # made by the first chunk crossing an image
 
     def run(self, chunks: list[Chunk]) -> StepResult:
         """Compute the step: one llama_decode, or (solo_rows) one for the decode rows and
@@ -72,7 +78,19 @@ class Runner:
         in one-row ubatches, with other kernels than the same chunk alone (exact_min_rows
         in engine/plan.py). Alone in its
         decode, a chunk is one ubatch, exactly as a cold prefill computes it. Shorter
-        chunks are computed with the small-step kernels either way."""
+        chunks are computed with the small-step kernels either way.
+
+        A prompt chunk crossing an image is decoded on its own, run by run
+        (engine/media_prefill.py), after the rest."""
+        media = [c for c in chunks if has_media(c)] if self.vision is not None else []
+        if media:
+            chunks = [c for c in chunks if all(c is not m for m in media)]
+        result = self._run_all(chunks)
+        for chunk in media:
+            self._run_media(chunk, result)
+        return result
+
+    def _run_all(self, chunks: list[Chunk]) -> StepResult:
         if not self.solo_rows:
             return self._run(chunks)
         result = self._run([c for c in chunks if c.length < self.solo_rows])
@@ -131,6 +149,17 @@ class Runner:
         for chunk, row in to_sample:
             self._sample(chunk, row - len(chunk.draft), result)
         return result
+
+    def _run_media(self, chunk: Chunk, result: StepResult) -> None:
+        vision = self.vision
+        assert vision is not None
+        if self._embd is None:
+            self._embd = EmbdBatch(self.batch.capacity, self.ctx.model.n_embd)
+        code, row = prefill_media_chunk(self.ctx, vision, self.batch, self._embd, chunk)
+        if code != 0:
+            raise DecodeError(code)
+        if chunk.sample:
+            self._sample(chunk, row, result)
 
     def _sample(self, chunk: Chunk, first_row: int, result: StepResult) -> None:
         """Sample the chunk's rows in order while the sampler agrees with the draft:

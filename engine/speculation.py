@@ -65,7 +65,10 @@ class Drafter:
         for n in range(min(NGRAM_MAX, len(tokens)), NGRAM_MIN - 1, -1):
             start = index.get(tuple(tokens[-n:]))
             if start is not None and start < len(tokens):
-                return tuple(tokens[start : start + count])
+                draft = tokens[start : start + count]
+                # An image position (id < 0, engine/media.py) is no token to propose.
+                cut = next((i for i, t in enumerate(draft) if t < 0), len(draft))
+                return tuple(draft[:cut])
         return ()
 
     def feedback(self, drafted: int, accepted: int) -> None:

@@ -73,7 +73,7 @@ class Submitting:
         (503) before anything is queued."""
         model = self._require_model()
         for request in requests:
-            validate(request, self.info)
+            validate(request, self.info, model.vision.identity if model.vision else None)
         requests = unpinned_if_busy(self.sessions, requests)
         session_id = requests[0].session_id if requests else None
         if session_id is not None and len(requests) > 1:

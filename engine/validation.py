@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import math
 
+from engine.media import image_spans
 from engine.types import GenerateRequest, InvalidRequestError, ModelInfo, SamplingParams
 
 
-def validate(request: GenerateRequest, info: ModelInfo) -> None:
+def validate(request: GenerateRequest, info: ModelInfo, projector: str | None = None) -> None:
     """Refuse (InvalidRequestError: 400, naming the field) what llama.cpp must never
     see: token ids outside the vocabulary, a context overrun, C ints that would
-    truncate, unknown LoRA adapters, non-finite scales."""
+    truncate, unknown LoRA adapters, non-finite scales. `projector`: the identity of
+    the model's vision projector (engine/vision.py), None without one."""
     num_prompt = len(request.prompt_tokens)
     if num_prompt == 0:
         raise InvalidRequestError("the prompt is empty", param="prompt")
-    if any(t < 0 or t >= info.n_vocab for t in request.prompt_tokens):
+    if request.media:
+        _check_images(request, info, projector)
+    elif any(t < 0 or t >= info.n_vocab for t in request.prompt_tokens):
         raise InvalidRequestError(
             f"prompt contains a token id outside [0, {info.n_vocab})", param="prompt"
         )
@@ -38,6 +42,25 @@ def validate(request: GenerateRequest, info: ModelInfo) -> None:
             raise InvalidRequestError("a LoRA scale must be a finite number", param="lora")
     check_logit_bias(request.sampling, info)
     _check_thinking(request, info)
+
+
+def _check_images(request: GenerateRequest, info: ModelInfo, projector: str | None) -> None:
+    """A prompt with images: ids < 0 only where tokenize_media put this request's
+    images (engine/media.py), every other id in the vocabulary."""
+    if projector is None:
+        raise InvalidRequestError(f"'{info.model_id}' takes no images", param="image")
+    if any(t >= info.n_vocab for t in request.prompt_tokens):
+        raise InvalidRequestError(
+            f"prompt contains a token id outside [0, {info.n_vocab})", param="prompt"
+        )
+    try:
+        image_spans(request.prompt_tokens, [m.digest for m in request.media], projector)
+    except ValueError as exc:
+        raise InvalidRequestError(f"the prompt's image positions: {exc}", param="prompt") from exc
+    if request.prompt_logprobs is not None:  # an image position has no token to score
+        raise InvalidRequestError(
+            "prompt_logprobs cannot score a prompt with images", param="prompt_logprobs"
+        )
 
 
 def _check_thinking(request: GenerateRequest, info: ModelInfo) -> None:

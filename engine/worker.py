@@ -56,7 +56,9 @@ class Worker:
         self.ctx = ctx
         self.scheduler = scheduler
         config = scheduler.config
-        self.runner = Runner(ctx, config.step_tokens, solo_rows=config.solo_rows)
+        self.runner = Runner(
+            ctx, config.step_tokens, solo_rows=config.solo_rows, vision=model.vision
+        )
         self.embedder = embedder
         self.deliver = deliver
         self.cache = cache

@@ -104,6 +104,7 @@ def engine_config(
         loras=tuple(
             _adapter(f"{label}.loras[{j}]", a, settings) for j, a in enumerate(model.loras)
         ),
+        mmproj=model.mmproj,
     )
 
 

@@ -159,6 +159,18 @@ class Context:
         self._abort_flag[0] = b"\x00"
         return int(C.llama_decode(self.handle, batch.struct))
 
+    def decode_embeddings(self, struct: C.llama_batch, *, causal: bool = True) -> int:
+        """`decode` of a batch of input embeddings (an image's rows, engine/media_prefill.py);
+        `causal=False`: its rows attend to each other both ways, as the projector asks."""
+        self._abort_flag[0] = b"\x00"
+        if causal:
+            return int(C.llama_decode(self.handle, struct))
+        C.llama_set_causal_attn(self.handle, False)
+        try:
+            return int(C.llama_decode(self.handle, struct))
+        finally:
+            C.llama_set_causal_attn(self.handle, True)
+
     def logits_row(self, row: int) -> np.ndarray:
         """A numpy view (no copy) of the logits of batch row `row`; valid until the next decode."""
         ptr = C.llama_get_logits_ith(self.handle, row)

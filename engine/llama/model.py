@@ -13,6 +13,9 @@ from engine.family import ModelFamily, quantization_name
 from engine.llama.backend import CaptureErrors, cpu_has_amx, init_backend
 from engine.special_tokens import SpecialTokens
 
+if typing.TYPE_CHECKING:
+    from engine.vision import Vision
+
 SPECIAL_NAMES = tuple(SpecialTokens.__dataclass_fields__)  # bos, eos, ... fim_sep
 
 
@@ -75,6 +78,8 @@ class Model:
             if len(piece) == 1:
                 self.byte_tokens.setdefault(piece[0], t)
         self.loras: dict[str, typing.Any] = {}  # adapter id -> llama_adapter_lora handle
+        # The vision projector loaded beside it (engine/vision.py), freed before it.
+        self.vision: Vision | None = None
 
     def load_lora(self, adapter_id: str, path: str) -> None:
         """Load a LoRA adapter GGUF for this model (freed with the model)."""
@@ -211,6 +216,9 @@ class Model:
         return buf.raw[:n].decode("utf-8", "replace")
 
     def close(self) -> None:
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
         if self.handle:
             self.loras.clear()  # llama.cpp frees a model's adapters with the model
             C.llama_model_free(self.handle)

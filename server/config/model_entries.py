@@ -75,6 +75,9 @@ class ModelSection:
     # "drop_oldest" (drop the oldest turns after the system messages until it fits).
     context_overflow: Literal["error", "drop_oldest"] = "error"
     loras: tuple[LoraSection, ...] = ()  # [[models.loras]] entries
+    # A vision projector GGUF (llama.cpp's mmproj): prompts may then carry images. Empty:
+    # an mmproj*.gguf beside the model file, if there is exactly one.
+    mmproj: str = ""
     load: Literal["startup", "on_demand"] = "startup"  # on_demand: loaded by its first request
     # unloaded after this long without requests; 0: never
     idle_unload_s: Annotated[float, Field(ge=0)] = 0.0
@@ -125,6 +128,8 @@ def check_models(labels: list[str], models: tuple[ModelSection, ...], hub: HubSe
         elif not os.path.isfile(m.model_path):
             raise ConfigError(f"{label}.path: file not found: {m.model_path}")
         _check_loras(label, m, hub)
+        if m.mmproj and not os.path.isfile(m.mmproj):
+            raise ConfigError(f"{label}.mmproj: file not found: {m.mmproj}")
         tpl = m.chat_template
         if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):
             raise ConfigError(f"{label}.chat_template: file not found: {tpl}")
