@@ -4,6 +4,7 @@ against a real MCP server: the answer in `message`, the calls in `kvserve_mcp`."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 
 from tests.fakes import FakeEngine
 from tests.helpers.mcp_app import call, mcp_fixtures
+from tests.server.api.test_images import DATA_URL, PNG
 from tests.server.api.test_openai_api import MODEL
 from tests.server.telemetry.test_tracing import REQUEST, run_python
 
@@ -100,3 +102,20 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("mcp", "mcp_types")
              or m == "server.mcp.connection"))
 """
     assert run_python(loaded) == "[]"
+
+
+async def test_an_image_is_read_once_and_stays_in_every_round(
+    client: httpx.AsyncClient, fake: FakeEngine
+) -> None:
+    fake._info = replace(fake.info, vision=True, media_marker="<__media__>")
+    fake.replies = [ADD, "It is 42."]
+    body = req(tool_choice=FORCE)
+    body["messages"] = [{"role": "user", "content": [
+        {"type": "text", "text": "The sum on this board?"},
+        {"type": "image_url", "image_url": {"url": DATA_URL}}]}]  # fmt: skip
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    first, second = fake.submitted
+    assert [m.data for m in first.media] == [PNG] and second.media == first.media
+    image = [t for t in first.prompt_tokens if t < 0]
+    assert image and [t for t in second.prompt_tokens if t < 0] == image
