@@ -13,7 +13,8 @@ ones, and the incremental parser that turns its output back into calls.
 Other families live beside this module: Qwen3-Coder's XML in chat/formats_xml.py, GLM's
 tags in chat/formats_glm.py, DeepSeek's and Kimi's sections in chat/formats_sections.py,
 Command R7B's blocks in chat/formats_cohere.py, Gemma 4's calls and thought channel
-in chat/formats_gemma.py, gpt-oss's harmony channels in
+in chat/formats_gemma.py, Ministral 3's `[TOOL_CALLS]NAME[ARGS]` calls and `[THINK]`
+blocks in chat/formats_mistral.py, gpt-oss's harmony channels in
 chat/harmony.py; `detect_format` chooses among them all.
 """
 
@@ -37,6 +38,7 @@ from chat.formats_cohere import detect_cohere
 from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
 from chat.formats_granite import calls_as_content, detect_granite
+from chat.formats_mistral import detect_ministral
 from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
 from chat.gbnf import RuleSet, literal
@@ -114,7 +116,11 @@ GENERIC = ToolFormat(
 
 def detect_format(template_source: str) -> CallFormat:
     """The family a template belongs to, from what its text mentions (the order is
-    llama.cpp's, common/chat.cpp: harmony, then Qwen3-Coder's XML, then the rest)."""
+    llama.cpp's, common/chat.cpp: Ministral 3, harmony, then Qwen3-Coder's XML, then
+    the rest)."""
+    ministral = detect_ministral(template_source)  # `[ARGS]` without `[CALL_ID]`
+    if ministral is not None:
+        return ministral
     if "<|channel|>" in template_source:
         return HARMONY
     gemma = detect_gemma(template_source)  # Gemma 4's `<|tool_call>call:`

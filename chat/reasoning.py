@@ -29,6 +29,7 @@ class ThinkingSyntax:
 HARMONY_THINKING = ThinkingSyntax("<|channel|>analysis<|message|>", "<|end|>")
 COHERE_THINKING = ThinkingSyntax("<|START_THINKING|>", "<|END_THINKING|>")
 GEMMA4_THINKING = ThinkingSyntax("<|channel>thought", "<channel|>")  # chat/formats_gemma.py
+MINISTRAL_THINKING = ThinkingSyntax("[THINK]", "[/THINK]")  # chat/formats_mistral.py
 THINK = ThinkingSyntax(OPEN, CLOSE)
 
 
@@ -40,6 +41,8 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
         return COHERE_THINKING
     if GEMMA4_THINKING.open in template_source:
         return GEMMA4_THINKING
+    if MINISTRAL_THINKING.open in template_source and MINISTRAL_THINKING.close in template_source:
+        return MINISTRAL_THINKING
     if OPEN in template_source and CLOSE in template_source:
         return THINK
     return None
@@ -48,7 +51,8 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
 def has_thinking(template_source: str) -> bool:
     """`<think>` tags, or a format's own thinking blocks that its call parser splits:
     gpt-oss's analysis channel (chat/harmony.py), Command R7B's thinking block
-    (chat/formats_cohere.py), Gemma 4's thought channel (chat/formats_gemma.py)."""
+    (chat/formats_cohere.py), Gemma 4's thought channel (chat/formats_gemma.py),
+    Ministral 3's `[THINK]` block (chat/formats_mistral.py)."""
     return thinking_syntax(template_source) is not None
 
 

@@ -71,7 +71,7 @@ EXPECTED = {
     "meta-llama-Llama-3.2-3B-Instruct.jinja": "generic",
     "meta-llama-Llama-3.3-70B-Instruct.jinja": "llama3",
     "microsoft-Phi-3.5-mini-instruct.jinja": "generic",
-    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": "mistral",
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": "ministral-3",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
     "moonshotai-Kimi-K2.jinja": "kimi-k2",
     "muse-glimmer.jinja": "generic",
@@ -82,7 +82,7 @@ EXPECTED = {
     "poolside-Laguna-XS.2.jinja": "glm-4.5",
     "tencent-Hy3.jinja": "generic",
     "unsloth-Apriel-1.5.jinja": "hermes",
-    "unsloth-mistral-Devstral-Small-2507.jinja": "mistral",
+    "unsloth-mistral-Devstral-Small-2507.jinja": "ministral-3",
     "upstage-Solar-Open-100B.jinja": "generic",
 }
 

@@ -1,0 +1,197 @@
+"""Ministral 3 / Magistral / Devstral: one `[TOOL_CALLS]` per call, its arguments after
+`[ARGS]`, thinking between `[THINK]` and `[/THINK]` at the start of the answer.
+
+    [THINK]plan[/THINK]Sure.[TOOL_CALLS]get_time[ARGS]{"city": "Paris"}[TOOL_CALLS]..
+
+As llama.cpp reads it (common/parsers/ministral3.cpp, test-chat.cpp's Ministral 3 and
+Devstral cases): the template that names `[SYSTEM_PROMPT]`, `[TOOL_CALLS]` and `[ARGS]`
+but no `[CALL_ID]` (Mistral Small 3.2 writes an id between the name and `[ARGS]`). A
+thinking block only at the start is reasoning (a `[TOOL_CALLS]` inside it stays
+reasoning); then content up to the first `[TOOL_CALLS]`, then calls, one after another.
+The parser splits the thinking itself (owns_reasoning); with `reasoning_format: "none"`
+the block stays in the content, as llama.cpp leaves it.
+
+Past turns (`TurnAdapter`, as llama.cpp's handler does): an assistant turn's
+`reasoning_content` is written as the template's `thinking` block before its text, so a
+turn renders as it was sampled, thinking included. Only for the template that renders
+thinking blocks (Ministral 3's): Devstral's reads a turn's first block as its text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chat.callformat import (
+    CallParser,
+    GrammarSpec,
+    MemoizedGrammar,
+    json_arguments,
+    keyed_tools,
+    lazy_at,
+    thinking_block,
+    thinking_then,
+)
+from chat.callstream import BufferedParser, Delta, JsonNesting
+from chat.gbnf import RuleSet, literal
+from chat.tools import Tool
+
+THINK_OPEN, THINK_CLOSE = "[THINK]", "[/THINK]"
+CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+
+@dataclass(frozen=True, slots=True)
+class MinistralFormat(MemoizedGrammar):
+    name: str = "ministral-3"
+    native: bool = True
+    owns_reasoning: bool = True
+
+    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+        return _grammar(key, mode, parallel, doc_key)
+
+    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
+        return MinistralParser(calls=bool(tools), reasoning=reasoning)
+
+    def adapt_messages(self, source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if THINK_OPEN not in source:  # Devstral: no thinking blocks in its template
+            return messages
+        return [_with_thinking(m) for m in messages]
+
+    def adapt_prompt(self, text: str, generation: bool) -> str:
+        return text
+
+
+MINISTRAL3 = MinistralFormat()
+
+
+def detect_ministral(source: str) -> MinistralFormat | None:
+    """llama.cpp's rule (common/chat.cpp, checked before every other family)."""
+    named = all(word in source for word in ("[SYSTEM_PROMPT]", CALLS, ARGS))
+    return MINISTRAL3 if named and "[CALL_ID]" not in source else None
+
+
+def _with_thinking(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's `reasoning_content` as a thinking block before its text."""
+    reasoning = message.get("reasoning_content")
+    if message.get("role") != "assistant" or not isinstance(reasoning, str):
+        return message
+    blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": reasoning}]
+    content = message.get("content")
+    if isinstance(content, str):
+        blocks.append({"type": "text", "text": content})
+    rest = {k: v for k, v in message.items() if k != "reasoning_content"}
+    return {**rest, "content": blocks}
+
+
+def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+    rules = RuleSet()
+    alternatives = []
+    for i, tool in enumerate(keyed_tools(key)):
+        args = json_arguments(rules, i, tool)
+        alternatives.append(rules.add(f"call-{i}", f"{literal(tool.name + ARGS)} {args}"))
+    call = rules.add("call", f"{literal(CALLS)} ({' | '.join(alternatives)})")
+    calls = f"{call}+" if parallel else call
+    if mode == "auto" and not doc_key:
+        return lazy_at(rules.text(calls), CALLS)
+    # Forced (or calls | a document): the thinking may come first, as llama.cpp's
+    # grammar allows, so that a forced call does not land inside the reasoning.
+    think = thinking_block(rules, THINK_CLOSE, literal(THINK_OPEN))
+    return thinking_then(rules, think, calls, doc_key)
+
+
+class MinistralParser(BufferedParser):
+    """Thinking, content and calls, incrementally; text that may still be a marker is
+    held back until it resolves. A call's arguments stream as they arrive; it is
+    complete when its JSON object closes."""
+
+    def __init__(self, *, calls: bool, reasoning: bool):
+        super().__init__()
+        self._calls = calls
+        self._state = "start" if reasoning else "text"
+        self._name = ""
+        self._json = JsonNesting()
+
+    def _step(self, out: list[Delta]) -> bool:
+        state = self._state
+        if state == "start":  # a thinking block opens the answer, or there is none
+            head = self._buf.lstrip()
+            if THINK_OPEN.startswith(head) and len(head) < len(THINK_OPEN):
+                return False
+            if head.startswith(THINK_OPEN):
+                self._buf, self._state = head[len(THINK_OPEN) :], "think"
+            else:
+                self._state = "text"
+        elif state == "think":
+            text, word = self._until((THINK_CLOSE,))
+            out.append(Delta("reasoning", text))
+            if word is None:
+                return False
+            self._state = "text"
+        elif state == "text":
+            if not self._calls:
+                out.append(Delta("content", self._buf))
+                self._buf = ""
+                return False
+            text, word = self._until((CALLS,))
+            out.append(Delta("content", text))
+            if word is None:
+                return False
+            self._state = "name"
+        elif state == "name":
+            text, word = self._until((ARGS,))
+            self._name += text
+            if word is None:
+                return False
+            self._state = "open"
+        elif state == "open":
+            return self._open(out)
+        elif state == "args":
+            return self._args(out)
+        else:  # between calls: another one, or text again
+            if CALLS.startswith(self._buf) and len(self._buf) < len(CALLS):
+                return False
+            if self._buf.startswith(CALLS):
+                self._buf, self._state = self._buf[len(CALLS) :], "name"
+            else:
+                self._state = "text"
+        return True
+
+    def _open(self, out: list[Delta]) -> bool:
+        """After `[ARGS]`: the arguments' object opens (blanks before it are skipped);
+        anything else was no call, and its text is content again."""
+        self._buf = self._buf.lstrip()
+        if not self._buf:
+            return False
+        if not self._buf.startswith("{"):
+            out.append(Delta("content", CALLS + self._name + ARGS))
+            self._name, self._state = "", "text"
+            return True
+        self._start_call(self._name.strip(), out)
+        self._json, self._state = JsonNesting(), "args"
+        return True
+
+    def _args(self, out: list[Delta]) -> bool:
+        for i, ch in enumerate(self._buf):
+            self._json.step(ch)
+            if self._json.depth == 0 and not self._json.in_string:
+                out.append(Delta("args", self._buf[: i + 1], self.num_calls))
+                self._buf = self._buf[i + 1 :]
+                self.num_calls += 1
+                self._name, self._state = "", "between"
+                return True
+        out.append(Delta("args", self._buf, self.num_calls))
+        self._buf = ""
+        return False
+
+    def finish(self) -> list[Delta]:
+        out: list[Delta] = []
+        if self._state in ("start", "text", "between") and self._buf:
+            out.append(Delta("content", self._buf))
+        elif self._state == "think" and self._buf:
+            out.append(Delta("reasoning", self._buf))
+        elif self._state in ("name", "open") and (self._name + self._buf).strip():
+            # cut off before its arguments: started, never complete (counted truncated)
+            self._start_call((self._name + self._buf).partition(ARGS)[0].strip(), out)
+        self._buf = ""
+        return out
