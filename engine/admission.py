@@ -5,12 +5,17 @@ Measured on the agents workload (bench/agents.py: 16 agents on 4 slots sharing o
 catalogue; docs/benchmarks.md "Agents that outnumber slots"):
 - a cold burst sharing a head computed it once per slot (3 x 810 tokens again); now the
   followers wait for the one prefilling it and copy it (`waits_for_shared_head`);
+- on a sliding-window or recurrent model (bench/agent_replay.py, 4 Claude Code sessions
+  on 2 slots of Gemma 3 270M) two sessions starting together computed their 12k-token
+  head twice: the one prefilling it now stops where the prompts part, so that the
+  followers copy its state there (`hold_for`);
 - a warm next turn waited in arrival order behind cold tasks; now the least prompt left
   to compute goes first, aging bounding every wait (`rank_waiting`).
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from collections.abc import Iterable
 
@@ -55,21 +60,38 @@ def waits_for_shared_head(
     preempted or finished one no longer holds anyone back."""
     if not config.keeps_prefixes or seq.request.prompt_logprobs is not None:
         return False
-    if config.whole_state or config.n_swa:
-        # A copy of a running sequence's KV goes through a blob, which serves only prompts
-        # that extend it (slots.window_floor): waiting for a head to copy would gain nothing.
+    blob_bound = config.whole_state or config.n_swa > 0
+    if blob_bound and config.exact:
+        # Exact reuse starts only from states at row blocks and prompt boundaries
+        # (placement.py `reusable`); a hold point between them would serve nobody.
         return False
-    longest = max(
-        (
-            common_prefix(s.tokens[: s.num_prompt_tokens], seq.tokens)
-            for s in running
-            if s.salt == seq.salt and not s.prompt_done
-        ),
-        default=0,
-    )
-    if longest < SHARED_HEAD_MIN_TOKENS:
+    leader, longest = None, 0
+    for s in running:
+        if s.salt == seq.salt and not s.prompt_done:
+            shared = common_prefix(s.tokens[: s.num_prompt_tokens], seq.tokens)
+            if shared > longest:
+                leader, longest = s, shared
+    if leader is None or longest < SHARED_HEAD_MIN_TOKENS:
         return False
-    return longest - reusable_now(seq, running, slots, config) >= SHARED_HEAD_MIN_TOKENS
+    if longest - reusable_now(seq, running, slots, config) < SHARED_HEAD_MIN_TOKENS:
+        return False
+    return not blob_bound or hold_for(leader, seq, longest, config)
+
+
+def hold_for(leader: Sequence, seq: Sequence, shared: int, config: SchedulerConfig) -> bool:
+    """Make `leader` stop its prefill where `seq`'s prompt parts from it, so that `seq`
+    can copy its state there; False if it is already past that point. A copy of a
+    window's or a recurrent memory's state goes through a blob that serves only prompts
+    extending it (slots.window_floor): it must be taken where the leader stands. The stop
+    is one of the leader's checkpoints (its chunks end there, and its state is saved
+    there too: postprocess.py `save_long_prefill`); `seq` computes at least its last
+    prompt token itself (placement.py `reuse_limit`)."""
+    at = min(shared, len(seq.tokens) - config.tail_rows)
+    if at <= leader.num_computed:
+        return False
+    if at not in leader.checkpoints:
+        insort(leader.checkpoints, at)
+    return True
 
 
 def rank_waiting(
