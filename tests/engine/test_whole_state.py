@@ -125,25 +125,3 @@ def test_exact_mode_reuses_no_state_that_holds_decoded_tokens() -> None:
     assert s.reusable(first) == []
     drop = s.remove(first)
     assert drop == Drop(0, 0)  # the whole state goes; the prompt's was saved at its end
-
-
-def test_no_one_waits_for_a_head_it_could_only_copy_through_a_blob() -> None:
-    from engine.admission import waits_for_shared_head
-
-    for config in (
-        SchedulerConfig(2, 2000, 1000, 512, 256, exact=False, whole_state=True),
-        SchedulerConfig(2, 2000, 1000, 512, 256, exact=False, n_swa=32),
-    ):
-        s = Scheduler(config)
-        leader = seq_of("leader", list(range(600)))
-        s.add(leader)
-        s.schedule()  # its first 256 tokens: still prefilling the shared head
-        follower = seq_of("follower", list(range(500)) + [9] * 50)
-        # A copy of the leader's state would serve only a prompt extending it: no wait.
-        assert not waits_for_shared_head(follower, s.running, s.slots, config)
-    plain = SchedulerConfig(2, 2000, 1000, 512, 256, exact=False)
-    s = Scheduler(plain)
-    leader = seq_of("leader", list(range(600)))
-    s.add(leader)
-    s.schedule()
-    assert waits_for_shared_head(seq_of("f", list(range(500)) + [9] * 50), s.running, s.slots, plain)
