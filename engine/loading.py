@@ -21,14 +21,13 @@ from cache import CacheBudget, CacheConfig, PrefixCache, model_fingerprint, name
 from engine.embedder import Embedder
 from engine.exactness import CANDIDATES, exact_rows
 from engine.family import ModelFamily, UnsupportedModelError
-from engine.llama import Context, ContextParams, Model, cpu_has_amx
+from engine.llama import Context, ContextParams, Model, Vision, cpu_has_amx, projector_beside
 from engine.plan import CPU_ROW_BY_ROW, CPU_TILE_PAYS, GPU_KERNELS
 from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sessions import SessionLimits
 from engine.settings import EngineSettings
 from engine.stats import StepCounters
 from engine.types import LoraAdapter, ModelInfo
-from engine.vision import Vision, projector_beside
 from engine.worker import Deliver, Worker
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ class EngineConfig(EngineSettings):
     # reporting its progress 0..1) and returns its local path, used instead of model_path.
     fetch: Callable[[Callable[[float], None]], str] | None = None
     loras: tuple[LoraAdapter, ...] = ()  # loaded with the model; requests pick among them
-    # A vision projector GGUF loaded with the model (engine/vision.py); "": the one
+    # A vision projector GGUF loaded with the model (engine/llama/vision.py); "": the one
     # mmproj*.gguf beside the model file, if there is exactly one.
     mmproj: str = ""
 

@@ -17,6 +17,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """One image a prompt carries, as the client sent it (PNG, JPEG, ... file bytes)."""
+
+    data: bytes = field(repr=False)
+    digest: str  # sha256 hex of `data`: what the prefix cache keys the image's positions by
+
 
 # Ids are int32 (the cache's key layout, cache/keys.py): [-2**31, -1].
 _ID_SPAN = 2**31

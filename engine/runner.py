@@ -6,12 +6,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.llama import Batch, Context
-from engine.media_prefill import EmbdBatch, has_media, prefill_media_chunk
+from engine.llama import Batch, Context, EmbdBatch, Vision
+from engine.media_prefill import has_media, prefill_media_chunk
 from engine.scheduler import Chunk
 from engine.sequence import Sequence
 from engine.types import TokenLogprob, TopLogprob
-from engine.vision import Vision
 
 
 class DecodeError(Exception):
@@ -65,7 +64,7 @@ class Runner:
         self.ctx = ctx
         self.batch = Batch(capacity)
         self.solo_rows = solo_rows  # chunks of this many rows get their own decode; 0: none
-        self.vision = vision  # the model's projector: prompts with images (engine/vision.py)
+        self.vision = vision  # the model's projector: prompts with images (engine/llama/vision.py)
         self._embd: EmbdBatch | None = None  # made by the first chunk crossing an image
 
     def run(self, chunks: list[Chunk]) -> StepResult:

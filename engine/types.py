@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from cache import CacheStats  # re-exported: server/ reports them and may not import cache/
 from cache import StoreCall as StoreCall
 from cache import TierStats as TierStats
+from engine.error_codes import ENGINE_RESTARTED as ENGINE_RESTARTED  # moved there
+from engine.error_codes import TIME_LIMIT_CODES as TIME_LIMIT_CODES
+from engine.error_codes import coded_error as coded_error
+from engine.error_codes import error_code as error_code
 from engine.family import ModelFamily as ModelFamily  # re-exported for the server
+from engine.media import Media as Media  # re-exported: the server builds them
 from engine.special_tokens import SpecialTokens as SpecialTokens  # re-exported too
 from engine.thinking import ThinkingSpec
 
@@ -92,14 +97,6 @@ class SessionPool(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Media:
-    """One image a prompt carries, as the client sent it (PNG, JPEG, ... file bytes)."""
-
-    data: bytes = field(repr=False)
-    digest: str  # sha256 hex of `data`: what the prefix cache keys the image's positions by
-
-
-@dataclass(frozen=True, slots=True)
 class GenerateRequest:
     """One sequence to generate. `n > 1` in the API becomes n of these."""
 
@@ -124,8 +121,7 @@ class GenerateRequest:
     # Speculative decoding by prompt lookup; None: the model's default.
     speculative: bool | None = None
     thinking: ThinkingSpec | None = None  # its thinking block and budget (engine/thinking.py)
-    # The images whose positions prompt_tokens holds (ids < 0, engine/media.py), in order.
-    media: tuple[Media, ...] = ()
+    media: tuple[Media, ...] = ()  # the images prompt_tokens holds (ids < 0), in order
 
     @property
     def prefix_salt(self) -> str:
@@ -271,8 +267,7 @@ class ModelInfo:
     exact_min_rows: int = 0  # exact_reuse: prompt rows computed again, measured; 0: off
     warm_tail: tuple[int, str] = (1, "")  # prompt rows a warm start computes again, and why
     vision: bool = False  # a projector is loaded: prompts may carry images
-    # What marks an image's place in the rendered prompt text (mtmd's default marker).
-    media_marker: str = ""
+    media_marker: str = ""  # marks an image's place in the prompt text ("<__media__>")
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,23 +373,6 @@ class SessionBusyError(EngineError):
 
 class NoSlotError(EngineError):
     """Every slot is busy with a request in flight: nothing can be forked into."""
-
-
-# Codes of the errors that end a sequence on the engine's side (in `SeqOutput.error`,
-# written "<code>: <message>"): a time limit (HTTP 504), or the engine thread died and
-# was rebuilt (500).
-TIME_LIMIT_CODES = ("prefill_timeout", "token_timeout", "total_timeout", "decode_timeout")
-ENGINE_RESTARTED = "engine_restarted"
-
-
-def coded_error(code: str, message: str) -> str:
-    return f"{code}: {message}"
-
-
-def error_code(error: str | None) -> str | None:
-    """The code of a `coded_error` text, or None."""
-    head = (error or "").split(":", 1)[0]
-    return head if head in (*TIME_LIMIT_CODES, ENGINE_RESTARTED) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ def validate(request: GenerateRequest, info: ModelInfo, projector: str | None = 
     """Refuse (InvalidRequestError: 400, naming the field) what llama.cpp must never
     see: token ids outside the vocabulary, a context overrun, C ints that would
     truncate, unknown LoRA adapters, non-finite scales. `projector`: the identity of
-    the model's vision projector (engine/vision.py), None without one."""
+    the model's vision projector (engine/llama/vision.py), None without one."""
     num_prompt = len(request.prompt_tokens)
     if num_prompt == 0:
         raise InvalidRequestError("the prompt is empty", param="prompt")

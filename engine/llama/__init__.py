@@ -8,21 +8,26 @@ methods must be called from the engine thread only.
 - model.py: `Model` (weights, vocabulary, LoRA adapters)
 - context.py: `ContextParams`, `Batch`, `Context` (KV cells, decode, sequence states)
 - sampler.py: `Sampler` (the sampler chain and its grammar)
+- vision.py: `Vision` (a model's image projector, through libmtmd)
 """
 
 from engine.llama.backend import KV_TYPES, cpu_has_amx, gpu_offload_supported, init_backend
-from engine.llama.context import Batch, Context, ContextParams
+from engine.llama.context import Batch, Context, ContextParams, EmbdBatch
 from engine.llama.model import Model
 from engine.llama.sampler import Sampler
+from engine.llama.vision import Vision, projector_beside
 
 __all__ = [
     "KV_TYPES",
     "Batch",
     "Context",
     "ContextParams",
+    "EmbdBatch",
     "Model",
     "Sampler",
+    "Vision",
     "cpu_has_amx",
     "gpu_offload_supported",
     "init_backend",
+    "projector_beside",
 ]

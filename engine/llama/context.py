@@ -86,6 +86,42 @@ class Batch:
         self.logits[self.size - len(tokens) : self.size] = 1
 
 
+class EmbdBatch:
+    """A `llama_batch` of input embeddings for one sequence (rows float32, n_embd wide)."""
+
+    def __init__(self, capacity: int, n_embd: int):
+        self.capacity, self.n_embd = capacity, n_embd
+        self.embd = np.zeros((capacity, n_embd), dtype=np.float32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq_ids = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        self._seq_ptrs = (i32p * capacity)()
+        for i in range(capacity):
+            self._seq_ptrs[i] = ctypes.cast(self.seq_ids.ctypes.data + 4 * i, i32p)
+        self.struct = C.llama_batch(
+            n_tokens=0,
+            token=None,
+            embd=self.embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            pos=self.pos.ctypes.data_as(i32p),
+            n_seq_id=self.n_seq_id.ctypes.data_as(i32p),
+            seq_id=ctypes.cast(self._seq_ptrs, ctypes.POINTER(i32p)),
+            logits=self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
+
+    def fill(self, seq_id: int, rows: np.ndarray, start_pos: int, logits_last: bool) -> None:
+        n = len(rows)
+        if n > self.capacity:
+            raise ValueError(f"batch overflow: {n} > {self.capacity}")
+        self.embd[:n] = rows
+        self.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        self.seq_ids[:n] = seq_id
+        self.logits[:n] = 0
+        self.logits[n - 1] = int(logits_last)
+        self.struct.n_tokens = n
+
+
 class Context:
     """A llama context over a `Model`. Engine thread only."""
 

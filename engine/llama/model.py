@@ -14,7 +14,7 @@ from engine.llama.backend import CaptureErrors, cpu_has_amx, init_backend
 from engine.special_tokens import SpecialTokens
 
 if typing.TYPE_CHECKING:
-    from engine.vision import Vision
+    from engine.llama.vision import Vision
 
 SPECIAL_NAMES = tuple(SpecialTokens.__dataclass_fields__)  # bos, eos, ... fim_sep
 
@@ -78,7 +78,7 @@ class Model:
             if len(piece) == 1:
                 self.byte_tokens.setdefault(piece[0], t)
         self.loras: dict[str, typing.Any] = {}  # adapter id -> llama_adapter_lora handle
-        # The vision projector loaded beside it (engine/vision.py), freed before it.
+        # The vision projector loaded beside it (engine/llama/vision.py), freed before it.
         self.vision: Vision | None = None
 
     def load_lora(self, adapter_id: str, path: str) -> None:

@@ -190,4 +190,4 @@ class Vision:
             M.mtmd_bitmap_free(bitmap)
             raise bad
         M.mtmd_bitmap_set_id(bitmap, image.digest.encode())
-        return bitmap  # type: ignore[no-any-return]
+        return bitmap

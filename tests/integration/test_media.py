@@ -16,7 +16,7 @@ import pytest
 from cache import CacheConfig
 from engine.engine import Engine
 from engine.media import image_spans
-from engine.types import GenerateRequest, InvalidRequestError, Media
+from engine.types import GenerateRequest, InvalidRequestError, Media, TokenLogprob
 from tests.helpers.vision_projector import IMAGE_TOKENS, png, projector_path
 from tests.integration.test_engine import request, start
 
@@ -46,10 +46,12 @@ def turn2_text(reply: str) -> str:
             "more detail, please, one by one.<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
 
 
-async def answer(engine: Engine, text: str, media: Media, **kw: object) -> tuple[str, int, list]:
+async def answer(
+    engine: Engine, text: str, media: Media, **kw: object
+) -> tuple[str, int, list[TokenLogprob]]:
     prompt = tuple(engine.tokenize_media(text, [media], add_special=False))
     generation = await engine.generate([request(prompt, max_tokens=16, media=(media,), **kw)])
-    reply, cached, logprobs = "", -1, []
+    reply, cached, logprobs = "", -1, list[TokenLogprob]()
     async for _, out in generation:
         reply += out.text
         logprobs.extend(out.logprobs)
