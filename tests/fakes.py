@@ -49,8 +49,8 @@ BOS = 257  # in the vocabulary, not added (add_bos is False)
 # The special tokens' text (llama.cpp's unparse_special), as /tokenize's pieces show it.
 SPECIAL_TEXT = {EOS: b"<|im_end|>", BOS: b"<s>"}
 FAKE_IMAGE_TOKENS = 4  # positions each image takes in a fake prompt
-# The leading bytes of the image files the fake "decodes" (PNG, JPEG, GIF, BMP, WebP's RIFF).
-IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
+# The leading bytes of the image files the fake "decodes": PNG, JPEG, GIF, BMP, as the engine.
+IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM")
 
 
 class FakeEngine:
@@ -148,7 +148,7 @@ class FakeEngine:
     def tokenize_media(self, text: str, media: Sequence[Media], *, add_special: bool) -> list[int]:
         """As the engine's: text as tokenize(), each image 4 ids < 0 from its digest;
         param "image" without vision or when the markers and images differ in number,
-        "image N" for an image whose bytes are not a PNG, JPEG, GIF, BMP or WebP."""
+        "image N" for an image whose bytes are not a PNG, JPEG, GIF or BMP."""
         marker = self._info.media_marker
         if not self._info.vision or not marker:
             raise InvalidRequestError(f"'{self._info.model_id}' takes no images", param="image")
