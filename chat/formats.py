@@ -14,8 +14,9 @@ Other families live beside this module: Qwen3-Coder's XML in chat/formats_xml.py
 tags in chat/formats_glm.py, DeepSeek's and Kimi's sections in chat/formats_sections.py,
 Command R7B's blocks in chat/formats_cohere.py, Gemma 4's calls and thought channel
 in chat/formats_gemma.py, Ministral 3's `[TOOL_CALLS]NAME[ARGS]` calls and `[THINK]`
-blocks in chat/formats_mistral.py, gpt-oss's harmony channels in
-chat/harmony.py; `detect_format` chooses among them all.
+blocks in chat/formats_mistral.py, MiniMax-M3's namespaced `<invoke>` elements in
+chat/formats_minimax.py (M2's `<minimax:tool_call>` in chat/formats_minimax2.py),
+gpt-oss's harmony channels in chat/harmony.py; `detect_format` chooses among them all.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from chat.formats_cohere import detect_cohere
 from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
 from chat.formats_granite import calls_as_content, detect_granite
+from chat.formats_minimax import detect_minimax
+from chat.formats_minimax2 import detect_minimax2
 from chat.formats_mistral import detect_ministral
 from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
@@ -126,6 +129,12 @@ def detect_format(template_source: str) -> CallFormat:
     gemma = detect_gemma(template_source)  # Gemma 4's `<|tool_call>call:`
     if gemma is not None:
         return gemma
+    minimax = detect_minimax(template_source)  # MiniMax-M3's namespaced `<invoke>`s
+    if minimax is not None:
+        return minimax
+    minimax2 = detect_minimax2(template_source)  # MiniMax-M2's `<minimax:tool_call>`
+    if minimax2 is not None:
+        return minimax2
     xml = detect_xml(template_source)
     if xml is not None:
         return xml

@@ -30,6 +30,7 @@ HARMONY_THINKING = ThinkingSyntax("<|channel|>analysis<|message|>", "<|end|>")
 COHERE_THINKING = ThinkingSyntax("<|START_THINKING|>", "<|END_THINKING|>")
 GEMMA4_THINKING = ThinkingSyntax("<|channel>thought", "<channel|>")  # chat/formats_gemma.py
 MINISTRAL_THINKING = ThinkingSyntax("[THINK]", "[/THINK]")  # chat/formats_mistral.py
+MINIMAX_THINKING = ThinkingSyntax("<mm:think>", "</mm:think>")  # chat/formats_minimax.py
 THINK = ThinkingSyntax(OPEN, CLOSE)
 
 
@@ -43,6 +44,8 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
         return GEMMA4_THINKING
     if MINISTRAL_THINKING.open in template_source and MINISTRAL_THINKING.close in template_source:
         return MINISTRAL_THINKING
+    if MINIMAX_THINKING.open in template_source:
+        return MINIMAX_THINKING
     if OPEN in template_source and CLOSE in template_source:
         return THINK
     return None
@@ -52,7 +55,8 @@ def has_thinking(template_source: str) -> bool:
     """`<think>` tags, or a format's own thinking blocks that its call parser splits:
     gpt-oss's analysis channel (chat/harmony.py), Command R7B's thinking block
     (chat/formats_cohere.py), Gemma 4's thought channel (chat/formats_gemma.py),
-    Ministral 3's `[THINK]` block (chat/formats_mistral.py)."""
+    Ministral 3's `[THINK]` block (chat/formats_mistral.py), MiniMax-M3's `<mm:think>`
+    (chat/formats_minimax.py)."""
     return thinking_syntax(template_source) is not None
 
 

@@ -66,3 +66,25 @@ amount_tool = Tool("amount", "", _obj({"orig": {"type": "number"}}, ["orig"]))
 toggle_tool = Tool("toggle", "", _obj({"enabled": {"type": "boolean"}}, ["enabled"]))
 nullable_tool = Tool("set_nullable", "", _obj({"value": {"type": "null"}}, ["value"]))
 config_tool = Tool("set_config", "", _obj({"config": {"type": "object"}}, ["config"]))
+magic_int_tool = Tool("magic_int", "Magic tool that takes a hash",
+                      _obj({"ref": _INT, "name": _STR}, ["ref"]))  # fmt: skip
+_NUM = {"type": "number"}
+imaginary_number_tool = Tool(
+    "imaginary_number", "Imaginary number converter",
+    _obj({"number": _obj({"real": _NUM, "imaginary": _NUM}, ["real", "imaginary"])}, ["number"]),
+)  # fmt: skip
+nested_args_tool = Tool(
+    "nested_args", "Tool with nested array arguments",
+    _obj({"tags": {"type": "array", "items": _STR},
+          "entries": {"type": "array", "items": _obj({"id": _INT, "label": _STR}, ["id", "label"])}},
+         ["tags", "entries"]),
+)  # fmt: skip
+union_args_tool = Tool(
+    "union_args", "Tool with union arguments",
+    {"type": "object", "properties": {
+        "filter": {"anyOf": [{"type": "array", "items": _STR},
+                             _obj({"field": _STR, "op": _STR}, ["field", "op"])]},
+        "label": {"oneOf": [_STR, {"type": "object", "properties": {"text": _STR}}]},
+        "limit": {"oneOf": [_INT, _obj({"max": _INT}, ["max"])]},
+    }},
+)  # fmt: skip

@@ -1,0 +1,140 @@
+"""MiniMax-M2: calls as `<invoke>` elements with `<parameter name=..>` tags in one
+`<minimax:tool_call>` block; thinking in `<think>`, which the generation prompt opens.
+
+    <minimax:tool_call>
+    <invoke name="get_time">
+    <parameter name="city">Paris</parameter>
+    </invoke>
+    </minimax:tool_call>
+
+llama.cpp has no handler of its own for it: its autoparser derives this syntax from the
+template's renders (test-chat.cpp's MiniMax-M2 cases). Values are written as the
+template writes them (`v | tojson if v is not string`) and typed back as Qwen3-Coder's
+(chat/tagged_args.py). The `<think>` split is the plan's (chat/reasoning.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from chat.callformat import (
+    CallParser,
+    GrammarSpec,
+    MemoizedGrammar,
+    keyed_tools,
+    starts_at,
+    thinking_block,
+    thinking_then,
+)
+from chat.callstream import BufferedParser, Delta
+from chat.gbnf import RuleSet, literal
+from chat.tagged_args import Tags, TypedArgs, tagged_arguments
+from chat.tools import Tool
+
+OPEN, CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
+INVOKE, INVOKE_END = '<invoke name="', "</invoke>"
+PARAM, PARAM_END = '<parameter name="', "</parameter>"
+
+
+@dataclass(frozen=True, slots=True)
+class Minimax2Format(MemoizedGrammar):
+    name: str = "minimax-m2"
+    native: bool = True
+    owns_reasoning: bool = False
+
+    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+        return _grammar(key, mode, parallel, doc_key)
+
+    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
+        return Minimax2Parser(tools)
+
+
+MINIMAX_M2 = Minimax2Format()
+
+
+def detect_minimax2(source: str) -> Minimax2Format | None:
+    return MINIMAX_M2 if OPEN in source and INVOKE in source else None
+
+
+def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+    rules = RuleSet()
+    ws = rules.primitive("ws")
+
+    def param(name: str, value: str) -> str:
+        head = literal(f'{PARAM}{name}">')
+        return f"{head} {value} {literal(PARAM_END)} {ws}"
+
+    tags = Tags(param, PARAM_END, "m2-text")
+    alternatives = []
+    for i, tool in enumerate(keyed_tools(key)):
+        args = tagged_arguments(rules, i, tool, tags)
+        head = literal(INVOKE + tool.name + '">')
+        body = " ".join(p for p in (head, ws, args, literal(INVOKE_END)) if p)
+        alternatives.append(rules.add(f"call-{i}", body))
+    call = rules.add("call", " | ".join(alternatives))
+    calls = f"{call} ({ws} {call})*" if parallel else call
+    block = rules.add("block", f"{literal(OPEN)} {ws} {calls} {ws} {literal(CLOSE)}")
+    if mode == "auto" and not doc_key:
+        return GrammarSpec(rules.text(block), lazy=True, trigger_patterns=(starts_at(OPEN),))
+    # The prompt opens `<think>`: its rest and `</think>` may come before a forced block.
+    think = thinking_block(rules, "</think>", '"<think>"?', "[ \\n]*")
+    return thinking_then(rules, think, block, doc_key)
+
+
+class Minimax2Parser(BufferedParser):
+    """Splits (reasoning-free) output into content and calls, incrementally; text that
+    may still open the block is held back, each value is typed once it closes."""
+
+    def __init__(self, tools: Sequence[Tool]):
+        super().__init__()
+        self._args = TypedArgs(tools)
+        self._state = "text"  # text | block | args | value
+        self._key = ""
+
+    def finish(self) -> list[Delta]:
+        out = [Delta("content", self._buf)] if self._state == "text" and self._buf else []
+        self._buf = ""
+        return out
+
+    def _step(self, out: list[Delta]) -> bool:
+        if self._state == "text":
+            text, word = self._until((OPEN,))
+            out.append(Delta("content", text))
+            if word is None:
+                return False
+            self._state = "block"
+            return True
+        if self._state == "value":
+            at = self._buf.find(PARAM_END)
+            if at < 0:
+                return False
+            value, self._buf = self._buf[:at], self._buf[at + len(PARAM_END) :]
+            out.append(Delta("args", self._args.add(self._key, value), self.num_calls))
+            self._state = "args"
+            return True
+        self._buf = self._buf.lstrip()
+        opener = INVOKE if self._state == "block" else PARAM
+        ender = CLOSE if self._state == "block" else INVOKE_END
+        if any(w.startswith(self._buf) and len(self._buf) < len(w) for w in (opener, ender)):
+            return False
+        if self._buf.startswith(ender):
+            self._buf = self._buf[len(ender) :]
+            if self._state == "args":
+                out.append(Delta("args", "}", self.num_calls))
+                self.num_calls += 1
+            self._state = "text" if self._state == "block" else "block"
+        elif self._buf.startswith(opener):
+            end = self._buf.find('">', len(opener))
+            if end < 0:
+                return False
+            name, self._buf = self._buf[len(opener) : end], self._buf[end + 2 :]
+            if self._state == "block":
+                self._start_call(name, out)
+                out.append(Delta("args", self._args.open(name), self.num_calls))
+                self._state = "args"
+            else:
+                self._key, self._state = name, "value"
+        elif self._buf:
+            self._buf = self._buf[1:]  # stray text inside a call (no grammar held it)
+        return True
