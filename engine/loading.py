@@ -22,6 +22,7 @@ from engine.embedder import Embedder
 from engine.exactness import CANDIDATES, exact_rows
 from engine.family import ModelFamily, UnsupportedModelError
 from engine.llama import Context, ContextParams, Model, Vision, cpu_has_amx, projector_beside
+from engine.media import image_positions_limit
 from engine.plan import CPU_ROW_BY_ROW, CPU_TILE_PAYS, GPU_KERNELS
 from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sessions import SessionLimits
@@ -174,6 +175,7 @@ def load(
                 flash_attn=cfg.flash_attn,
                 cpu=_padding_rule(cfg),
                 checkpoint_tokens=cache.config.block_tokens if cache is not None else 0,
+                projector=model.vision.identity if model.vision is not None else "",
             ),
             counters,
         )
@@ -259,6 +261,13 @@ def _model_info(
         warm_tail=sched.warm_tail,
         vision=model.vision is not None,
         media_marker=model.vision.marker if model.vision is not None else "",
+        max_image_positions=image_positions_limit(
+            sched.step_tokens,
+            sched.num_slots,
+            cfg.n_ubatch,
+            sched.exact_min_rows if sched.exact else 0,
+            sched.row_block,
+        ),
     )
 
 

@@ -103,3 +103,74 @@ def whole_image_keep(
         if cut == keep:
             return keep if keep >= floor else 0
         keep = cut
+
+
+# -- prefill chunks: an image is decoded whole ------------------------------------------
+# Some projectors' image rows attend to each other both ways (Gemma 3/4:
+# mtmd_decode_use_non_causal): split over two llama_decode calls, the first part would
+# never see the second, so llama-server decodes an image in one call. Here too: a chunk
+# never ends inside an image (`whole_image_chunk`), and an image too large for one step
+# is refused at validation (`image_positions_limit`), where it could never be scheduled.
+
+
+def image_cut(spans: Sequence[tuple[int, int, int]], end: int) -> tuple[int, int] | None:
+    """The image (start, end) a chunk ending before position `end` would cut; None: none."""
+    for start, stop, _ in spans:
+        if start < end < stop:
+            return start, stop
+        if start >= end:
+            break
+    return None
+
+
+def whole_image_chunk(
+    spans: Sequence[tuple[int, int, int]],
+    start: int,
+    length: int,
+    fit: Callable[[int], int],
+    widen: Callable[[int], int],
+    most: int,
+) -> int:
+    """`length` rows from `start` (the scheduler's choice, 0: wait), unless they end
+    inside an image: then ended before it where the scheduler's rules allow a chunk
+    there (`fit(room)`: the longest chunk they allow in `room` rows, 0: none), else
+    carried through the image's end (`widen(rows)`: the shortest chunk they allow of at
+    least `rows`) if that fits in `most` (the step's room, past the per-chunk cap), else
+    0: the sequence waits for a step with room for the whole image."""
+    cut = image_cut(spans, start + length) if length > 0 else None
+    if cut is None:
+        return length
+    while cut[0] > start:  # end before the image; each turn shortens the chunk
+        shorter = fit(cut[0] - start)
+        if shorter == 0:
+            break
+        before = image_cut(spans, start + shorter)
+        if before is None:
+            return shorter
+        cut = before  # the rules moved the end into an earlier image
+    length = widen(cut[1] - start)
+    if image_cut(spans, start + length) is not None:
+        # The rules rounded the end into a later image (exact reuse: a row block, a
+        # full-size chunk): end at this image's end instead. That costs no exactness: a
+        # chunk is decoded in runs split at every image boundary (engine/media_prefill.py),
+        # so ending it there changes no run; and rounding on from image to image could
+        # outgrow every step.
+        length = cut[1] - start
+    return length if length <= most else 0
+
+
+def image_positions_limit(
+    step_tokens: int, num_slots: int, n_ubatch: int, exact_rows: int, row_block: int
+) -> int:
+    """The most positions one image may take, so that a step always comes with room for
+    it whole: the oldest prefilling sequence's share of a step (decode rows of the other
+    slots come first), less what exact reuse may add around the image (the text before
+    it that could not be a chunk of its own, a row block, and a full-size last chunk
+    after it: up to 2 * (exact_rows + row_block)); and at most one ubatch (`n_ubatch`,
+    0: one step), which llama.cpp computes in one pass: split over ubatches, the rows
+    of a two-way attending image would again miss each other. `exact_rows` 0: exact
+    reuse off."""
+    room = step_tokens - (num_slots - 1)
+    if exact_rows:
+        room -= 2 * (exact_rows + row_block)
+    return max(0, min(room, n_ubatch or step_tokens))

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import deque
 
 from engine.admission import count_overtakes, rank_waiting, waits_for_shared_head
+from engine.media import image_spans, whole_image_chunk
 from engine.placement import COPY_MIN_TOKENS, Placer, reusable
 from engine.plan import (
     Chunk,
@@ -182,7 +183,8 @@ class Scheduler:
                 break
             if seq.is_decoding or seq.num_pending == 0:
                 continue
-            length = self._chunk_length(seq, min(self.config.prefill_chunk, budget, free_cells))
+            room = min(budget, free_cells)
+            length = self._chunk_length(seq, min(self.config.prefill_chunk, room), room)
             if length == 0:
                 continue
             # A request with max_tokens 0 only scores its prompt: nothing to sample; nor
@@ -232,19 +234,55 @@ class Scheduler:
             limit = min(limit, thinking)
         return seq.drafter.propose(seq.tokens, limit)
 
-    def _chunk_length(self, seq: Sequence, room: int) -> int:
+    def _chunk_length(self, seq: Sequence, room: int, most: int) -> int:
         """How many pending tokens of `seq` to prefill now, at most `room`; 0: wait.
-        A chunk stops at the sequence's checkpoint, if one is ahead (placement.py)."""
-        pending, least = seq.num_pending, self.config.exact_min_rows
+        A chunk stops at the sequence's checkpoint, if one is ahead (placement.py), and
+        never inside an image: it ends before one, or takes it whole, up to `most` (the
+        step's room) past `room` (engine/media.py `whole_image_chunk`)."""
+        pending = seq.num_pending
         if seq.checkpoint > seq.num_computed:
             pending = seq.checkpoint - seq.num_computed
+        length = self._fit(seq.num_computed, pending, room)
+        if not seq.request.media or length == 0:
+            return length
+        digests = [m.digest for m in seq.request.media]
+        spans = image_spans(seq.tokens, digests, self.config.projector)
+        start = seq.num_computed
+
+        def widen(rows: int) -> int:
+            # A checkpoint inside the image is passed by (its state could serve no
+            # prompt: a reuse never cuts an image); one past it still bounds the chunk.
+            bound = pending if rows <= pending else seq.num_pending
+            return self._widen(start, rows, bound)
+
+        def fit(rows: int) -> int:
+            return self._fit(start, pending, rows)
+
+        return whole_image_chunk(spans, start, length, fit, widen, most)
+
+    def _fit(self, start: int, pending: int, room: int) -> int:
+        """The longest chunk from `start` of `pending` rows within `room` that exact reuse
+        allows: at least exact_min_rows, a full-size last chunk, the next chunk starting
+        on a row block (engine/plan.py); 0: none. Without exact reuse, min(pending, room).
+        (`start` is off a block only after a chunk ended at an image's end.)"""
+        least = self.config.exact_min_rows
         length = min(pending, room)
         if not self.config.exact or length == pending or pending < least:
             return length
         if pending - length < least:
             length = pending - least  # leave a full-size last chunk
-        length = self.config.block_floor(length)  # the next chunk starts on a block
+        length = self.config.block_floor(start + length) - start  # the next starts on a block
         return length if length >= least else 0
+
+    def _widen(self, start: int, rows: int, pending: int) -> int:
+        """The shortest chunk from `start` of at least `rows` of `pending` rows that exact
+        reuse allows (the rules of `_fit`, rounding up): an image taken whole."""
+        least = self.config.exact_min_rows
+        if not self.config.exact or pending < least or rows >= pending:
+            return min(rows, pending)
+        end = start + rows
+        length = max(end + (-end) % self.config.row_block - start, least)
+        return pending if pending - length < least else length
 
     def _make_room(self) -> list[int]:
         freed = []

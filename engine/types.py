@@ -268,6 +268,9 @@ class ModelInfo:
     warm_tail: tuple[int, str] = (1, "")  # prompt rows a warm start computes again, and why
     vision: bool = False  # a projector is loaded: prompts may carry images
     media_marker: str = ""  # marks an image's place in the prompt text ("<__media__>")
+    # The most positions one image may take: decoded whole in one step (engine/media.py
+    # image_positions_limit); 0: no bound.
+    max_image_positions: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,9 +54,18 @@ def _check_images(request: GenerateRequest, info: ModelInfo, projector: str | No
             f"prompt contains a token id outside [0, {info.n_vocab})", param="prompt"
         )
     try:
-        image_spans(request.prompt_tokens, [m.digest for m in request.media], projector)
+        spans = image_spans(request.prompt_tokens, [m.digest for m in request.media], projector)
     except ValueError as exc:
         raise InvalidRequestError(f"the prompt's image positions: {exc}", param="prompt") from exc
+    limit = info.max_image_positions
+    for start, end, index in spans:
+        if limit and end - start > limit:  # it could never be scheduled (engine/media.py)
+            raise InvalidRequestError(
+                f"image {index} takes {end - start} positions, more than the {limit} one "
+                "engine step decodes an image in (set by n_batch, n_ubatch, n_seq_max and "
+                "exact_reuse: docs/models.md, Vision models)",
+                param=f"image {index}",
+            )
     if request.prompt_logprobs is not None:  # an image position has no token to score
         raise InvalidRequestError(
             "prompt_logprobs cannot score a prompt with images", param="prompt_logprobs"
