@@ -124,6 +124,9 @@ class SchedulerConfig:
     # measured faster for every warm chunk (AMX), CPU_ROW_BY_ROW elsewhere, GPU_KERNELS
     # where the model runs on a GPU (its own attention kernels: never padded).
     cpu: str = CPU_ROW_BY_ROW
+    # The vision projector's identity (engine/llama/vision.py), in every image id of a
+    # prompt: where each image sits, so a chunk never ends inside one (engine/media.py).
+    projector: str = ""
 
     @property
     def tail_rows(self) -> int:
