@@ -5,6 +5,7 @@ they sent them, against kvserve and llama-server (issue 46 item 3).
     python bench/agent_replay.py                     # Gemma 3 270M, 32k a slot, both servers
     python bench/agent_replay.py --sessions 4 --slots 2 --clients claude-code,qwen-code
     python bench/agent_replay.py --model smollm2 --n-ctx 8192 --clients opencode
+    python bench/agent_replay.py --chat-template FILE  # one template for both servers
 
 Each session in bench/agent_sessions/ is one client's tool loop captured from the client
 itself (bench/replay_sessions.py): turn 1, then turn 2 resending turn 1 with the call the
