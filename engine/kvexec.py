@@ -16,6 +16,7 @@ from cache import PrefixCache
 from engine.commands import Fork
 from engine.kvledger import KvLedger, KvMismatch
 from engine.llama import Context
+from engine.placement import KV_OP_FAILED
 from engine.sequence import Sequence
 from engine.slots import Copy, Drop, KvOp, Restore, Save, SlotTable
 from engine.stats import StepCounters
@@ -33,7 +34,9 @@ class KvExecutor:
         num_slots: int,
     ):
         self.ctx = ctx
-        self.kv = KvLedger(ctx, num_slots, counters, slots.n_swa)  # every KV op goes through it
+        # Every KV op goes through the ledger; under exact reuse a window's blob is laid
+        # out as a cold sequence's cells (engine/window_blob.py).
+        self.kv = KvLedger(ctx, num_slots, counters, slots.n_swa, slots.exact and slots.n_swa > 0)
         self.slots = slots
         self.cache = cache
         self.counters = counters
@@ -97,9 +100,10 @@ class KvExecutor:
 
     @staticmethod
     def start_cold(seq: Sequence) -> None:
-        """The prefix planned for `seq` is not there: it prefills from the start."""
+        """The prefix planned for `seq` is not there (a restore, copy or cut failed): it
+        prefills from the start."""
         seq.num_computed = seq.num_cached = seq.num_saved = seq.kv_floor = 0
-        seq.hit_kind, seq.hit_source = "cold", "none"
+        seq.hit_kind, seq.hit_source, seq.cold_reason = "cold", "none", KV_OP_FAILED
 
     def release(self, session: str) -> None:
         """The session's slot goes back to everyone, what it holds to the cache first

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from engine.llama import Context
 from engine.stats import StepCounters
+from engine.window_blob import at_cold_cells
 
 if TYPE_CHECKING:
     from engine.scheduler import Chunk, Scheduler
@@ -33,11 +34,18 @@ class KvMismatch(AssertionError):
 
 class KvLedger:
     def __init__(
-        self, ctx: Context, num_slots: int, counters: StepCounters | None = None, n_swa: int = 0
+        self,
+        ctx: Context,
+        num_slots: int,
+        counters: StepCounters | None = None,
+        n_swa: int = 0,
+        cold_cells: bool = False,
     ):
         self.ctx = ctx
         self.counters = counters if counters is not None else StepCounters()
         self.n_swa = n_swa  # the model's sliding window; 0: none
+        # A window's blob goes in laid out as a cold sequence's cells (exact reuse).
+        self.cold_cells = cold_cells
         self.slots: list[list[int]] = [[] for _ in range(num_slots)]
         self.num_refused_saves = 0
 
@@ -83,7 +91,10 @@ class KvLedger:
         return False
 
     def copy_seq(self, src: int, dst: int) -> bool:
-        ok = self.ctx.copy_seq(src, dst)
+        if self.cold_cells and self.slots[src]:
+            ok = self._set_state(dst, self.ctx.get_seq_state(src))
+        else:
+            ok = self.ctx.copy_seq(src, dst)
         self.slots[dst] = list(self.slots[src]) if ok else []
         if not ok:
             self.ctx.remove_seq(dst)
@@ -91,9 +102,20 @@ class KvLedger:
 
     def restore(self, slot: int, state: bytes, tokens: Sequence[int]) -> bool:
         """Load a cached state stored for `tokens` into the empty `slot`."""
-        ok = self.ctx.set_seq_state(slot, state)
+        ok = self._set_state(slot, state)
         self.slots[slot] = list(tokens) if ok else []
         return ok
+
+    def _set_state(self, slot: int, state: bytes) -> bool:
+        """False where llama.cpp refuses the blob, or a window's blob is of a layout
+        window_blob does not know (a restore that would not be exact: none)."""
+        if self.cold_cells:
+            padded = at_cold_cells(state)
+            if padded is None:
+                log.warning("a sliding-window state of an unknown layout was not restored")
+                return False
+            state = padded
+        return self.ctx.set_seq_state(slot, state)
 
     def decoded(self, chunks: list[Chunk]) -> None:
         """A decode computed these chunks' tokens into their slots."""

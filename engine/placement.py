@@ -10,6 +10,7 @@ KV operations the worker must run (engine/slots.py). Engine thread only.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,9 @@ from engine.slots import Copy, Drop, KvOp, Restore, SlotTable, window_floor
 # ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
 # a token: worth it only for a clearly longer prefix.
 COPY_MIN_TOKENS = 16
+# How many prompts placed lately the placer compares a new one with (Placer.recent): an
+# agent's turns come a few requests apart; each comparison runs at C speed.
+RECENT_PROMPTS = 16
 
 Tokens = list[int] | tuple[int, ...]
 
@@ -50,6 +54,18 @@ def reuse_limit(num_tokens: int, config: SchedulerConfig) -> int:
     return config.block_floor(num_tokens - config.tail_rows)
 
 
+def lookup_reach(num_tokens: int, config: SchedulerConfig) -> int:
+    """How many of a prompt's tokens a cache lookup matches against. A blob-bound cache
+    (PrefixCache.whole_states) returns the longest entry that is a proper prefix of what
+    it is given, and such a state is usable only up to `reuse_limit`: under exact reuse
+    the lookup is given one token past that limit, so that it returns the longest state
+    this prompt can start from (a checkpoint, a shorter entry), not a longer one that
+    placement must refuse. Otherwise the whole prompt."""
+    if not config.exact or not (config.whole_state or config.n_swa > 0):
+        return num_tokens
+    return max(0, min(num_tokens, reuse_limit(num_tokens, config) + 1))
+
+
 def padded_keep(num_tokens: int, keep: int, config: SchedulerConfig) -> int:
     """`keep` cut back so that a warm start of `config.pad_from`..63 new rows computes a
     whole flash tile instead (engine/plan.py pad_from). A prompt under two tiles keeps
@@ -73,12 +89,19 @@ class _Prefix:
     restore: bool = False
     seen: int = 0  # the longest agreement with any source (for checkpoints)
     floor: int = 0  # the shortest prefix the slot's KV may be cut to after this start
+    refused: str = ""  # why the source agreeing longest could not lend (COLD_REASONS)
+    refused_at: int = 0  # how long that agreement was
 
 
 class Placer:
     def __init__(self, config: SchedulerConfig, slots: SlotTable):
         self.config = config
         self.slots = slots
+        # The prompts placed lately, by salt: where a new prompt diverges from one of
+        # them, a state saved there serves the next prompt with that head (`_checkpoints`).
+        # Slots and the cache show this too, but not under exact reuse on a whole state:
+        # it keeps no slot once decoded, and the lookup returns only states it can use.
+        self.recent: deque[tuple[str, tuple[int, ...]]] = deque(maxlen=RECENT_PROMPTS)
 
     def place(self, seq: Sequence, running: list[Sequence], ops: list[KvOp]) -> bool:
         """Give `seq` a slot and the longest reusable prefix; False if no slot is free."""
@@ -101,6 +124,7 @@ class Placer:
                 candidates = [reclaimed]
         # Prompt log-probabilities need the logits of every prompt token: no reuse.
         reuse = seq.request.prompt_logprobs is None
+        found = seq.cache_hit is not None  # a stored prefix, whether usable or not
         prefix = self._best_prefix(seq, candidates, running) if reuse else _Prefix(min(candidates))
         slot = prefix.slot
         # The last tail_rows prompt tokens are computed again (engine/plan.py); n > 1
@@ -124,12 +148,15 @@ class Placer:
             ops.append(Drop(slot, keep, seq))
         seq.kv_floor = prefix.floor if keep else 0
         if self.config.saves_checkpoints:
-            seq.checkpoint = self._checkpoint(seq, keep, prefix.seen)
+            seen = max(prefix.seen, self._agreement(seq))
+            seq.checkpoints = self._checkpoints(seq, keep, seen)
+            self.recent.append((seq.salt, tuple(seq.tokens[: seq.num_prompt_tokens])))
         if seq.num_output_tokens == 0:  # first admission (not a preempted sequence's)
             seq.num_cached = seq.num_saved = keep
             seq.hit_kind = _hit_kind(keep, prefix.length, seq.num_prompt_tokens, own)
             tier = seq.cache_hit.tier if prefix.restore and seq.cache_hit else "slot"
             seq.hit_source = "none" if keep == 0 else tier
+            seq.cold_reason = _cold_reason(keep, prefix, reuse, found)
         seq.cache_hit = None  # the state bytes are no longer needed past this point
         seq.slot = slot
         seq.num_computed = keep
@@ -166,14 +193,14 @@ class Placer:
             ]
             for source, held, floor in sources:
                 cap = len(seq.tokens) - 1 if source == _slot(seq.leader) else None
-                floor = max(floor, window_floor(len(held), n_swa, config.exact))
+                floor = max(floor, window_floor(len(held), n_swa))
                 length = usable(held, floor, cap)
                 if length > threshold:
                     best.length, best.copy_from, best.floor = length, source, floor
                     threshold = length
         hit = seq.cache_hit
         if hit is not None:
-            floor = window_floor(len(hit.tokens), n_swa, config.exact)
+            floor = window_floor(len(hit.tokens), n_swa)
             length = usable(hit.tokens, floor)
             if length >= best.length + COPY_MIN_TOKENS:
                 best.length, best.copy_from, best.restore, best.floor = length, None, True, floor
@@ -192,29 +219,85 @@ class Placer:
             best.seen = max(best.seen, shared)
             if config.whole_state:
                 floor = max(floor, len(held))
-            return shared if min(shared, limit if cap is None else cap) >= floor else 0
+            # The cut lands on a row block (exact mode), unless capped for a sibling.
+            reach = config.block_floor(min(shared, limit)) if cap is None else min(shared, cap)
+            if reach >= floor:
+                return shared
+            if shared > best.refused_at:  # nothing of it: say why (a silent miss otherwise)
+                best.refused_at = shared
+                best.refused = EXACT_TAIL if shared >= floor else self._longer()
+            return 0
 
         return usable
 
-    def _checkpoint(self, seq: Sequence, keep: int, seen: int) -> int:
-        """Whole states and sliding windows (ModelFamily.blob_bound): where to save a
-        state on the way through this prompt (0: nowhere). Another source agreed with this
-        prompt for `seen` tokens but could not lend its state (longer, and not to be cut
-        back): the next prompt with that head (agents on one system prompt, a tool
-        catalogue) restores the saved state instead. On a block
-        boundary at or before what this prompt may reuse itself (`reuse_limit`), so that
-        prompts diverging a few tokens apart share it; far enough from `keep` for exact
-        mode's full-size chunks."""
-        align = self.config.checkpoint_tokens
-        if align <= 0:
-            return 0
-        at = min(seen, reuse_limit(len(seq.tokens), self.config)) // align * align
-        least = self.config.exact_min_rows if self.config.exact else 1
-        return at if at - keep >= least else 0
+    def _agreement(self, seq: Sequence) -> int:
+        """The longest head `seq`'s prompt shares with a prompt placed lately that goes on
+        otherwise (one it extends left its own states)."""
+        tokens, longest = seq.tokens[: seq.num_prompt_tokens], 0
+        for salt, prompt in self.recent:
+            shared = common_prefix(list(prompt), tokens) if salt == seq.salt else 0
+            if longest < shared < len(prompt):
+                longest = shared
+        return longest
+
+    def _longer(self) -> str:
+        """Why a state longer than the prompt's shared prefix cannot be cut back to it."""
+        return LONGER_STATE if self.config.whole_state else WINDOW
+
+    def _checkpoints(self, seq: Sequence, keep: int, seen: int) -> list[int]:
+        """Whole states and sliding windows (ModelFamily.blob_bound): where to save states
+        on the way through this prompt, ascending (empty: nowhere).
+
+        Where prompts diverge: another source agreed with this prompt for `seen` tokens
+        but could not lend its state (longer, and not to be cut back): the next prompt
+        with that head (agents on one system prompt, a tool catalogue) restores the saved
+        state instead. On a block boundary at or before what this prompt may reuse itself
+        (`reuse_limit`), so that prompts diverging a few tokens apart share it.
+
+        Under exact reuse also at this prompt's own `reuse_limit` (the tail checkpoint):
+        a state cannot be cut back, and the state saved at the prompt's end serves only a
+        prompt that adds at least the recomputed rows to it; an agent's next turn, which
+        extends this prompt by a reply and a short tool result, or this same prompt sent
+        again, may start exactly there (its own limit is never lower).
+
+        Each at least exact mode's full-size chunk past `keep` and past the one before."""
+        config = self.config
+        least = config.exact_min_rows if config.exact else 1
+        wanted = []
+        align = config.checkpoint_tokens
+        limit = reuse_limit(len(seq.tokens), config)
+        if align > 0:
+            wanted.append(min(seen, limit) // align * align)
+        if config.exact and align > 0:
+            wanted.append(limit)
+        points: list[int] = []
+        for at in sorted(set(wanted), reverse=True):  # the tail one first: it serves more
+            if at - keep >= least and all(abs(at - p) >= least for p in points):
+                points.append(at)
+        return sorted(points)
 
 
 def _slot(seq: Sequence | None) -> int | None:
     return seq.slot if seq is not None else None
+
+
+# Why a request that found a stored prefix computed its prompt cold (Timings.cold_reason:
+# the access log's cold_reason, /v1/status's requests_cold_why).
+EXACT_TAIL = "exact_tail"  # it ends within the rows exact reuse computes again
+LONGER_STATE = "longer_state"  # a whole state past the shared prefix: cannot be cut back
+WINDOW = "window"  # a window's state from a blob, past the shared prefix: cannot be cut back
+SHORT = "short"  # too short to be worth a copy or a restore (COPY_MIN_TOKENS)
+KV_OP_FAILED = "kv_op_failed"  # its restore, copy or cut failed (engine/kvexec.py)
+
+
+def _cold_reason(keep: int, prefix: _Prefix, reuse: bool, found: bool) -> str:
+    """Why a sequence that some source agreed with reuses nothing ("": it reuses, or
+    nothing agreed with it)."""
+    if keep > 0 or not reuse or not (found or prefix.seen):
+        return ""
+    if prefix.length > 0:  # usable, but the prompt is all within the recomputed tail
+        return EXACT_TAIL
+    return prefix.refused or SHORT
 
 
 def _hit_kind(reused: int, found: int, num_prompt: int, own_session: bool) -> str:

@@ -198,10 +198,10 @@ class SchedulerConfig:
 
     @property
     def saves_checkpoints(self) -> bool:
-        """States are saved where prompts diverge (placement.py `_checkpoint`): where a
-        state from a blob serves only prompts that extend it (a whole state, a window),
-        and can serve at all (under exact reuse a window's cannot: slots.window_floor)."""
-        return (self.whole_state or self.n_swa > 0) and not (self.exact and self.n_swa > 0)
+        """States are saved on the way through a prompt (placement.py `_checkpoints`)
+        where a state from a blob serves only prompts that extend it: a whole state, a
+        window (slots.window_floor)."""
+        return self.whole_state or self.n_swa > 0
 
     @property
     def keeps_prefixes(self) -> bool:

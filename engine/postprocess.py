@@ -207,9 +207,11 @@ def save_long_prefill(seq: Sequence, rules: StepRules, counters: StepCounters) -
     done = min(seq.num_computed, seq.num_prompt_tokens)
     fresh = done - seq.num_saved
     prompt_done = done == seq.num_prompt_tokens
+    while 0 < seq.checkpoint < done:  # passed by (a preempted sequence placed again)
+        del seq.checkpoints[0]
     at_checkpoint = seq.checkpoint > 0 and done == seq.checkpoint
     if at_checkpoint:
-        seq.checkpoint = 0
+        del seq.checkpoints[0]
         counters.num_checkpoints += 1
     least = 1 if rules.whole_state else SAVE_PROMPT_MIN_TOKENS
     if fresh >= SAVE_EVERY_TOKENS or at_checkpoint or (prompt_done and fresh >= least):

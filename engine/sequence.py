@@ -45,12 +45,13 @@ class Sequence:
         "status",
         "prompt_logprobs",
         "num_scored",
-        "checkpoint",
+        "checkpoints",
         "kv_floor",
         "leader",
         "cache_hit",
         "hit_kind",
         "hit_source",
+        "cold_reason",
         "num_saved",
         "arrival",
         "t_scheduled",
@@ -96,10 +97,11 @@ class Sequence:
         self.cache_hit: CacheHit | None = None  # looked up before submission, if any
         self.hit_kind = "cold"  # how the prompt was found: cold, partial, exact, session
         self.hit_source = "none"  # where reused tokens came from: none, slot, ram, disk
+        self.cold_reason = ""  # why a stored prefix was found but not used (placement.py)
         self.num_saved = 0  # prompt tokens already handed to the prefix cache
-        # Whole-state memories: a prompt position to stop a chunk at and save the state
-        # there (engine/placement.py `_checkpoint`); 0: none.
-        self.checkpoint = 0
+        # Whole-state memories and windows: prompt positions to stop a chunk at and save
+        # the state there, ascending (engine/placement.py `_checkpoints`).
+        self.checkpoints: list[int] = []
         # The shortest prefix its slot's KV may be cut back to (slots.window_floor): above
         # 0 once a sliding-window model's state came through a blob; 0: any.
         self.kv_floor = 0
@@ -154,6 +156,11 @@ class Sequence:
         return self.request.lora
 
     @property
+    def checkpoint(self) -> int:
+        """The next position to save the state at on the way (`checkpoints`); 0: none."""
+        return self.checkpoints[0] if self.checkpoints else 0
+
+    @property
     def prompt_done(self) -> bool:
         return self.num_computed >= self.num_prompt_tokens
 
@@ -182,6 +189,7 @@ class Sequence:
             lookup_calls=self.lookup_calls,
             restore=self.t_restore,
             reuse_source=self.hit_source,
+            cold_reason=self.cold_reason,
             finished=self.t_finished,
         )
 

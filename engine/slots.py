@@ -28,19 +28,17 @@ class Resident:
     floor: int = 0  # the shortest prefix a cut may leave (Sequence.kv_floor)
 
 
-def window_floor(num_tokens: int, n_swa: int, exact: bool) -> int:
+def window_floor(num_tokens: int, n_swa: int) -> int:
     """The shortest prefix a state of `num_tokens` tokens may be cut back to once it went
     through a state blob (a restore from the cache, a copy between slots): llama.cpp
     writes a sequence's sliding-window layers only for the positions the next token
     attends to (the last n_swa), so a cut further back would leave the window without
-    cells. `exact`: not even that (num_tokens + 1: unusable), since the restored window
-    lies in other cells than a cold one's, and attention over them sums in another order
-    (Gemma 3 270M, 700 tokens restored then 100 more: max |dlogit| 2.2 with flash
-    attention, 0.82 without; docs/cache.md). 0: any cut (no window, or a state no
+    cells. (Under exact reuse the blob is restored with its window in the cells a cold
+    sequence holds it in: engine/window_blob.py.) 0: any cut (no window, or a state no
     longer than it)."""
     if not 0 < n_swa < num_tokens:
         return 0
-    return num_tokens + 1 if exact else num_tokens - 1
+    return num_tokens - 1
 
 
 # KV operations, run by the worker in plan order before the step's decode.
@@ -196,7 +194,7 @@ class SlotTable:
         original = self.resident.get(src)
         if original is not None:
             # A copy goes through the state blob: a sliding window's older cells stay behind.
-            floor = window_floor(len(original.tokens), self.n_swa, self.exact)
+            floor = window_floor(len(original.tokens), self.n_swa)
             self.resident[slot] = Resident(list(original.tokens), original.salt, original.saved,
                                            max(floor, original.floor))  # fmt: skip
         self.pin(target, slot)

@@ -38,6 +38,8 @@ class StepCounters:
     num_checkpoints: int = 0  # whole-state memories: states saved where prompts diverged
     hits: dict[str, int] = field(default_factory=dict)  # (kind) cold / partial / exact / session
     hit_sources: dict[str, int] = field(default_factory=dict)  # none / slot / ram / disk
+    # Requests that found a stored prefix and computed cold anyway, by why (placement.py).
+    cold_reasons: dict[str, int] = field(default_factory=dict)
     batch_size_counts: list[int] = field(default_factory=lambda: [0] * (len(BATCH_SIZE_BOUNDS) + 1))
     batch_size_sum: int = 0
 
@@ -58,7 +60,7 @@ def snapshot(
     copies of the dicts (a copy is one C call under the GIL; iterating a dict the engine
     thread grows could fail mid-way). Every int counter goes by its own name, so a new
     counter needs a field in EngineStats and nothing here."""
-    hits, sources = c.hits.copy(), c.hit_sources.copy()
+    hits, sources, cold = c.hits.copy(), c.hit_sources.copy(), c.cold_reasons.copy()
     counts: dict[str, int] = {
         f.name: value for f in fields(c) if isinstance(value := getattr(c, f.name), int)
     }
@@ -71,6 +73,7 @@ def snapshot(
         num_sessions_pinned=num_sessions_pinned,
         hits=tuple(sorted(hits.items())),
         hit_sources=tuple(sorted(sources.items())),
+        cold_reasons=tuple(sorted(cold.items())),
         cache=cache,
         batch_size_bounds=BATCH_SIZE_BOUNDS,
         batch_size_counts=tuple(c.batch_size_counts),

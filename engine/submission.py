@@ -25,6 +25,7 @@ from engine.embedder import EmbedJob
 from engine.generation import Generation
 from engine.llama import Model, Sampler
 from engine.loading import EngineConfig
+from engine.placement import lookup_reach
 from engine.sequence import Sequence as Seq
 from engine.sessions import SessionRegistry, pin_key, unpinned_if_busy
 from engine.thinking import ThinkingBudget, constrained_from_start
@@ -157,8 +158,9 @@ class Submitting:
     ) -> tuple[CacheHit | None, tuple[float, float] | None, tuple[StoreCall, ...]]:
         """The longest cached prefix of the prompt, read off the event loop (a disk hit
         reads a file); for traces, when the lookup started and ended and the calls it made
-        to the shared store. Skipped (None, None, ()) when the session's own slot already
-        holds its KV."""
+        to the shared store. Only for the states the prompt can start from (a blob-bound
+        cache under exact reuse: placement.lookup_reach). Skipped (None, None, ()) when the
+        session's own slot already holds its KV."""
         cache = self._cache
         if (
             cache is None
@@ -171,9 +173,14 @@ class Submitting:
         ):
             return None, None, ()
 
+        worker = self._worker
+        prompt, reach = request.prompt_tokens, len(request.prompt_tokens)
+        if worker is not None:  # only the states this prompt can start from (placement.py)
+            reach = lookup_reach(len(prompt), worker.scheduler.config)
+
         def lookup() -> tuple[CacheHit | None, tuple[StoreCall, ...]]:
             with recording_calls() as calls:
-                return cache.lookup(request.prompt_tokens, request.prefix_salt), tuple(calls)
+                return cache.lookup(prompt[:reach], request.prefix_salt), tuple(calls)
 
         started = time.monotonic()
         # On the engine's own threads, not asyncio's default pool: that one also runs

@@ -252,6 +252,8 @@ class Worker:
         counts = self.counters
         counts.hits[seq.hit_kind] = counts.hits.get(seq.hit_kind, 0) + 1
         counts.hit_sources[seq.hit_source] = counts.hit_sources.get(seq.hit_source, 0) + 1
+        if seq.hit_kind == "cold" and seq.cold_reason:
+            counts.cold_reasons[seq.cold_reason] = counts.cold_reasons.get(seq.cold_reason, 0) + 1
         counts.num_reused_tokens += seq.num_cached
         drop = self.scheduler.remove(seq, keep_kv=keep, saved=saved)
         if drop is not None:

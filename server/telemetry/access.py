@@ -58,6 +58,7 @@ class AccessRecord:
     status: int = 0
     session: str | None = None
     cache_hit: str | None = None  # exact / partial / session / cold, from the cache work
+    cold_reason: str | None = None  # cold although a stored prefix was found: why
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
@@ -117,6 +118,8 @@ class AccessRecord:
             self.prompt_tokens += out.num_prompt_tokens
             self.cached_tokens += out.num_cached_tokens
             self.cache_hit = out.hit_kind or self.cache_hit
+            if out.hit_kind == "cold" and out.timings is not None:
+                self.cold_reason = out.timings.cold_reason or None
             self.session = generation.session_id or self.session
         self.generated_tokens += out.num_output_tokens
         if self.trace is not None:
@@ -139,6 +142,7 @@ class AccessRecord:
             "status": self.status,
             "session": self.session,
             "cache_hit": self.cache_hit,
+            "cold_reason": self.cold_reason,
             "prompt_tokens": self.prompt_tokens if self.generations else None,
             "cached_tokens": self.cached_tokens if self.generations else None,
             "generated_tokens": self.generated_tokens if self.generations else None,

@@ -25,10 +25,12 @@ def whole(*, exact: bool = False, slots: int = 1) -> Scheduler:
 
 
 def finish(s: Scheduler, seq: Sequence) -> None:
-    """Prefill `seq` whole, sample one token, and take it out with its KV kept."""
-    chunks, _ = s.schedule()
-    assert chunks and chunks[0].seq is seq
-    seq.num_computed += chunks[0].length
+    """Prefill `seq` whole (exact mode: in two chunks, the first to its tail checkpoint),
+    sample one token, and take it out with its KV kept."""
+    while seq.num_computed < seq.num_prompt_tokens:
+        chunks, _ = s.schedule()
+        assert chunks and chunks[0].seq is seq
+        seq.num_computed += chunks[0].length
     seq.tokens.append(7)
     s.remove(seq)
 
@@ -101,24 +103,26 @@ def test_where_prompts_diverge_a_checkpoint_is_computed_to_and_saved() -> None:
 
 
 def test_exact_mode_checkpoints_stay_within_what_the_prompt_may_reuse() -> None:
+    # Where prompts diverge (on a block), and at the prompt's own reuse limit (the tail
+    # checkpoint, 8 rows before the end), each a full-size chunk (8) from the other.
     for tokens, expected in (
-        (list(range(36)) + [500] * 64, 32),  # 32 rows from the start, 68 to the end
-        (list(range(40)) + [600] * 5, 32),  # min(40, 45 - 8) rounds down to 32
-        (list(range(30)) + [600] * 20, 0),  # below the first block boundary
+        (list(range(36)) + [500] * 64, [32, 92]),  # 32 rows from the start, 68 to the end
+        (list(range(40)) + [600] * 5, [37]),  # 32 lies within 8 of the tail's 37
+        (list(range(30)) + [600] * 20, [42]),  # below the first block boundary: the tail
     ):
         s = holding_first(exact=True)
         later = seq_of("later", tokens)
         s.add(later)
         s.schedule()
-        assert later.checkpoint == expected, tokens
+        assert later.checkpoints == expected, tokens
 
 
 def test_exact_mode_reuses_no_state_that_holds_decoded_tokens() -> None:
     s = whole(exact=True)
     first = seq_of("first", list(range(100)))
     s.add(first)
-    chunks, _ = s.schedule()
-    first.num_computed += chunks[0].length
+    s.schedule()
+    first.num_computed = first.num_prompt_tokens  # in (exact: the tail checkpoint on the way)
     first.tokens.append(7)
     first.num_computed += 1  # the sampled token decoded: its state is past the prompt
     first.tokens.append(8)

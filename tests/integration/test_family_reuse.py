@@ -198,9 +198,10 @@ async def test_every_warm_reply_equals_the_cold_one_on_gemma3_270m(
 async def test_a_windowed_state_from_the_cache_serves_only_what_it_can(gemma3_270m: Path) -> None:
     """A state of more than 512 tokens saved to the cache keeps only its last 512
     positions' window cells (llama.cpp writes no more): before the fix, exact reuse's
-    64-row recompute from such a restored state attended over missing cells. In exact
-    mode it serves nothing now (a restored window lies in other cells than a cold one:
-    not bit for bit); without exact reuse it serves prompts that extend it."""
+    64-row recompute from such a restored state attended over missing cells. It serves
+    prompts that extend it; in exact mode restored with the window in a cold sequence's
+    cells (engine/window_blob.py, issue 49), from the state saved at the prompt's reuse
+    limit (a repeat) or at its end (the extension by 100)."""
     cache = CacheConfig(block_tokens=32, min_tokens=32, ram_bytes=64 << 20, disk_dir="")
     cold = await start(gemma3_270m, n_seq_max=1, cache=None)
     try:
@@ -218,9 +219,11 @@ async def test_a_windowed_state_from_the_cache_serves_only_what_it_can(gemma3_27
                 reused = [cached for _, cached in results]
                 stats = warm.stats()
                 assert stats is not None and stats.num_refused_drops == 0
-                # Exact: all cold. Otherwise the extension starts from all 700 (a stored
-                # state serves only prompts that extend it: the repeat is cold).
-                assert reused == ([0] * 5 if exact else [0, 0, 0, 0, 700]), (exact, reused)
+                # A stored state serves only prompts that extend it: without exact reuse
+                # the repeat is cold, the extension starts from all 700; exact reuse's
+                # repeat starts from the state saved 64 rows before its end (636).
+                expected = [0, 0, 636, 636, 700] if exact else [0, 0, 0, 0, 700]
+                assert reused == expected, (exact, reused)
             finally:
                 warm.close()
     finally:
@@ -292,10 +295,9 @@ async def _part_of_a_longer_state(warm: Engine, cold: Engine, exact: bool) -> No
                                                     max_tokens=4))  # fmt: skip
     if exact:
         assert got == await cold_reply(world, third)
-    # Exact mode restores the state saved at the prompt's end: a blob, which serves
-    # nothing where the attention layers have a window (lfm2's: slots.window_floor).
-    windowed = warm.info.family is not None and warm.info.family.n_swa > 0
-    expected = (0 if windowed else len(second)) if exact else len(second) + len(results[1][0]) - 1
+    # Exact mode restores the state saved at the prompt's end (a window's, as lfm2's,
+    # laid out in a cold sequence's cells: engine/window_blob.py).
+    expected = len(second) if exact else len(second) + len(results[1][0]) - 1
     assert cached == expected
     stats = warm.stats()
     assert stats is not None and stats.num_refused_drops == 0

@@ -104,6 +104,7 @@ def _server_cache(cache: CacheStats | None, stats: EngineStats | None) -> dict[s
         out["saves_dropped"] = cache.saves_dropped
     if stats is not None:
         out["requests"] = dict(stats.hits)
+        out["requests_cold_why"] = dict(stats.cold_reasons)  # found a prefix, reused none
         out["reused_tokens"] = stats.num_reused_tokens
     return out
 
