@@ -16,7 +16,8 @@ Command R7B's blocks in chat/formats_cohere.py, Gemma 4's calls and thought chan
 in chat/formats_gemma.py, Ministral 3's `[TOOL_CALLS]NAME[ARGS]` calls and `[THINK]`
 blocks in chat/formats_mistral.py, MiniMax-M3's namespaced `<invoke>` elements in
 chat/formats_minimax.py (M2's `<minimax:tool_call>` in chat/formats_minimax2.py),
-gpt-oss's harmony channels in chat/harmony.py; `detect_format` chooses among them all.
+LFM2's Python-style lists in chat/formats_lfm2.py, gpt-oss's harmony channels in
+chat/harmony.py; `detect_format` chooses among them all.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from chat.formats_cohere import detect_cohere
 from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
 from chat.formats_granite import calls_as_content, detect_granite
+from chat.formats_lfm2 import detect_lfm2
 from chat.formats_minimax import detect_minimax
 from chat.formats_minimax2 import detect_minimax2
 from chat.formats_mistral import detect_ministral
@@ -135,6 +137,9 @@ def detect_format(template_source: str) -> CallFormat:
     minimax2 = detect_minimax2(template_source)  # MiniMax-M2's `<minimax:tool_call>`
     if minimax2 is not None:
         return minimax2
+    lfm2 = detect_lfm2(template_source)  # LFM2's Python-style call list
+    if lfm2 is not None:
+        return lfm2
     xml = detect_xml(template_source)
     if xml is not None:
         return xml
