@@ -85,13 +85,15 @@ def start(
     n_ctx: int = 4096,
     cache_dir: str | None = None,
     chat_template: str | None = None,
+    mmproj: str | None = None,
 ) -> tuple[subprocess.Popen, str, str]:
     """Start server `name` with `parallel` slots of `n_ctx` tokens each; kvserve's disk tier
     lives in `cache_dir` when given (else it has none: each run starts cold). A Jinja file
     `chat_template` replaces the model's own template on kvserve and llama-server alike (the
     same prompt on both: a template with tool syntax, where the model's has none). A kvserve name
     may end in `@DIR`: that checkout's code is run (an A/B against another commit, e.g. a
-    `git worktree` of it), on this environment's packages."""
+    `git worktree` of it), on this environment's packages. `mmproj`: a vision projector GGUF
+    both load (kvserve as its model entry's `mmproj`, llama-server with `--mmproj`)."""
     port = free_port()
     name, _, source = name.partition("@")
     model, kvserve_id = bench_model()
@@ -122,6 +124,8 @@ def start(
         ]
         if chat_template:
             cmd += ["--chat-template", chat_template]
+        if mmproj:
+            env["KVSERVE_MODEL_MMPROJ"] = mmproj
         if cache_dir is None:
             cmd.append("--no-disk-cache")  # each run starts cold, not warm from the last's disk
         else:
@@ -173,12 +177,15 @@ def start(
             "-ngl",  # explicit: llama-server's default offloads what fits to a GPU
             str(gpu_layers),
             *(["--jinja", "--chat-template-file", chat_template] if chat_template else []),
+            *(["--mmproj", mmproj] if mmproj else []),
         ]
         model_id = model
     else:
         raise ValueError(name)
     if chat_template and name == "llama_cpp.server":
         raise ValueError("--chat-template: not passed to llama_cpp.server")
+    if mmproj and name == "llama_cpp.server":
+        raise ValueError("mmproj: not passed to llama_cpp.server")
     if source and name not in KVSERVE_VARIANTS:
         raise ValueError(f"{name}@{source}: only kvserve's variants run from another checkout")
     log_name = name + (f"@{Path(source).name}" if source else "")
