@@ -39,6 +39,26 @@ class SampledTurn:
 
     text: str  # the turn's output as sampled (reasoning, content and calls), to its end
     prompt_digest: bytes  # prompt_digest() of the prompt text it was sampled after
+    # The ids sampled for `text` (without the end-of-turn token, which the template
+    # writes); () where unknown. Whether they spell `text` is checked where they are used.
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Splice:
+    """A sampled turn in a replayed prompt: text[start:end] is its text, sampled as
+    `token_ids` (() where unknown: then the text is tokenized)."""
+
+    start: int
+    end: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedPrompt(RenderedPrompt):
+    """A prompt with sampled turns spliced into it, in order of their place in the text."""
+
+    splices: tuple[Splice, ...] = ()
 
 
 # An assistant message with tool_calls -> the sampled turns it may be (newest first).
@@ -93,9 +113,9 @@ def render_replaying(
             break
         if headers is None:
             headers = _headers(render)
-        text, failed = _splice(rendered.text, marks, turns, headers)
+        text, splices, failed = _splice(rendered.text, marks, turns, headers)
         if failed is None:
-            return RenderedPrompt(text, rendered.add_bos)
+            return ReplayedPrompt(text, rendered.add_bos, splices)
         log.debug("tool turn at messages[%d] not replayed: the text before it is not the "
                   "prompt it was sampled after", failed)  # fmt: skip
         turns = {i: found for i, found in turns.items() if i < failed}
@@ -126,16 +146,17 @@ def _splice(
     marks: Mapping[int, str],
     turns: Mapping[int, Sequence[SampledTurn]],
     headers: _Headers,
-) -> tuple[str, int | None]:
+) -> tuple[str, tuple[Splice, ...], int | None]:
     """`text` with each mark (in message order) replaced by the sampled turn whose prompt
     is the text before it, with the template's history header of an assistant turn read
-    as its generation header where they differ; and the first message whose mark found
-    none (None: all did)."""
+    as its generation header where they differ; where they lie; and the first message
+    whose mark found none (None: all did)."""
+    splices: list[Splice] = []
     for i in sorted(marks):
         mark = marks[i]
         at = text.find(mark)
         if at < 0 or text.find(mark, at + 1) >= 0:
-            return text, i  # the template dropped or repeated the content
+            return text, (), i  # the template dropped or repeated the content
         heads = [text[:at]]
         if headers.history != headers.generation and heads[0].endswith(headers.history):
             heads.append(heads[0][: at - len(headers.history)] + headers.generation)
@@ -145,8 +166,9 @@ def _splice(
             match = next((t for t in turns[i] if t.prompt_digest == digest), None)
             if match is not None:
                 found = head + match.text
+                splices.append(Splice(len(head), len(found), match.token_ids))
                 break
         if found is None:
-            return text, i
+            return text, (), i
         text = found + text[at + len(mark) :]
-    return text, None
+    return text, tuple(splices), None

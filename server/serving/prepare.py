@@ -30,10 +30,11 @@ from engine.client import GenerateRequest
 from server.http.deps import Caller, EngineLike
 from server.http.errors import BadRequest
 from server.http.sampling import generate_requests
-from server.serving.drive import TOKENIZE_INLINE_CHARS, tokenize
-from server.serving.media import media_of, tokenize_images
+from server.serving.drive import TOKENIZE_INLINE_CHARS
+from server.serving.media import media_of
 from server.serving.replay import Recorder, Replay
 from server.serving.request_sampling import RequestSampling
+from server.serving.spliced import prompt_ids
 from server.serving.state import Choice, ChoiceState, Step
 from server.serving.thinking import thinking_spec, with_thinking
 
@@ -100,19 +101,16 @@ async def prompt_tokens(
     """The plan's prompt tokens (`add_special`: None, as the template says)."""
     rendered = plan.prompt
     special = rendered.add_bos if add_special is None else add_special
-    if plan.media:  # decoding the images blocks: a worker thread
-        return await asyncio.to_thread(
-            tokenize_images, engine, rendered.text, plan.media, add_special=special
-        )
-    return await tokenize(engine, rendered.text, add_special=special, parse_special=True)
+    if plan.media or len(rendered.text) > TOKENIZE_INLINE_CHARS:  # blocking: a worker thread
+        return await asyncio.to_thread(prompt_ids, engine, rendered, plan.media,
+                                       add_special=special)  # fmt: skip
+    return prompt_ids(engine, rendered, plan.media, add_special=special)
 
 
 def plan_tokens(engine: EngineLike, plan: ChatPlan) -> list[int]:
-    """The plan's prompt tokens, its images' positions included (blocking)."""
-    rendered = plan.prompt
-    if plan.media:
-        return tokenize_images(engine, rendered.text, plan.media, add_special=rendered.add_bos)
-    return engine.tokenize(rendered.text, add_special=rendered.add_bos, parse_special=True)
+    """The plan's prompt tokens, its images' positions and its replayed turns' sampled
+    ids included (blocking; server/serving/spliced.py)."""
+    return prompt_ids(engine, plan.prompt, plan.media, add_special=plan.prompt.add_bos)
 
 
 async def prepare_chat(

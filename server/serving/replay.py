@@ -1,7 +1,8 @@
 """The memory of sampled tool turns, so that a turn sent back renders as it was sampled.
 
-When a turn with tool calls finishes, its exact output text is kept with the calls'
-ids, names and parsed arguments and a digest of the prompt it followed (one memory per
+When a turn with tool calls finishes, its exact output text and the token ids sampled
+for it are kept with the calls' ids, names and parsed arguments and a digest of the
+prompt it followed (one memory per
 model, a byte-bounded LRU: `[replay] max_bytes`). When a later request's messages carry
 an assistant turn whose calls are all known (the same ids in the same order, names and
 arguments equal as parsed JSON) and whose content is the one sampled, chat/replay.py
@@ -33,6 +34,7 @@ from server.serving.state import ChoiceState, ParsedCall
 
 Key = tuple[Any, ...]
 _ENTRY_OVERHEAD = 256  # bytes an entry costs beside its strings (objects, the key)
+_BYTES_PER_ID = 36  # a sampled id in a tuple: its pointer and (past 256) its int object
 _PER_SIGNATURE = 4  # turns kept under one Ollama key (names and arguments alike)
 
 
@@ -137,8 +139,16 @@ class Replay:
             if e.content == content and _same_calls(e.calls, calls, self.by_calls)
         ]
 
-    def record(self, prompt_text: str, text: str, content: str, calls: list[ParsedCall]) -> None:
-        """Keep a finished turn's output (`text`, whole) and what it parsed to."""
+    def record(
+        self,
+        prompt_text: str,
+        text: str,
+        content: str,
+        calls: list[ParsedCall],
+        token_ids: tuple[int, ...] = (),
+    ) -> None:
+        """Keep a finished turn's output (`text`, whole; `token_ids`, the ids sampled,
+        its end-of-turn token included) and what it parsed to."""
         try:
             parsed = tuple(
                 _Call(self.id_of(c.call_id), c.name, _canonical(c.arguments))
@@ -147,8 +157,9 @@ class Replay:
         except ValueError:
             return  # not JSON: no client sends such a call back as it was
         strings = [text, content, *(c.call_id + c.name + c.arguments for c in parsed)]
-        size = _ENTRY_OVERHEAD + sum(_bytes(t) for t in strings)
-        entry = _Entry(SampledTurn(text, prompt_digest(prompt_text)), _text(content), parsed, size)
+        size = _ENTRY_OVERHEAD + sum(_bytes(t) for t in strings) + _BYTES_PER_ID * len(token_ids)
+        turn = SampledTurn(text, prompt_digest(prompt_text), token_ids)
+        entry = _Entry(turn, _text(content), parsed, size)
         self.memory.put(self._key(parsed), entry, _PER_SIGNATURE if self.by_calls else 1)
 
     def _key(self, calls: tuple[_Call, ...]) -> Key:
@@ -221,4 +232,5 @@ class Recorder:
         ended = state.total.finish_reason is FinishReason.STOP
         if calls and ended and not state.parser.num_truncated:
             text = "".join(state.sampled)
-            self.replay.record(self.prompt_text, text, state.output.content, calls)
+            ids = tuple(state.sampled_ids)
+            self.replay.record(self.prompt_text, text, state.output.content, calls, ids)

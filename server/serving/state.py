@@ -75,7 +75,7 @@ class ChoiceState:
     """A chat choice being streamed (or parsed whole): its parser, its totals (the
     prompt's split as soon as the engine knows it, the rest with the finish), the
     logprob text offset (for completions' legacy logprobs), and everything it produced:
-    the text as sampled and the parsed output. `on_finish` sees the state once the
+    the text (and ids) as sampled and the parsed output. `on_finish` sees the state once the
     choice has finished (server/serving/replay.py records tool turns there)."""
 
     index: int
@@ -84,11 +84,13 @@ class ChoiceState:
     offset: int = 0
     on_finish: Callable[[ChoiceState], None] | None = None
     sampled: list[str] = field(default_factory=list)
+    sampled_ids: list[int] = field(default_factory=list)  # the ids behind `sampled`
     output: ParsedOutput = field(default_factory=lambda: ParsedOutput())
 
     def advance(self, inc: Choice) -> Step:
         text = "".join(inc.text)
         self.sampled.append(text)
+        self.sampled_ids.extend(inc.token_ids)
         pieces = self.parser.feed(text)
         if inc.num_prompt_tokens and inc.finish_reason is None:  # known before the finish
             self.total.num_prompt_tokens = inc.num_prompt_tokens
