@@ -86,6 +86,15 @@ class TurnAdapter(Protocol):
     def adapt_prompt(self, text: str, generation: bool) -> str: ...
 
 
+@runtime_checkable
+class PromptBound(Protocol):
+    """A format whose grammar depends on the prompt the answer follows, as llama.cpp's
+    handler for it builds it per request (DeepSeek V3.1: whether the prompt closed the
+    thinking; Kimi K2: the index of the next call; chat/formats_sections.py)."""
+
+    def for_prompt(self, prompt: str) -> CallFormat: ...
+
+
 class MemoizedGrammar(ABC):
     """A format's `grammar`, built by its `build` from what the grammar depends on and
     memoized by it (bounded by bytes): agents resend the same tools every turn."""

@@ -19,28 +19,38 @@ kvserve issues its own unique ids (the templates recompute IDX from the conversa
 
 In `required` / named mode the grammar lets thinking come first (the DeepSeek templates
 open `<think>` in the prompt when thinking is on; Kimi writes it itself), so a forced
-call does not land inside the reasoning.
+call does not land inside the reasoning. The grammar reads the prompt it follows
+(`for_prompt`, a PromptBound format): where DeepSeek V3.1's prompt closed the thinking
+(`<｜Assistant｜><think></think>`, thinking off) a thinking block must open with a
+literal `<think>`, as llama.cpp's grammar has it (text up to `</think>` would let a model
+write prose until max_tokens); and Kimi's call index is the conversation's next one, as
+its template counts the calls (the first call of a turn: exact; parallel calls after it
+any number, which GBNF cannot count).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from chat.callformat import (
     CallParser,
     GrammarSpec,
     MemoizedGrammar,
+    document_key,
     json_arguments,
     keyed_tools,
     lazy_at,
+    memo_grammar,
     thinking_block,
     thinking_then,
+    tools_key,
 )
 from chat.callstream import BufferedParser, Delta, JsonNesting
 from chat.gbnf import RuleSet, literal
-from chat.tools import Tool
+from chat.tools import Tool, ToolChoice
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -60,6 +70,26 @@ class SectionFormat(MemoizedGrammar):
     lazy_from_call: bool = False  # the lazy grammar starts at a call, not at the section
     owns_reasoning: bool = False  # calls may come from inside `<think>`: split here
     native: bool = True
+    # Set by `for_prompt`: the index the turn's first call gets (None: any), and whether
+    # a prompt-opened thinking was closed by the prompt (then only `<think>` opens one).
+    first_index: int | None = None
+    think_closed: bool = False
+
+    def for_prompt(self, prompt: str) -> SectionFormat:
+        """This format's grammar for a turn that follows `prompt`."""
+        closed = not self.think_open and not prompt.rstrip().endswith(THINK_OPEN)
+        index = prompt.count(self.call_open) if "{index}" in self.head else None
+        return replace(self, first_index=index, think_closed=closed)
+
+    def grammar(
+        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
+    ) -> GrammarSpec:
+        key, doc = tools_key(tools), document_key(document, choice)
+        prompt = f"{self.first_index}|{self.think_closed}"
+        return memo_grammar(
+            f"{self.name}|{prompt}|{choice.mode}|{parallel}|{key}|{doc}",
+            lambda: self.build(key, choice.mode, parallel, doc),
+        )
 
     def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return _grammar(self, key, mode, parallel, doc_key)
@@ -109,16 +139,25 @@ def detect_sections(source: str) -> SectionFormat | None:
 
 def _grammar(fmt: SectionFormat, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     rules = RuleSet()
-    alternatives = []
-    for i, tool in enumerate(keyed_tools(key)):
-        args = json_arguments(rules, i, tool)
-        head = " [0-9]{1,4} ".join(
-            literal(part) for part in (fmt.call_open + fmt.head.replace("{name}", tool.name)).split(
-                "{index}"))  # fmt: skip
-        alternatives.append(rules.add(f"call-{i}", f"{head} {args} {literal(fmt.call_close)}"))
-    call = rules.add("call", " | ".join(alternatives))
+    tools = keyed_tools(key)
+    args = [json_arguments(rules, i, tool) for i, tool in enumerate(tools)]
+
+    def call_rule(name: str, index: str) -> str:
+        alternatives = []
+        for i, tool in enumerate(tools):
+            head = f" {index} ".join(
+                literal(part) for part in (fmt.call_open + fmt.head.replace("{name}", tool.name)
+                                           ).split("{index}"))  # fmt: skip
+            body = f"{head} {args[i]} {literal(fmt.call_close)}"
+            alternatives.append(rules.add(f"{name}-{i}", body))
+        return rules.add(name, " | ".join(alternatives))
+
+    any_call = call_rule("call", "[0-9]{1,4}")
+    first = any_call
+    if fmt.first_index is not None:
+        first = call_rule("first-call", literal(str(fmt.first_index)))
     sep = f"{literal(fmt.separator)} " if fmt.separator else ""
-    calls = f"{call} ({sep}{call})*" if parallel else call
+    calls = f"{first} ({sep}{any_call})*" if parallel else first
     close = literal(fmt.section_close)
     lazy = mode == "auto" and not doc_key
     if lazy and fmt.lazy_from_call:  # the section's opening (if any) was free text
@@ -130,8 +169,8 @@ def _grammar(fmt: SectionFormat, key: str, mode: str, parallel: bool, doc_key: s
         section = rules.add("section", f"{section_open} {calls} {close}")
     if lazy:
         return lazy_at(rules.text(section), fmt.trigger)
-    opening = literal(fmt.think_open) if fmt.think_open else ""
-    think = thinking_block(rules, THINK_CLOSE, opening)
+    think_open = THINK_OPEN if fmt.think_closed else fmt.think_open
+    think = thinking_block(rules, THINK_CLOSE, literal(think_open) if think_open else "")
     return thinking_then(rules, think, section, doc_key)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from chat.callformat import CallFormat, CallParser, TurnAdapter
+from chat.callformat import CallFormat, CallParser, PromptBound, TurnAdapter
 from chat.callstream import Delta
 from chat.content import with_media_markers
 from chat.formats import GrammarSpec, detect_format, generic_history, tool_system_prompt
@@ -250,8 +250,9 @@ def _plan_chat(
     prompt_text = render({}) if replay is None else render_replaying(render, messages, replay)
     grammar = None
     if offered:
-        grammar = fmt.grammar(offered, opts.tool_choice, opts.parallel_tool_calls,
-                              _document(opts))  # fmt: skip
+        calls = fmt.for_prompt(prompt_text.text) if isinstance(fmt, PromptBound) else fmt
+        grammar = calls.grammar(offered, opts.tool_choice, opts.parallel_tool_calls,
+                                _document(opts))  # fmt: skip
     elif opts.response_format == "json_object":
         grammar = GrammarSpec(json_object_gbnf())
     elif opts.response_format == "json_schema":

@@ -213,3 +213,21 @@ def test_thinking_switch_opens_the_reasoning_in_the_prompt() -> None:
     # `enable_thinking` (what reasoning_effort sets) reaches the template's `thinking`
     effort = plan_chat(template(V31), USER, ChatOptions(template_kwargs={"enable_thinking": True}))
     assert effort.reasoning_inside
+
+
+def test_a_prompt_that_closed_the_thinking_admits_only_a_literal_think_block() -> None:
+    # V3.1 with thinking off ends its prompt `<think></think>`: text up to `</think>`
+    # would let a model write prose until max_tokens (seen on SmolLM2); llama.cpp's
+    # grammar only takes a block that opens with `<think>`
+    call = BEGIN + v31("get_time", '{"city": "Paris"}') + END
+    off = plan_chat(template(V31), USER, ChatOptions(tools=(T.get_time_tool,),
+                                                     tool_choice=ToolChoice("required")))  # fmt: skip
+    assert off.prompt.text.endswith("<think></think>") and off.grammar is not None
+    assert accepts(off.grammar.gbnf, call)
+    assert accepts(off.grammar.gbnf, "<think>x</think>" + call)
+    assert not accepts(off.grammar.gbnf, "The weather is</think>" + call)
+    on = plan_chat(template(V31), USER, ChatOptions(tools=(T.get_time_tool,),
+                                                    tool_choice=ToolChoice("required"),
+                                                    template_kwargs={"thinking": True}))  # fmt: skip
+    assert on.prompt.text.endswith("<think>") and on.grammar is not None
+    assert accepts(on.grammar.gbnf, "The weather is</think>" + call)  # inside it: text

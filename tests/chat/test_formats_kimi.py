@@ -177,3 +177,24 @@ def test_past_calls_render_with_the_templates_ids_and_the_grammar_accepts_them(n
     # the template numbers the calls itself
     text = assert_renders(name, messages, tuple(TWO), rendered, KIMI_K2, EOS)
     assert "## Return of functions.python:1" in text
+
+
+def test_the_grammar_forces_the_conversations_next_call_index() -> None:
+    # the template numbers every call of the conversation (0, 1, ...): the next one is
+    # the count of calls the prompt holds; a parallel call after it may take any index
+    def plan(messages: list[dict[str, object]]) -> str:
+        opts = ChatOptions(tools=(T.special_function_tool, T.python_tool),
+                           tool_choice=ToolChoice("required"))  # fmt: skip
+        grammar = plan_chat(template("Kimi-K2-Instruct.jinja"), messages, opts).grammar
+        assert grammar is not None
+        return grammar.gbnf
+
+    first = plan(USER)
+    assert accepts(first, OPEN + call("python", 0, PYTHON) + CLOSE)
+    assert not accepts(first, OPEN + call("python", 1234, PYTHON) + CLOSE)
+    assert accepts(first, OPEN + call("python", 0, PYTHON) + call("python", 7, PYTHON) + CLOSE)
+    history = past_calls([("special_function", '{"arg1": 1}', "ok"), ("python", PYTHON, "hey")],
+                         ids=("call_a", "call_b"))  # fmt: skip
+    third = plan([*history, {"role": "user", "content": "again"}])
+    assert accepts(third, OPEN + call("python", 2, PYTHON) + CLOSE)
+    assert not accepts(third, OPEN + call("python", 0, PYTHON) + CLOSE)
