@@ -15,6 +15,11 @@ sampled under the grammar renders back to the same text when the client sends it
 the required ones present; strings, numbers, booleans, enums and arrays typed. A schema
 part it cannot type (a $ref cycle, a pattern, `additionalProperties` beside properties)
 admits any Gemma value there.
+
+A string holds no `<|` (the start of the closing `<|"|>` and of every Gemma marker: a
+value that comes close to one, as SmolLM2's `<|"|",properties:...`, is the model
+running on past the value, not a value), and its length is the schema's minLength and
+maxLength (within chat.gbnf's `bounds`, as the JSON converter's), counted in characters.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ import json
 from typing import Any
 
 from chat.callformat import excluding
-from chat.gbnf import RuleSet, literal
+from chat.gbnf import RuleSet, bounds, literal
 
 QUOTE = '<|"|>'
+_MARKER = "<|"  # what no string value holds (see the module doc)
 _SCALARS = {"integer": "integer", "number": "number", "boolean": "boolean", "null": "null"}
 
 
@@ -38,6 +44,7 @@ class GemmaValues:
         self.prefix = ""
         self._refs: set[str] = set()
         self._any: tuple[str, str] | None = None  # (value, dict) rules, once written
+        self._strings: dict[tuple[int, int | None], str] = {}  # (low, high) -> its rule
 
     def arguments(self, schema: Any, prefix: str) -> str:
         """A rule for a call's arguments (a dict), of the parameters `schema`; `prefix`
@@ -79,14 +86,52 @@ class GemmaValues:
         if kind == "array":
             return self._array(schema, name)
         if kind == "string":
-            return self.string()
+            return self.string(schema)
         if kind in _SCALARS:
             return self.rules.primitive(_SCALARS[kind])
         return self.any_value()
 
-    def string(self) -> str:
-        text = excluding(self.rules, "gemma-text", QUOTE)
-        return self.rules.add("gemma-string", f"{literal(QUOTE)} {text} {literal(QUOTE)}")
+    def string(self, schema: Any = None) -> str:
+        """A string value: its text between quotes (`schema`: its length bounds)."""
+        low, high = 0, None
+        if isinstance(schema, dict):
+            low = int(schema.get("minLength", 0))
+            high = int(schema["maxLength"]) if schema.get("maxLength") is not None else None
+        low, high = bounds(low, high, self.rules.spent)
+        if (low, high) not in self._strings:
+            self.rules.spent += max(low, high or 0)
+            if high is None and low == 0:
+                text = excluding(self.rules, "gemma-text", _MARKER)
+            else:
+                text = self._bounded_text(low, high)
+            body = f"{literal(QUOTE)} {text} {literal(QUOTE)}"
+            self._strings[low, high] = self.rules.add("gemma-string", body)
+        return self._strings[low, high]
+
+    def _bounded_text(self, low: int, high: int | None) -> str:
+        """Text of low..high characters without `<|` (high None: at least low): the
+        two states of `excluding`'s automaton for it (the last character is `<` or not)
+        times the characters written so far (after `low` of them unbounded, where high
+        is None), so the count is in characters."""
+        low = low if high is None else min(low, high)  # a schema that no string meets
+        top = low if high is None else high
+        plain = [self.rules.reserve(f"gemma-text-{low}-{high}-p{i}") for i in range(top + 1)]
+        after = [self.rules.reserve(f"gemma-text-{low}-{high}-q{i}") for i in range(top + 1)]
+        tail = excluding(self.rules, "gemma-text", _MARKER) if high is None else ""
+        for i in range(top + 1):
+            if i < top:
+                end = ['""'] if i >= low else []
+                self.rules.define(plain[i], " | ".join([*end, f"[^<] {plain[i + 1]}",
+                                                        f'"<" {after[i + 1]}']))  # fmt: skip
+                self.rules.define(after[i], " | ".join([*end, f"[^<|] {plain[i + 1]}",
+                                                        f'"<" {after[i + 1]}']))  # fmt: skip
+            elif tail:  # low written, then any more: `excluding`'s rule, from its state
+                self.rules.define(plain[i], tail)
+                self.rules.define(after[i], f'"" | [^<|] {tail} | "<" {after[i]}')
+            else:
+                self.rules.define(plain[i], '""')
+                self.rules.define(after[i], '""')
+        return plain[0]
 
     def any_value(self) -> str:
         """Any Gemma value (llama.cpp's `gemma4-value`)."""

@@ -163,6 +163,26 @@ def test_typed_values_nested() -> None:
     assert not accepts(spec.gbnf, call("f", "a:[],b:1.5"))  # not an integer
 
 
+def test_a_string_keeps_its_schemas_length_and_holds_no_marker() -> None:
+    # SmolLM2 under the unbounded grammar wrote city as 58 characters running into
+    # `<|"|",properties:...`: the length is the schema's, and no value holds `<|`
+    schema = {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "minLength": 2, "maxLength": 5},
+        "note": {"type": "string"}}}  # fmt: skip
+    spec = GEMMA4.grammar([Tool("f", "", schema)], ToolChoice("required"), parallel=False)
+    for city in ("ab", "Paris", "a<b", "<<x", "ab<", "a|b"):
+        assert accepts(spec.gbnf, call("f", "city:" + q(city))), city
+    for city in ("a", "Parisx", "a<|b", '<|"|'):
+        assert not accepts(spec.gbnf, call("f", "city:" + q(city))), city
+    assert accepts(spec.gbnf, call("f", "city:" + q("ab") + ",note:" + q("x" * 300 + "<a<")))
+    assert not accepts(spec.gbnf, call("f", "city:" + q("ab") + ",note:" + q('x<|"|,y')))
+    at_least = GEMMA4.grammar([Tool("g", "", {"type": "object", "required": ["s"], "properties": {
+        "s": {"type": "string", "minLength": 3}}})], ToolChoice("required"), parallel=False)  # fmt: skip
+    assert accepts(at_least.gbnf, call("g", "s:" + q("abc" + "d<" * 40)))
+    assert not accepts(at_least.gbnf, call("g", "s:" + q("ab")))
+    assert not accepts(at_least.gbnf, call("g", "s:" + q("abc<|d")))
+
+
 def test_lazy_grammar_and_parallel_off() -> None:
     spec = GEMMA4.grammar(TWO, ToolChoice("auto"), parallel=False)
     assert spec.lazy and spec.trigger_words == ("<|tool_call>",)
