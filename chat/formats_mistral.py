@@ -1,5 +1,6 @@
 """Ministral 3 / Magistral / Devstral: one `[TOOL_CALLS]` per call, its arguments after
-`[ARGS]`, thinking between `[THINK]` and `[/THINK]` at the start of the answer.
+`[ARGS]`, thinking between `[THINK]` and `[/THINK]` at the start of the answer; and
+Mistral Small 3.2, which writes `[CALL_ID]` and a 9-character id before `[ARGS]`.
 
     [THINK]plan[/THINK]Sure.[TOOL_CALLS]get_time[ARGS]{"city": "Paris"}[TOOL_CALLS]..
 
@@ -8,6 +9,8 @@ Devstral cases): the template that names `[SYSTEM_PROMPT]`, `[TOOL_CALLS]` and `
 but no `[CALL_ID]` (Mistral Small 3.2 writes an id between the name and `[ARGS]`). A
 thinking block only at the start is reasoning (a `[TOOL_CALLS]` inside it stays
 reasoning); then content up to the first `[TOOL_CALLS]`, then calls, one after another.
+Mistral Small 3.2 (test-chat.cpp's case, its autoparser): the id the model samples is the
+call's id (its template refuses a call sent back without a 9-character one).
 The parser splits the thinking itself (owns_reasoning); with `reasoning_format: "none"`
 the block stays in the content, as llama.cpp leaves it.
 
@@ -38,17 +41,18 @@ from chat.gbnf import RuleSet, literal
 from chat.tools import Tool
 
 THINK_OPEN, THINK_CLOSE = "[THINK]", "[/THINK]"
-CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
+CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 
 
 @dataclass(frozen=True, slots=True)
 class MinistralFormat(MemoizedGrammar):
     name: str = "ministral-3"
+    call_id: bool = False  # Mistral Small 3.2: `[CALL_ID]` and 9 alphanumerics before `[ARGS]`
     native: bool = True
     owns_reasoning: bool = True
 
     def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
+        return _grammar(key, mode, parallel, doc_key, self.call_id)
 
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
         return MinistralParser(calls=bool(tools), reasoning=reasoning)
@@ -63,12 +67,17 @@ class MinistralFormat(MemoizedGrammar):
 
 
 MINISTRAL3 = MinistralFormat()
+MISTRAL_SMALL = MinistralFormat("mistral-small-3.2", call_id=True)
 
 
 def detect_ministral(source: str) -> MinistralFormat | None:
-    """llama.cpp's rule (common/chat.cpp, checked before every other family)."""
-    named = all(word in source for word in ("[SYSTEM_PROMPT]", CALLS, ARGS))
-    return MINISTRAL3 if named and "[CALL_ID]" not in source else None
+    """llama.cpp's rule for Ministral 3 (common/chat.cpp, checked before every other
+    family); Mistral Small 3.2 names `[CALL_ID]` too (llama.cpp's autoparser reads it)."""
+    if not all(word in source for word in (CALLS, ARGS)):
+        return None
+    if CALL_ID in source:
+        return MISTRAL_SMALL
+    return MINISTRAL3 if "[SYSTEM_PROMPT]" in source else None
 
 
 def _with_thinking(message: dict[str, Any]) -> dict[str, Any]:
@@ -84,12 +93,15 @@ def _with_thinking(message: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "content": blocks}
 
 
-def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+def _grammar(key: str, mode: str, parallel: bool, doc_key: str, call_id: bool) -> GrammarSpec:
     rules = RuleSet()
     alternatives = []
+    # the id the template demands of a call sent back (9 alphanumerics), sampled
+    ident = f"{literal(CALL_ID)} [a-zA-Z0-9]{{9}} " if call_id else ""
     for i, tool in enumerate(keyed_tools(key)):
         args = json_arguments(rules, i, tool)
-        alternatives.append(rules.add(f"call-{i}", f"{literal(tool.name + ARGS)} {args}"))
+        head = f"{literal(tool.name)} {ident}{literal(ARGS)}"
+        alternatives.append(rules.add(f"call-{i}", f"{head} {args}"))
     call = rules.add("call", f"{literal(CALLS)} ({' | '.join(alternatives)})")
     calls = f"{call}+" if parallel else call
     if mode == "auto" and not doc_key:
@@ -110,6 +122,7 @@ class MinistralParser(BufferedParser):
         self._calls = calls
         self._state = "start" if reasoning else "text"
         self._name = ""
+        self._id = ""  # Mistral Small 3.2's sampled call id: the call's own
         self._json = JsonNesting()
 
     def _step(self, out: list[Delta]) -> bool:
@@ -138,12 +151,15 @@ class MinistralParser(BufferedParser):
             if word is None:
                 return False
             self._state = "name"
-        elif state == "name":
-            text, word = self._until((ARGS,))
-            self._name += text
+        elif state in ("name", "id"):
+            text, word = self._until((ARGS, CALL_ID))
+            if state == "name":
+                self._name += text
+            else:
+                self._id += text
             if word is None:
                 return False
-            self._state = "open"
+            self._state = "id" if word == CALL_ID else "open"
         elif state == "open":
             return self._open(out)
         elif state == "args":
@@ -164,10 +180,15 @@ class MinistralParser(BufferedParser):
         if not self._buf:
             return False
         if not self._buf.startswith("{"):
-            out.append(Delta("content", CALLS + self._name + ARGS))
-            self._name, self._state = "", "text"
+            ident = CALL_ID + self._id if self._id else ""
+            out.append(Delta("content", CALLS + self._name + ident + ARGS))
+            self._name, self._id, self._state = "", "", "text"
             return True
-        self._start_call(self._name.strip(), out)
+        ident = self._id.strip()
+        if ident:  # the id the model sampled, which the template writes back
+            out.append(Delta("start", self._name.strip(), self.num_calls, ident))
+        else:
+            self._start_call(self._name.strip(), out)
         self._json, self._state = JsonNesting(), "args"
         return True
 
@@ -178,7 +199,7 @@ class MinistralParser(BufferedParser):
                 out.append(Delta("args", self._buf[: i + 1], self.num_calls))
                 self._buf = self._buf[i + 1 :]
                 self.num_calls += 1
-                self._name, self._state = "", "between"
+                self._name, self._id, self._state = "", "", "between"
                 return True
         out.append(Delta("args", self._buf, self.num_calls))
         self._buf = ""
@@ -190,8 +211,9 @@ class MinistralParser(BufferedParser):
             out.append(Delta("content", self._buf))
         elif self._state == "think" and self._buf:
             out.append(Delta("reasoning", self._buf))
-        elif self._state in ("name", "open") and (self._name + self._buf).strip():
+        elif self._state in ("name", "id", "open") and (self._name + self._buf).strip():
             # cut off before its arguments: started, never complete (counted truncated)
-            self._start_call((self._name + self._buf).partition(ARGS)[0].strip(), out)
+            name = self._name if self._state != "name" else self._name + self._buf
+            self._start_call(name.partition(ARGS)[0].partition(CALL_ID)[0].strip(), out)
         self._buf = ""
         return out

@@ -36,7 +36,7 @@ EXPECTED = {
     "MiniMax-M1.jinja": "generic",
     "MiniMax-M2.jinja": "minimax-m2",
     "MiniMax-M3.jinja": "minimax-m3",
-    "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral",
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral-small-3.2",
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "qwen3-xml",
     "NVIDIA-Nemotron-Nano-v2.jinja": "generic",
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": "hermes",

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from chat.formats_mistral import MINISTRAL3
+from chat.formats_mistral import MINISTRAL3, MISTRAL_SMALL
 from chat.plan import ChatOptions, plan_chat
 from chat.reasoning import MINISTRAL_THINKING, thinking_syntax
 from chat.replay import SampledTurn, prompt_digest
@@ -144,9 +144,9 @@ def test_calls_or_a_document() -> None:
 
 def test_detection_and_thinking_syntax() -> None:
     """llama.cpp sends both templates to its Ministral 3 handler; Mistral Small 3.2 (an id
-    between the name and [ARGS]) and Nemo (a JSON list) are not this family."""
+    between the name and [ARGS]) is its neighbour and Nemo (a JSON list) is not."""
     assert detected(M3) is MINISTRAL3 and detected(DEVSTRAL) is MINISTRAL3
-    assert detected("Mistral-Small-3.2-24B-Instruct-2506.jinja") is not MINISTRAL3
+    assert detected("Mistral-Small-3.2-24B-Instruct-2506.jinja") is MISTRAL_SMALL
     assert detected("mistralai-Mistral-Nemo-Instruct-2407.jinja") is not MINISTRAL3
     assert thinking_syntax((TEMPLATES / M3).read_text()) is MINISTRAL_THINKING
     assert thinking_syntax((TEMPLATES / DEVSTRAL).read_text()) is None
@@ -182,3 +182,55 @@ def test_a_sampled_call_replays(name: str) -> None:
     history = [*USER, *past_calls([("special_function", '{"arg1": 1}', "ok")])[1:]]
     second = plan_chat(template(name, eos="</s>"), history, opts, lambda m: [turn]).prompt.text
     assert second.startswith(first + sampled + "</s>[TOOL_RESULTS]ok[/TOOL_RESULTS]")
+
+
+SMALL = "Mistral-Small-3.2-24B-Instruct-2506.jinja"
+ID_CALL = '[TOOL_CALLS]special_function[CALL_ID]123456789[ARGS]{"arg1": 1}'
+SMALL_CASES = [case(*c) for c in [
+    ("Mistral Small 3.2: content", SMALL, [], HELLO, "", HELLO, []),
+    ("Mistral Small 3.2: a call", SMALL, [T.special_function_tool], ID_CALL, "", "", SPECIAL),
+    ("Mistral Small 3.2: parallel calls", SMALL, TWO,
+     '[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}'
+     '[TOOL_CALLS]special_function_with_opt[CALL_ID]000000002[ARGS]{"arg1": 1, "arg2": 2}',
+     "", "", BOTH),
+]]  # fmt: skip
+
+
+@each_case(SMALL_CASES, steps=(1, 4, 100_000))
+def test_mistral_small_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
+    case.check(step)
+
+
+def test_mistral_small_calls_keep_their_sampled_ids() -> None:
+    """llama.cpp reports the sampled id; the template demands it back (9 characters)."""
+    from tests.chat.parse_run import deltas
+
+    opts = ChatOptions(tools=tuple(TWO))
+    parser = plan_chat(template(SMALL), USER, opts).parser()
+    starts = [d for d in deltas(parser, ID_CALL + OPT_CALL.replace("[ARGS]", "[CALL_ID]abcDEF123[ARGS]"), 3)
+              if d.kind == "start"]  # fmt: skip
+    assert [(d.text, d.call_id) for d in starts] == [
+        ("special_function", "123456789"), ("special_function_with_opt", "abcDEF123")]  # fmt: skip
+
+
+def test_mistral_small_grammar_and_render() -> None:
+    assert detected(SMALL) is MISTRAL_SMALL
+    spec = MISTRAL_SMALL.grammar(TWO, ToolChoice("required"), parallel=True)
+    assert accepts(spec.gbnf, ID_CALL)
+    assert not accepts(spec.gbnf, SPECIAL_CALL)  # no id
+    assert not accepts(spec.gbnf, ID_CALL.replace("123456789", "12345"))  # not 9 characters
+    messages = past_calls([("special_function", '{"arg1": 1}', "ok")], ids=("123456789",))
+    assert_renders(SMALL, messages, tuple(TWO), ID_CALL, MISTRAL_SMALL, eos="</s>")
+
+
+def test_mistral_small_sampled_call_replays() -> None:
+    """The call sent back with its sampled id renders as sampled, its results after it."""
+    opts = ChatOptions(tools=(T.special_function_tool,))
+    first = plan_chat(template(SMALL, eos="</s>"), USER, opts).prompt.text
+    sampled = '[TOOL_CALLS]special_function[CALL_ID]123456789[ARGS]{"arg1":1}'
+    turn = SampledTurn(sampled, prompt_digest(first))
+    history = [*USER, *past_calls([("special_function", '{"arg1": 1}', "ok")],
+                                  ids=("123456789",))[1:]]  # fmt: skip
+    second = plan_chat(template(SMALL, eos="</s>"), history, opts, lambda m: [turn]).prompt.text
+    assert second.startswith(first + sampled + "</s>")
+    assert "ok" in second[len(first + sampled) :]
