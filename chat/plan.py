@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from chat.call_ids import demands_nine, with_nine
 from chat.callformat import CallFormat, CallParser, PromptBound, TurnAdapter
 from chat.callstream import Delta
 from chat.content import with_media_markers
@@ -230,6 +231,8 @@ def _plan_chat(
         generation: bool = opts.add_generation_prompt,
     ) -> RenderedPrompt:
         rendered_messages = _history(conversation, fmt, marks)
+        if demands_nine(template.source):
+            rendered_messages = with_nine(rendered_messages)
         if isinstance(fmt, TurnAdapter):
             rendered_messages = fmt.adapt_messages(template.source, rendered_messages)
         if system_prompt is not None:
