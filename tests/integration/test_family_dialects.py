@@ -55,21 +55,15 @@ class Family:
     reuse_fails: str = ""
 
 
-# The call's text is tokenized again in turn 2's prompt, and where that differs from the
-# tokens the model sampled the reuse ends (the replay keeps the text, not the ids):
-JOINT = (
-    "the generation prompt ends in '>' as text and the call starts with '<': turn 2 "
-    "tokenizes them as one '><' token, so the reuse ends at turn 1's last prompt token"
-)
 NO_CALL = "no call comes back to send back (test_a_forced_call_comes_back...: its reason)"
 HERMES_CALL = (
     r'<tool_call>\s*\{\s*"name"\s*:\s*"get_weather"\s*,\s*"arguments"\s*:\s*'
     rf"{CITY}\s*\}}\s*</tool_call>"
 )
 FAMILIES = {
-    "qwen3": Family("Qwen-Qwen3-0.6B", HERMES_CALL, reuse_fails=(
-        "the grammar let the model spell get_weather as 'g' 'et' '_' 'weather'; turn 2 "
-        "tokenizes the text as 'get' '_' 'weather': the reuse ends 10 tokens into the call")),
+    # the grammar lets the model spell get_weather as 'g' 'et' '_' 'weather', which the
+    # text tokenizes as 'get' '_' 'weather': the replay splices the ids sampled
+    "qwen3": Family("Qwen-Qwen3-0.6B", HERMES_CALL),
     "qwen3-coder": Family("Qwen3-Coder", r"<tool_call>\s*<function=get_weather>\s*"
                           r"<parameter=city>\s*[^<]*</parameter>\s*</function>\s*</tool_call>\s*"),
     # analysis or commentary messages may come first (llama.cpp's grammar allows them),
@@ -83,14 +77,14 @@ FAMILIES = {
         "the required grammar admits any number of commentary preambles before the call "
         "(as llama.cpp's parsers/gpt-oss.cpp: zero_or_more(start + any) + start + tool_call); "
         "SmolLM2 writes '<|channel|>commentary<|message|>What is the weather in Paris?' then "
-        "'}\\n\\n' until max_tokens, never '<|end|>'"), reuse_fails=NO_CALL),
+        "'}\\n\\n' until max_tokens, never '<|end|>': it loops inside its first preamble, "
+        "so at most one preamble would not help, and bounding a preamble's length goes past "
+        "llama.cpp's grammar and would cut a real gpt-oss's preambles"), reuse_fails=NO_CALL),
+    # thinking is off (the prompt ends '<think></think>'): a block may still come first
+    # if it opens with a literal '<think>' (llama.cpp's grammar); SmolLM2 writes one
     "deepseek-v3.1": Family("deepseek-ai-DeepSeek-V3.1",
-                            r"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
-                            rf"{CITY}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", call_fails=(
-        "the generation prompt closes thinking ('<｜Assistant｜><think></think>') but the "
-        "required grammar is '(think)? section' with think ::= any text then '</think>': "
-        "SmolLM2 writes prose ('The weather in Paris is quite unique...') until max_tokens, "
-        "returned as content"), reuse_fails=NO_CALL),
+                            r"(?:<think>[^<]*</think>)?<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                            rf"{CITY}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
     "llama3.3": Family("meta-llama-Llama-3.3-70B-Instruct",
                        r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"get_weather"\s*,'
                        rf'\s*"parameters"\s*:\s*{CITY}\s*\}}\s*'),
@@ -106,16 +100,14 @@ FAMILIES = {
         "with length 9!' on kvserve's 'call_' + 24 characters id")),
     "gemma4": Family("google-gemma-4-31B-it",
                      r'(?:<\|channel>thought.*?<channel\|>)?<\|tool_call>call:get_weather'
-                     r'\{city:<\|"\|>.*?<\|"\|>\}<tool_call\|>', call_fails=(
-        "the grammar does not bound the string by the schema's maxLength (20): city came "
-        "back as 'The weather of a city today<|\"|\",properties:{city:{type:'"),
-                     reuse_fails=JOINT),
-    "granite4": Family("ibm-granite-granite-4.0", HERMES_CALL, reuse_fails=JOINT),
+                     r'\{city:<\|"\|>.*?<\|"\|>\}<tool_call\|>'),
+    # the generation prompt ends in '>' and the call starts with '<' ('><' is one token
+    # in SmolLM2's vocabulary; so for Gemma 4 and Kimi K2): the ids sampled are spliced
+    "granite4": Family("ibm-granite-granite-4.0", HERMES_CALL),
     "kimi-k2": Family("Kimi-K2-Instruct",
                       r"<\|tool_calls_section_begin\|>\s*<\|tool_call_begin\|>"
-                      r"functions\.get_weather:\d+\s*<\|tool_call_argument_begin\|>\s*"
-                      rf"{CITY}\s*<\|tool_call_end\|>\s*<\|tool_calls_section_end\|>",
-                      reuse_fails=JOINT),
+                      r"functions\.get_weather:0\s*<\|tool_call_argument_begin\|>\s*"
+                      rf"{CITY}\s*<\|tool_call_end\|>\s*<\|tool_calls_section_end\|>"),
 }  # fmt: skip
 
 
