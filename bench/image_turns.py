@@ -7,10 +7,11 @@ bundled SmolLM2-135M-Instruct and the test-made vision projector
 (tests/helpers/vision_projector.py: a random-weight LLaVA "mlp" projector, 16 positions
 per 64x64 image), loaded by both: kvserve through its model entry's `mmproj`
 (KVSERVE_MODEL_MMPROJ), llama-server with `--mmproj`. Each round is one conversation over
-OpenAI Chat, streamed, greedy: turn 1 a question about a new picture (a data-URL PNG,
-another picture every round, so turn 1 finds nothing of it in any cache), turn 2 the
-reply and a follow-up. With the image's positions reused, turn 2 computes only its new
-text: its TTFT should be well under turn 1's, which encodes the image and prefills all.
+OpenAI Chat, streamed, greedy: turn 1 a new picture (a data-URL PNG, another every
+round, so turn 1 finds nothing of it in any cache) and after it a question of --points
+points (~20 tokens each), turn 2 the reply and a follow-up. With the image's positions
+reused, turn 2 computes only its new text: its TTFT should be well under turn 1's, which
+encodes the image and prefills all.
 The table gives per server the medians over the rounds, the ratio, and turn 2's cached
 prompt tokens as each server reports them (kvserve: usage.prompt_tokens_details;
 llama-server: timings.cache_n). Or pass --base-url NAME=URL for a server you started
@@ -38,6 +39,9 @@ from bench.compare import start  # noqa: E402
 from tests.helpers.vision_projector import png, projector_path  # noqa: E402
 
 QUESTION = "What is in this picture? Describe the shapes and the colours you see."
+# The question's points, after the image: turn 1 computes them (the text before the
+# image would be cached from the round before), turn 2 should reuse them with the image.
+POINT = "Point {}: say whether the picture shows a cat, a dog, a house or a tree, and where."
 FOLLOW_UP = "Which colour covers most of it? Answer in one sentence."
 
 
@@ -54,14 +58,15 @@ def image_url(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(png(64, 64, seed)).decode()
 
 
-def turn1_messages(seed: int) -> list[dict[str, Any]]:
-    content = [{"type": "text", "text": QUESTION},
-               {"type": "image_url", "image_url": {"url": image_url(seed)}}]  # fmt: skip
+def turn1_messages(seed: int, points: int = 20) -> list[dict[str, Any]]:
+    question = " ".join([QUESTION, *(POINT.format(i) for i in range(1, points + 1))])
+    content = [{"type": "image_url", "image_url": {"url": image_url(seed)}},
+               {"type": "text", "text": question}]  # fmt: skip
     return [{"role": "user", "content": content}]
 
 
-def turn2_messages(seed: int, reply: str) -> list[dict[str, Any]]:
-    return [*turn1_messages(seed), {"role": "assistant", "content": reply},
+def turn2_messages(seed: int, reply: str, points: int = 20) -> list[dict[str, Any]]:
+    return [*turn1_messages(seed, points), {"role": "assistant", "content": reply},
             {"role": "user", "content": FOLLOW_UP}]  # fmt: skip
 
 
@@ -121,12 +126,13 @@ def turn(
 
 
 def conversation(
-    client: httpx.Client, model: str, seed: int, max_tokens: int
+    client: httpx.Client, model: str, seed: int, args: argparse.Namespace
 ) -> tuple[TurnTiming, TurnTiming]:
-    first = turn(client, model, turn1_messages(seed), max_tokens)
+    first = turn(client, model, turn1_messages(seed, args.points), args.max_tokens)
     if first.error:
         return first, TurnTiming(math.nan, 0, -1, error="turn 1 failed")
-    return first, turn(client, model, turn2_messages(seed, first.text), max_tokens)
+    second = turn2_messages(seed, first.text, args.points)
+    return first, turn(client, model, second, args.max_tokens)
 
 
 def summarize(server: str, rounds: list[tuple[TurnTiming, TurnTiming]]) -> dict[str, Any]:
@@ -172,11 +178,12 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def measure(label: str, base_url: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
-    with httpx.Client(base_url=base_url, timeout=300) as client:
-        conversation(client, model, 10_000, args.max_tokens)  # warm-up: loads, first encode
-        rounds = [
-            conversation(client, model, seed, args.max_tokens) for seed in range(1, args.rounds + 1)
-        ]
+    # A connection per request: llama-server (cpp-httplib) closes a kept-alive one after a
+    # few requests, and httpx's next request on it failed "Server disconnected".
+    headers = {"Connection": "close"}
+    with httpx.Client(base_url=base_url, timeout=300, headers=headers) as client:
+        conversation(client, model, 10_000, args)  # warm-up: loads, first encode
+        rounds = [conversation(client, model, seed, args) for seed in range(1, args.rounds + 1)]
     for i, (a, b) in enumerate(rounds, 1):
         print(json.dumps({"server": label, "round": i, "turn1": a.ttft_s, "turn2": b.ttft_s,
                           "cached2": b.cached_tokens, "error": a.error or b.error}),
@@ -192,6 +199,7 @@ def main() -> None:
     p.add_argument("--base-url", action="append", default=[], help="NAME=URL of a running server")
     p.add_argument("--rounds", type=int, default=5, help="conversations per server")
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--points", type=int, default=20, help="the question's points (~20 tokens each)")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     mmproj = str(projector_path())

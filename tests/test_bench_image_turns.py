@@ -38,7 +38,9 @@ def test_turn_2_carries_the_same_picture_then_the_reply_and_a_follow_up() -> Non
     first, second = turn1_messages(3), turn2_messages(3, "A red square.")
     assert second[0] == first[0] and second[1] == {"role": "assistant", "content": "A red square."}
     assert second[2]["role"] == "user" and len(second) == 3
-    url = first[0]["content"][1]["image_url"]["url"]
+    url = first[0]["content"][0]["image_url"]["url"]
+    assert "Point 20:" in first[0]["content"][1]["text"]  # the question after the image
+    assert "Point 3:" not in turn1_messages(3, points=2)[0]["content"][1]["text"]
     assert base64.b64decode(url.split(",", 1)[1]).startswith(b"\x89PNG")
     assert turn1_messages(4) != first  # another picture each round
 
