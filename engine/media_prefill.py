@@ -6,8 +6,9 @@ image runs as the rows of the image's embeddings (engine/llama/vision.py encodes
 once and keeps it; this module only feeds the rows). A chunk never ends inside an
 image (the scheduler's rule, engine/media.py `whole_image_chunk`), so each image is one
 llama_decode, as llama-server decodes it: the rows of a projector that attends both ways
-(Gemma 3) see each other. Image ids (< 0) never reach llama_decode as tokens. The chunk's last row is in the last decode, where the runner
-samples it as it samples any prefill chunk.
+(Gemma 3) see each other. Image ids (< 0) never reach llama_decode as tokens. The
+chunk's last row is in the last decode, where the runner samples it as it samples any
+prefill chunk.
 """
 
 from __future__ import annotations
