@@ -1,5 +1,5 @@
-"""Images through the other ways a prefix is reused (issue 50): the shared Redis tier, a
-session's pinned slot, and a fork of it. The same picture at the same place is reused
+"""Images through the other ways a prefix is reused (issue 50): the shared Redis tier
+(after a restart, and never across tenants), a session's pinned slot, and a fork of it. The same picture at the same place is reused
 past the image; another picture there never past the image's start (engine/media.py keys
 its positions by its digest). RAM, disk and tenants: tests/integration/test_media.py."""
 
@@ -45,6 +45,9 @@ async def test_the_shared_tier_reuses_the_same_image_and_never_another(tmp_path:
             assert again == first and again_lp == first_lp
             stats = engine.stats()
             assert stats is not None and dict(stats.hit_sources).get("shared") == 1
+            # Another tenant (its own cache salt) reuses nothing of it, picture or text.
+            _, cached_tenant, _ = await answer(engine, turn1_text(), pic, cache_salt="other")
+            assert cached_tenant == 0
         finally:
             engine.close()
 
