@@ -121,11 +121,19 @@ async def test_sessions_belong_to_their_api_key(make_client: ClientFactory) -> N
 
 
 async def test_a_busy_session_cannot_be_deleted(make_client: ClientFactory) -> None:
-    client = make_client(FakeEngine(delay=0.02))
+    fake = FakeEngine(delay=0.02)
+    fake.prefill_delay = 2.0  # in flight well past the delete below
+    client = make_client(fake)
     first = asyncio.create_task(
         client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})
     )
-    await asyncio.sleep(0.05)
+    # Wait for the request to hold its session rather than for a fixed time: a loaded
+    # CI machine took longer than 50 ms to get there (the delete then found no session).
+    for _ in range(2000):
+        got = await client.get("/v1/sessions/s")
+        if got.status_code == 200 and got.json()["in_flight"]:
+            break
+        await asyncio.sleep(0.01)
     assert error(await client.delete("/v1/sessions/s"), 409)["code"] == "session_busy"
     assert (await first).status_code == 200
     assert (await client.delete("/v1/sessions/s")).status_code == 200
