@@ -10,6 +10,7 @@ from engine.sessions import SessionLimits
 from server.config.tree import ModelNamesSection, Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
+from tests.helpers.waiting import until
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -72,11 +73,12 @@ async def test_a_busy_session_is_a_hint_the_second_request_runs_unpinned(
 ) -> None:
     """opencode sends its title request and its turn at once under one x-kvserve-session."""
     fake = FakeEngine(delay=0.02)
+    fake.prefill_delay = 2.0  # in flight well past the requests below
     client = make_client(fake)
     first = asyncio.create_task(
         client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})
     )
-    await asyncio.sleep(0.05)
+    await until(lambda: fake.running)
     error(await client.post("/v1/sessions/s/fork"), 409, "session_id")  # a fork still waits
     second = await client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})
     assert second.status_code == 200, second.text
@@ -87,11 +89,13 @@ async def test_a_busy_session_is_a_hint_the_second_request_runs_unpinned(
 
 
 async def test_a_busy_session_gets_409_when_set_to_refuse(make_client: ClientFactory) -> None:
-    client = make_client(FakeEngine(delay=0.02, sessions=SessionLimits(when_busy="refuse")))
+    fake = FakeEngine(delay=0.02, sessions=SessionLimits(when_busy="refuse"))
+    fake.prefill_delay = 2.0  # in flight well past the request below
+    client = make_client(fake)
     first = asyncio.create_task(
         client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})
     )
-    await asyncio.sleep(0.05)
+    await until(lambda: fake.running)
     body = error(await client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"}), 409)
     assert body["code"] == "session_busy"
     assert (await first).status_code == 200
@@ -127,13 +131,7 @@ async def test_a_busy_session_cannot_be_deleted(make_client: ClientFactory) -> N
     first = asyncio.create_task(
         client.post("/v1/chat/completions", json={**CHAT, "session_id": "s"})
     )
-    # Wait for the request to hold its session rather than for a fixed time: a loaded
-    # CI machine took longer than 50 ms to get there (the delete then found no session).
-    for _ in range(2000):
-        got = await client.get("/v1/sessions/s")
-        if got.status_code == 200 and got.json()["in_flight"]:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: fake.running)  # a loaded CI machine took longer than 50 ms
     assert error(await client.delete("/v1/sessions/s"), 409)["code"] == "session_busy"
     assert (await first).status_code == 200
     assert (await client.delete("/v1/sessions/s")).status_code == 200
