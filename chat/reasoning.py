@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chat.callstream import Delta
+
+if TYPE_CHECKING:
+    from chat.callformat import CallParser
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -31,6 +35,7 @@ COHERE_THINKING = ThinkingSyntax("<|START_THINKING|>", "<|END_THINKING|>")
 GEMMA4_THINKING = ThinkingSyntax("<|channel>thought", "<channel|>")  # chat/formats_gemma.py
 MINISTRAL_THINKING = ThinkingSyntax("[THINK]", "[/THINK]")  # chat/formats_mistral.py
 MINIMAX_THINKING = ThinkingSyntax("<mm:think>", "</mm:think>")  # chat/formats_minimax.py
+SEED_THINKING = ThinkingSyntax("<seed:think>", "</seed:think>")  # chat/formats_xml.py
 THINK = ThinkingSyntax(OPEN, CLOSE)
 
 
@@ -46,6 +51,8 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
         return MINISTRAL_THINKING
     if MINIMAX_THINKING.open in template_source:
         return MINIMAX_THINKING
+    if SEED_THINKING.open in template_source:  # its template also names </think>
+        return SEED_THINKING
     if OPEN in template_source and CLOSE in template_source:
         return THINK
     return None
@@ -56,7 +63,7 @@ def has_thinking(template_source: str) -> bool:
     gpt-oss's analysis channel (chat/harmony.py), Command R7B's thinking block
     (chat/formats_cohere.py), Gemma 4's thought channel (chat/formats_gemma.py),
     Ministral 3's `[THINK]` block (chat/formats_mistral.py), MiniMax-M3's `<mm:think>`
-    (chat/formats_minimax.py)."""
+    (chat/formats_minimax.py), Seed-OSS's `<seed:think>` (chat/formats_xml.py)."""
     return thinking_syntax(template_source) is not None
 
 
@@ -66,9 +73,11 @@ def starts_inside(prompt: str) -> bool:
 
 
 class ReasoningSplitter:
-    """Incremental: holds back a possible partial tag until it resolves."""
+    """Incremental: holds back a possible partial tag until it resolves. `syntax`: the
+    tags (`<think>`, or a format's own: Seed-OSS's `<seed:think>`)."""
 
-    def __init__(self, inside: bool = False):
+    def __init__(self, inside: bool = False, syntax: ThinkingSyntax = THINK):
+        self._open, self._close = syntax.open, syntax.close
         self._inside = inside
         self._buf = ""
         self._after_close = False  # drop the blank lines between thinking and answer
@@ -80,7 +89,7 @@ class ReasoningSplitter:
             if self._after_close:
                 self._buf = self._buf.lstrip("\n")
                 self._after_close = not self._buf
-            tag = CLOSE if self._inside else OPEN
+            tag = self._close if self._inside else self._open
             kind = "reasoning" if self._inside else "content"
             at = self._buf.find(tag)
             if at < 0:
@@ -105,6 +114,31 @@ class ReasoningSplitter:
         if self._buf:
             out.append(Delta("reasoning" if self._inside else "content", self._buf))
         self._buf = ""
+        return out
+
+
+class ThinkingThenCalls:
+    """A call parser behind its format's own thinking split (Seed-OSS's `<seed:think>`):
+    the reasoning passes, the content goes on to the calls parser."""
+
+    def __init__(self, syntax: ThinkingSyntax, calls: CallParser):
+        self._split = ReasoningSplitter(False, syntax)
+        self._calls = calls
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        return self._route(self._split.feed(text))
+
+    def finish(self) -> list[Delta]:
+        out = self._route(self._split.finish()) + self._calls.finish()
+        self.num_calls = self._calls.num_calls
+        return out
+
+    def _route(self, deltas: list[Delta]) -> list[Delta]:
+        out: list[Delta] = []
+        for d in deltas:
+            out += self._calls.feed(d.text) if d.kind == "content" else [d]
+        self.num_calls = self._calls.num_calls
         return out
 
 

@@ -17,7 +17,7 @@ EXPECTED = {
     "Apertus-8B-Instruct.jinja": "generic",
     "Apriel-1.6-15b-Thinker-fixed.jinja": "generic",
     "Bielik-11B-v3.0-Instruct.jinja": "hermes",
-    "ByteDance-Seed-OSS.jinja": "generic",
+    "ByteDance-Seed-OSS.jinja": "seed-oss",
     "Cohere2MoE.jinja": "generic",
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "generic",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command-r7b",
