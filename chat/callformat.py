@@ -119,6 +119,26 @@ class MemoizedGrammar(ABC):
         and the response schema `doc_key` holds ("" for none)."""
 
 
+@dataclass(frozen=True, slots=True)
+class OwnFormat(MemoizedGrammar):
+    """A format with a syntax of its own (the template renders `tools` and `tool_calls`
+    itself) whose parser splits the thinking itself: its grammar built by
+    `build_grammar` (`MemoizedGrammar.build`'s arguments), its parser made by
+    `new_parser` from the tools offered and whether to split the thinking."""
+
+    name: str
+    build_grammar: Callable[[str, str, bool, str], GrammarSpec]
+    new_parser: Callable[[Sequence[Tool], bool], CallParser]
+    native: bool = True
+    owns_reasoning: bool = True
+
+    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
+        return self.build_grammar(key, mode, parallel, doc_key)
+
+    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
+        return self.new_parser(tools, reasoning)
+
+
 def tools_key(tools: Sequence[Tool]) -> str:
     """What a call grammar depends on, as a memo key part: `[name, parameters, grammar]`
     per tool (grammar: `[syntax, definition]` or null). Builders read it back with

@@ -14,7 +14,7 @@ import string
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -82,6 +82,100 @@ class BufferedParser(ABC):
     def _start_call(self, name: str, out: list[Delta]) -> None:
         """The call numbered `num_calls` begins: its name, and the id kvserve issues."""
         out.append(Delta("start", name, self.num_calls, new_call_id()))
+
+    def _whole_call(self, name: str, args: Any, out: list[Delta]) -> None:
+        """A call read whole (a format whose arguments are not JSON text as sampled):
+        its start, its arguments as JSON text, and it counts as complete."""
+        self._start_call(name, out)
+        out.append(Delta("args", json.dumps(args, ensure_ascii=False), self.num_calls))
+        self.num_calls += 1
+
+    def _may_become(self, word: str) -> bool:
+        """The buffer is a beginning of `word`, too short to tell: wait for more text."""
+        return word.startswith(self._buf) and len(self._buf) < len(word)
+
+    def _take(self, word: str) -> bool:
+        """The buffer starts with `word`: it is taken off."""
+        if not self._buf.startswith(word):
+            return False
+        self._buf = self._buf[len(word) :]
+        return True
+
+
+class ThinkingParser(BufferedParser):
+    """The frame of a parser for a format that splits its own thinking and writes it
+    first: a thinking block may open the answer (`LEAD`: the marks that may stand first
+    and the state each leads to, "think" or "text"), its text up to `THINK_CLOSE` is
+    reasoning; then content up to one of the format's call openers (`OPENERS`: each
+    opener and the state it leads to), and the format's own states from there
+    (`_call_step`). With `reasoning` off (`reasoning_format: "none"`) the thinking stays
+    in the content; without tools everything after the thinking is content."""
+
+    LEAD: tuple[tuple[str, str], ...]
+    LEAD_BLANKS = False  # blanks may stand before the lead mark
+    THINK_CLOSE: str
+    OPENERS: dict[str, str]
+    CONTENT_STATES: tuple[str, ...] = ()  # the format's states whose text at the end is content
+
+    def __init__(self, tools: Sequence[Any], reasoning: bool):
+        super().__init__()
+        self._calls = bool(tools)
+        self._state = "start" if reasoning else "text"
+
+    def _step(self, out: list[Delta]) -> bool:
+        state = self._state
+        if state == "start":
+            return self._lead()
+        if state == "think":
+            text, word = self._until((self.THINK_CLOSE,))
+            out.append(Delta("reasoning", text))
+            if word is None:
+                return False
+            self._state = "text"
+        elif state == "text":
+            if not self._calls:
+                out.append(Delta("content", self._buf))
+                self._buf = ""
+                return False
+            text, word = self._until(tuple(self.OPENERS))
+            out.append(Delta("content", text))
+            if word is None:
+                return False
+            self._state = self.OPENERS[word]
+        else:
+            return self._call_step(out)
+        return True
+
+    def _lead(self) -> bool:
+        head = self._buf.lstrip() if self.LEAD_BLANKS else self._buf
+        for mark, state in self.LEAD:
+            if mark.startswith(head) and len(head) < len(mark):
+                return False
+            if head.startswith(mark):
+                self._buf, self._state = head[len(mark) :], state
+                return True
+        self._state = "text"
+        return True
+
+    @abstractmethod
+    def _call_step(self, out: list[Delta]) -> bool:
+        """One move in the format's own states (after an opener)."""
+
+    def finish(self) -> list[Delta]:
+        out: list[Delta] = []
+        if self._state in ("start", "text", *self.CONTENT_STATES) and self._buf:
+            out.append(Delta("content", self._buf))
+        elif self._state == "think" and self._buf:
+            out.append(Delta("reasoning", self._buf))
+        else:
+            self._finish_call(out)
+        self._buf = ""
+        return out
+
+    @abstractmethod
+    def _finish_call(self, out: list[Delta]) -> None:
+        """The output ended in the format's own states: a call cut off is reported as
+        started, never complete (the plan counts it truncated)."""
 
 
 class JsonNesting:

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from chat.callformat import (
-    CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     json_arguments,
     keyed_tools,
     lazy_at,
@@ -38,23 +36,7 @@ RESPONSE = ("<|START_RESPONSE|>", "<|END_RESPONSE|>")
 ACTION = ("<|START_ACTION|>", "<|END_ACTION|>")
 
 
-@dataclass(frozen=True, slots=True)
-class CohereFormat(MemoizedGrammar):
-    name: str = "command-r7b"
-    native: bool = True
-    owns_reasoning: bool = True
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return CohereParser(calls=bool(tools), reasoning=reasoning)
-
-
-COMMAND_R7B = CohereFormat()
-
-
-def detect_cohere(source: str) -> CohereFormat | None:
+def detect_cohere(source: str) -> OwnFormat | None:
     """The action and response markers (Command R7B; Cohere2 MoE's `<|START_TEXT|>`
     blocks are another format, llama.cpp's common/parsers/cohere2moe.cpp)."""
     if ACTION[0] in source and RESPONSE[0] in source:
@@ -95,12 +77,12 @@ class CohereParser(BufferedParser):
     """Blocks -> reasoning / content / calls, incrementally. Text that may still be a
     marker is held back until it resolves."""
 
-    def __init__(self, *, calls: bool, reasoning: bool):
+    def __init__(self, tools: Sequence[Tool], reasoning: bool):
         super().__init__()
         self._blocks = {RESPONSE[0]: ("content", RESPONSE[1])}
         if reasoning:
             self._blocks[THINK[0]] = ("reasoning", THINK[1])
-        if calls:
+        if tools:
             self._blocks[ACTION[0]] = ("action", ACTION[1])
         self._block: tuple[str, str] | None = None  # (kind, end marker) inside a block
         self._action = ""
@@ -146,7 +128,7 @@ class CohereParser(BufferedParser):
         for item in calls if isinstance(calls, list) else []:
             if not isinstance(item, dict) or not isinstance(item.get("tool_name"), str):
                 continue
-            args = json.dumps(item.get("parameters") or {}, ensure_ascii=False)
-            self._start_call(item["tool_name"], out)
-            out.append(Delta("args", args, self.num_calls))
-            self.num_calls += 1
+            self._whole_call(item["tool_name"], item.get("parameters") or {}, out)
+
+
+COMMAND_R7B = OwnFormat("command-r7b", _grammar, CohereParser)

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chat.callformat import (
-    CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     input_grammar,
     keyed_tools,
     lazy_at,
@@ -54,16 +53,8 @@ _AS_CALL = "\x00kvserve-text\x00"
 
 
 @dataclass(frozen=True, slots=True)
-class GemmaFormat(MemoizedGrammar):
-    name: str = "gemma4"
-    native: bool = True
-    owns_reasoning: bool = True
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return GemmaParser(calls=bool(tools), reasoning=reasoning)
+class GemmaFormat(OwnFormat):
+    """Its conversation and prompt adapted (`TurnAdapter`)."""
 
     def adapt_messages(self, source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return fold_tool_results(messages, older=CURRENT not in source)
@@ -81,9 +72,6 @@ class GemmaFormat(MemoizedGrammar):
         if generation and text.endswith("<turn|>\n"):
             return text + TURN_OPEN
         return text
-
-
-GEMMA4 = GemmaFormat()
 
 
 def detect_gemma(source: str) -> GemmaFormat | None:
@@ -114,10 +102,9 @@ class GemmaParser(BufferedParser):
     """Channels and calls -> reasoning / content / calls, incrementally; text that may
     still be a marker is held back until it resolves."""
 
-    def __init__(self, *, calls: bool, reasoning: bool):
+    def __init__(self, tools: Sequence[Tool], reasoning: bool):
         super().__init__()
-        self._calls, self._reasoning = calls, reasoning
-        self._words = ((CALL_OPEN,) if calls else ()) + (
+        self._words = ((CALL_OPEN,) if tools else ()) + (
             (CHANNEL_OPEN, CHANNEL_CLOSE) if reasoning else ()
         )
         self._state = "start"
@@ -127,10 +114,9 @@ class GemmaParser(BufferedParser):
     def _step(self, out: list[Delta]) -> bool:
         state = self._state
         if state == "start":  # a turn the model opened again itself (after tool results)
-            if TURN_OPEN.startswith(self._buf) and len(self._buf) < len(TURN_OPEN):
+            if self._may_become(TURN_OPEN):
                 return False
-            if self._buf.startswith(TURN_OPEN):
-                self._buf = self._buf[len(TURN_OPEN) :]
+            self._take(TURN_OPEN)
             self._state = "text"
         elif state == "text":
             text, word = self._until(self._words)
@@ -139,13 +125,10 @@ class GemmaParser(BufferedParser):
                 return False
             self._state = {CALL_OPEN: "call", CHANNEL_OPEN: "channel"}.get(word, "text")
         elif state == "channel":
-            if THOUGHT.startswith(self._buf) and len(self._buf) < len(THOUGHT):
+            if self._may_become(THOUGHT):
                 return False
-            if self._buf.startswith(THOUGHT):  # else a stray `<|channel>`: dropped
-                self._buf = self._buf[len(THOUGHT) :]
-                self._state = "blank"
-            else:
-                self._state = "text"
+            # else a stray `<|channel>`: dropped
+            self._state = "blank" if self._take(THOUGHT) else "text"
         elif state == "blank":
             self._buf = self._buf.lstrip()
             if not self._buf:
@@ -185,9 +168,7 @@ class GemmaParser(BufferedParser):
             return  # not a call (no grammar held it): nothing to report
         if not name or not isinstance(args, dict):
             return
-        self._start_call(name, out)
-        out.append(Delta("args", json.dumps(args, ensure_ascii=False), self.num_calls))
-        self.num_calls += 1
+        self._whole_call(name, args, out)
 
     def finish(self) -> list[Delta]:
         out: list[Delta] = []
@@ -201,6 +182,9 @@ class GemmaParser(BufferedParser):
                 self._start_call(name, out)
         self._buf = ""
         return out
+
+
+GEMMA4 = GemmaFormat("gemma4", _grammar, GemmaParser)
 
 
 def fold_tool_results(messages: list[dict[str, Any]], older: bool) -> list[dict[str, Any]]:

@@ -19,23 +19,21 @@ comes; a string value holding that tag would end the call there.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from chat.callformat import (
-    CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     input_grammar,
     keyed_tools,
     lazy_at,
     thinking_block,
     thinking_then,
 )
-from chat.callstream import BufferedParser, Delta
+from chat.callstream import Delta, ThinkingParser
 from chat.gbnf import RuleSet, literal
 from chat.minimax_values import NS, MinimaxSyntaxError, MinimaxValues, close_tag, minimax_json
 from chat.tools import INPUT, Tool
@@ -52,16 +50,8 @@ _AS_CALL_BLOCK = f'{BLOCK_OPEN}\n{INVOKE}{_AS_CALL}">{INVOKE_END}\n{BLOCK_CLOSE}
 
 
 @dataclass(frozen=True, slots=True)
-class MinimaxFormat(MemoizedGrammar):
-    name: str = "minimax-m3"
-    native: bool = True
-    owns_reasoning: bool = True
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return MinimaxParser(tools, reasoning=reasoning)
+class MinimaxFormat(OwnFormat):
+    """Its past turns adapted (`TurnAdapter`)."""
 
     def adapt_messages(self, source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """A turn with text and no calls followed by results is a replayed turn
@@ -79,9 +69,6 @@ class MinimaxFormat(MemoizedGrammar):
 
     def adapt_prompt(self, text: str, generation: bool) -> str:
         return text.replace(_AS_CALL_BLOCK, "")
-
-
-MINIMAX_M3 = MinimaxFormat()
 
 
 def detect_minimax(source: str) -> MinimaxFormat | None:
@@ -117,64 +104,41 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     return thinking_then(rules, either, block, doc_key)
 
 
-class MinimaxParser(BufferedParser):
+class MinimaxParser(ThinkingParser):
     """Thinking, content and the calls block, incrementally; text that may still be a
     marker is held back until it resolves."""
 
-    def __init__(self, tools: Sequence[Tool], *, reasoning: bool):
-        super().__init__()
+    # a thinking block, the bare close of none, or neither
+    LEAD = ((THINK_OPEN, "think"), (THINK_CLOSE, "text"))
+    THINK_CLOSE = THINK_CLOSE
+    OPENERS = {BLOCK_OPEN: "block"}
+
+    def __init__(self, tools: Sequence[Tool], reasoning: bool):
+        super().__init__(tools, reasoning)
         # a custom tool's one element is its input, a string whatever it looks like
         self._schemas = {t.name: _INPUT_SCHEMA if t.grammar else t.parameters for t in tools}
-        self._calls = bool(tools)
-        self._state = "start" if reasoning else "text"
         self._name = ""
         self._body = ""  # the open call's elements so far
 
-    def _step(self, out: list[Delta]) -> bool:
-        state = self._state
-        if state == "start":  # a thinking block, the bare close of none, or neither
-            for tag, after in ((THINK_OPEN, "think"), (THINK_CLOSE, "text")):
-                if tag.startswith(self._buf) and len(self._buf) < len(tag):
-                    return False
-                if self._buf.startswith(tag):
-                    self._buf, self._state = self._buf[len(tag) :], after
-                    return True
-            self._state = "text"
-        elif state == "think":
-            text, word = self._until((THINK_CLOSE,))
-            out.append(Delta("reasoning", text))
-            if word is None:
-                return False
-            self._state = "text"
-        elif state == "text":
-            if not self._calls:
-                out.append(Delta("content", self._buf))
-                self._buf = ""
-                return False
-            text, word = self._until((BLOCK_OPEN,))
-            out.append(Delta("content", text))
-            if word is None:
-                return False
-            self._state = "block"
-        elif state == "block":
+    def _call_step(self, out: list[Delta]) -> bool:
+        if self._state == "block":
             return self._block(out)
-        else:  # invoke: the call's elements, up to its </invoke>
-            text, word = self._until((INVOKE_END,))
-            self._body += text
-            if word is None:
-                return False
-            self._end_call(out)
-            self._state = "block"
+        # invoke: the call's elements, up to its </invoke>
+        text, word = self._until((INVOKE_END,))
+        self._body += text
+        if word is None:
+            return False
+        self._end_call(out)
+        self._state = "block"
         return True
 
     def _block(self, out: list[Delta]) -> bool:
         """Inside the block: calls, blanks between them, its close."""
         self._buf = self._buf.lstrip()
-        for tag in (INVOKE, BLOCK_CLOSE):
-            if tag.startswith(self._buf) and len(self._buf) < len(tag):
-                return False
-        if self._buf.startswith(BLOCK_CLOSE):
-            self._buf, self._state = self._buf[len(BLOCK_CLOSE) :], "text"
+        if self._may_become(INVOKE) or self._may_become(BLOCK_CLOSE):
+            return False
+        if self._take(BLOCK_CLOSE):
+            self._state = "text"
         elif self._buf.startswith(INVOKE):
             end = self._buf.find('">', len(INVOKE))
             if end < 0:
@@ -191,17 +155,11 @@ class MinimaxParser(BufferedParser):
         except MinimaxSyntaxError as exc:
             log.debug("a MiniMax-M3 call not read (%s): %r", exc, self._body)
             return  # not a call (no grammar held it): nothing to report
-        self._start_call(self._name, out)
-        out.append(Delta("args", json.dumps(args, ensure_ascii=False), self.num_calls))
-        self.num_calls += 1
+        self._whole_call(self._name, args, out)
 
-    def finish(self) -> list[Delta]:
-        out: list[Delta] = []
-        if self._state in ("start", "text") and self._buf:
-            out.append(Delta("content", self._buf))
-        elif self._state == "think" and self._buf:
-            out.append(Delta("reasoning", self._buf))
-        elif self._state == "invoke":  # cut off: started, never complete (truncated)
+    def _finish_call(self, out: list[Delta]) -> None:
+        if self._state == "invoke":  # cut off: started, never complete (truncated)
             self._start_call(self._name, out)
-        self._buf = ""
-        return out
+
+
+MINIMAX_M3 = MinimaxFormat("minimax-m3", _grammar, MinimaxParser)

@@ -24,19 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from chat.callformat import (
-    CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     json_arguments,
     keyed_tools,
     lazy_at,
     thinking_block,
     thinking_then,
 )
-from chat.callstream import BufferedParser, Delta, JsonNesting
+from chat.callstream import Delta, JsonNesting, ThinkingParser
 from chat.gbnf import RuleSet, literal
 from chat.tools import Tool
 
@@ -45,17 +45,8 @@ CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 
 
 @dataclass(frozen=True, slots=True)
-class MinistralFormat(MemoizedGrammar):
-    name: str = "ministral-3"
-    call_id: bool = False  # Mistral Small 3.2: `[CALL_ID]` and 9 alphanumerics before `[ARGS]`
-    native: bool = True
-    owns_reasoning: bool = True
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key, self.call_id)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return MinistralParser(calls=bool(tools), reasoning=reasoning)
+class MinistralFormat(OwnFormat):
+    """Its past turns' thinking written back (`TurnAdapter`)."""
 
     def adapt_messages(self, source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if THINK_OPEN not in source:  # Devstral: no thinking blocks in its template
@@ -64,10 +55,6 @@ class MinistralFormat(MemoizedGrammar):
 
     def adapt_prompt(self, text: str, generation: bool) -> str:
         return text
-
-
-MINISTRAL3 = MinistralFormat()
-MISTRAL_SMALL = MinistralFormat("mistral-small-3.2", call_id=True)
 
 
 def detect_ministral(source: str) -> MinistralFormat | None:
@@ -112,46 +99,26 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str, call_id: bool) -
     return thinking_then(rules, think, calls, doc_key)
 
 
-class MinistralParser(BufferedParser):
+class MinistralParser(ThinkingParser):
     """Thinking, content and calls, incrementally; text that may still be a marker is
     held back until it resolves. A call's arguments stream as they arrive; it is
     complete when its JSON object closes."""
 
-    def __init__(self, *, calls: bool, reasoning: bool):
-        super().__init__()
-        self._calls = calls
-        self._state = "start" if reasoning else "text"
+    LEAD = ((THINK_OPEN, "think"),)  # a thinking block opens the answer, or there is none
+    LEAD_BLANKS = True
+    THINK_CLOSE = THINK_CLOSE
+    OPENERS = {CALLS: "name"}
+    CONTENT_STATES = ("between",)
+
+    def __init__(self, tools: Sequence[Tool], reasoning: bool):
+        super().__init__(tools, reasoning)
         self._name = ""
         self._id = ""  # Mistral Small 3.2's sampled call id: the call's own
         self._json = JsonNesting()
 
-    def _step(self, out: list[Delta]) -> bool:
+    def _call_step(self, out: list[Delta]) -> bool:
         state = self._state
-        if state == "start":  # a thinking block opens the answer, or there is none
-            head = self._buf.lstrip()
-            if THINK_OPEN.startswith(head) and len(head) < len(THINK_OPEN):
-                return False
-            if head.startswith(THINK_OPEN):
-                self._buf, self._state = head[len(THINK_OPEN) :], "think"
-            else:
-                self._state = "text"
-        elif state == "think":
-            text, word = self._until((THINK_CLOSE,))
-            out.append(Delta("reasoning", text))
-            if word is None:
-                return False
-            self._state = "text"
-        elif state == "text":
-            if not self._calls:
-                out.append(Delta("content", self._buf))
-                self._buf = ""
-                return False
-            text, word = self._until((CALLS,))
-            out.append(Delta("content", text))
-            if word is None:
-                return False
-            self._state = "name"
-        elif state in ("name", "id"):
+        if state in ("name", "id"):
             text, word = self._until((ARGS, CALL_ID))
             if state == "name":
                 self._name += text
@@ -165,12 +132,9 @@ class MinistralParser(BufferedParser):
         elif state == "args":
             return self._args(out)
         else:  # between calls: another one, or text again
-            if CALLS.startswith(self._buf) and len(self._buf) < len(CALLS):
+            if self._may_become(CALLS):
                 return False
-            if self._buf.startswith(CALLS):
-                self._buf, self._state = self._buf[len(CALLS) :], "name"
-            else:
-                self._state = "text"
+            self._state = "name" if self._take(CALLS) else "text"
         return True
 
     def _open(self, out: list[Delta]) -> bool:
@@ -205,15 +169,15 @@ class MinistralParser(BufferedParser):
         self._buf = ""
         return False
 
-    def finish(self) -> list[Delta]:
-        out: list[Delta] = []
-        if self._state in ("start", "text", "between") and self._buf:
-            out.append(Delta("content", self._buf))
-        elif self._state == "think" and self._buf:
-            out.append(Delta("reasoning", self._buf))
-        elif self._state in ("name", "id", "open") and (self._name + self._buf).strip():
+    def _finish_call(self, out: list[Delta]) -> None:
+        if self._state in ("name", "id", "open") and (self._name + self._buf).strip():
             # cut off before its arguments: started, never complete (counted truncated)
             name = self._name if self._state != "name" else self._name + self._buf
             self._start_call(name.partition(ARGS)[0].partition(CALL_ID)[0].strip(), out)
-        self._buf = ""
-        return out
+
+
+MINISTRAL3 = MinistralFormat("ministral-3", partial(_grammar, call_id=False), MinistralParser)
+# Mistral Small 3.2: `[CALL_ID]` and 9 alphanumerics before `[ARGS]`
+MISTRAL_SMALL = MinistralFormat(
+    "mistral-small-3.2", partial(_grammar, call_id=True), MinistralParser
+)

@@ -67,6 +67,15 @@ class ParseCase:
         options = {"template_kwargs": dict.fromkeys(keys, thinking)}
         return cls(name, template, tools, text, reasoning, content, calls, options)
 
+    @classmethod
+    def row(
+        cls, name: str, template: str, tools: list[Tool], text: str, reasoning: str,
+        content: str, calls: Calls, reasoning_format: str = "auto", eos: str = "",
+    ) -> ParseCase:  # fmt: skip
+        """A case as the format tests write it: a row, with the `reasoning_format` asked."""
+        options = {"reasoning_format": reasoning_format}
+        return cls(name, template, tools, text, reasoning, content, calls, options, eos)
+
     def check(self, step: int) -> None:
         """The plan's parser, fed `step` characters at a time, reads llama.cpp's message."""
         opts = ChatOptions(tools=tuple(self.tools), **self.options)
@@ -75,6 +84,15 @@ class ParseCase:
         assert got["reasoning_content"].strip() == self.reasoning
         assert got["content"].strip() == self.content
         assert got["tool_calls"] == self.calls
+
+
+def cases(template: str | None, rows: list[tuple[Any, ...]], eos: str = "") -> list[ParseCase]:
+    """Parser cases from rows (test-chat.cpp's name, tools, output, reasoning, content,
+    calls[, reasoning_format]) of template `template`; None: each row names its template
+    after the case's name."""
+    if template is None:
+        return [ParseCase.row(*row, eos=eos) for row in rows]
+    return [ParseCase.row(row[0], template, *row[1:], eos=eos) for row in rows]
 
 
 def each_case(cases: list[ParseCase], steps: tuple[int, ...]) -> Callable[[Test], Test]:

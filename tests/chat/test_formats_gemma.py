@@ -6,8 +6,6 @@ both Gemma 4 templates."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from chat.formats_gemma import GEMMA4
@@ -24,6 +22,7 @@ from tests.chat.llama_cases import (
     USER,
     ParseCase,
     assert_renders,
+    cases,
     detected,
     each_case,
     past_calls,
@@ -43,16 +42,8 @@ def q(text: str) -> str:
     return f'<|"|>{text}<|"|>'
 
 
-def case(
-    name: str, tools: list[Tool], text: str, reasoning: str, content: str,
-    calls: list[tuple[str, Any]], reasoning_format: str = "auto",
-) -> ParseCase:  # fmt: skip
-    return ParseCase(name, G4, tools, text, reasoning, content, calls,
-                     {"reasoning_format": reasoning_format})  # fmt: skip
-
-
 # (the test-chat.cpp case, tools, output, reasoning, content, calls[, reasoning_format])
-CASES = [case(*c) for c in [
+CASES = cases(G4, [
     ("content", [], "Hello, world!", "", "Hello, world!", []),
     ("reasoning and content", [], THOUGHTS + HELLO, "I'm\nthinking", HELLO, []),
     ("empty reasoning (budget 0)", [], "<|channel>thought<channel|>" + HELLO, "", HELLO, []),
@@ -102,7 +93,7 @@ CASES = [case(*c) for c in [
     ("a string holding <tool_call|>", [T.python_tool], call("python", "code:" + q("x<tool_call|>")),
      "", "", [("python", {"code": "x<tool_call|>"})]),
     ("a call cut off", [T.python_tool], "<|tool_call>call:python{code:" + q("pri"), "", "", []),
-]]  # fmt: skip
+])  # fmt: skip
 
 
 @each_case(CASES, steps=(1, 5, 100_000))

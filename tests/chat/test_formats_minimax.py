@@ -6,8 +6,6 @@ two continuation cases (an assistant prefill continues as plain text here)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from chat.formats_minimax import MINIMAX_M3
@@ -25,6 +23,7 @@ from tests.chat.llama_cases import (
     USER,
     ParseCase,
     assert_renders,
+    cases,
     detected,
     each_case,
     past_calls,
@@ -50,19 +49,11 @@ def think(text: str) -> str:
     return f"<mm:think>{text}</mm:think>"
 
 
-def case(
-    name: str, tools: list[Tool], text: str, reasoning: str, content: str,
-    calls: list[tuple[str, Any]], reasoning_format: str = "auto",
-) -> ParseCase:  # fmt: skip
-    return ParseCase(name, M3, tools, text, reasoning, content, calls,
-                     {"reasoning_format": reasoning_format})  # fmt: skip
-
-
 TIME = block(invoke("get_time", el("city", "Tokyo")))
 SPECIAL_BLOCK = block(invoke("special_function", el("arg1", "1")))
 
 # (the test-chat.cpp case, tools, output, reasoning, content, calls[, reasoning_format])
-CASES = [case(*c) for c in [
+CASES = cases(M3, [
     ("content only", [], "</mm:think>" + HELLO, "", HELLO, []),
     ("thinking and content", [], think("I'm\nthinking") + HELLO, "I'm\nthinking", HELLO, []),
     ("thinking and a call", [T.get_time_tool], think("Let me check the time") + TIME,
@@ -122,7 +113,7 @@ CASES = [case(*c) for c in [
     ("a string value with a number's text", [T.magic_int_tool],
      block(invoke("magic_int", el("ref", "7") + el("name", "12"))), "", "",
      [("magic_int", {"ref": 7, "name": "12"})]),
-]]  # fmt: skip
+])  # fmt: skip
 
 
 @each_case(CASES, steps=(1, 7, 100_000))

@@ -8,15 +8,13 @@ and the two continuation cases (an assistant prefill continues as plain text her
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from chat.formats_mistral import MINISTRAL3, MISTRAL_SMALL
 from chat.plan import ChatOptions, plan_chat
 from chat.reasoning import MINISTRAL_THINKING, thinking_syntax
 from chat.replay import SampledTurn, prompt_digest
-from chat.tools import Tool, ToolChoice
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
@@ -26,6 +24,7 @@ from tests.chat.llama_cases import (
     USER,
     ParseCase,
     assert_renders,
+    cases,
     detected,
     each_case,
     past_calls,
@@ -41,16 +40,8 @@ TWO = [T.special_function_tool, T.special_function_tool_with_optional_param]
 BOTH = [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]
 
 
-def case(
-    name: str, tmpl: str, tools: list[Tool], text: str, reasoning: str, content: str,
-    calls: list[tuple[str, Any]], reasoning_format: str = "auto",
-) -> ParseCase:  # fmt: skip
-    return ParseCase(name, tmpl, tools, text, reasoning, content, calls,
-                     {"reasoning_format": reasoning_format})  # fmt: skip
-
-
 # (the test-chat.cpp case, template, tools, output, reasoning, content, calls[, format])
-CASES = [case(*c) for c in [
+CASES = cases(None, [
     ("content", M3, [], HELLO, "", HELLO, []),
     ("reasoning_format none", M3, [], THOUGHTS + HELLO, "", THOUGHTS + HELLO, [], "none"),
     ("reasoning and content", M3, [], THOUGHTS + HELLO, "I'm\nthinking", HELLO, []),
@@ -78,7 +69,7 @@ CASES = [case(*c) for c in [
     ("no tools offered", M3, [], SPECIAL_CALL, "", SPECIAL_CALL, []),
     ("text after the calls", M3, [T.special_function_tool], SPECIAL_CALL + " Done.", "",
      "Done.", SPECIAL),
-]]  # fmt: skip
+])  # fmt: skip
 
 
 @each_case(CASES, steps=(1, 4, 100_000))
@@ -186,14 +177,14 @@ def test_a_sampled_call_replays(name: str) -> None:
 
 SMALL = "Mistral-Small-3.2-24B-Instruct-2506.jinja"
 ID_CALL = '[TOOL_CALLS]special_function[CALL_ID]123456789[ARGS]{"arg1": 1}'
-SMALL_CASES = [case(*c) for c in [
+SMALL_CASES = cases(None, [
     ("Mistral Small 3.2: content", SMALL, [], HELLO, "", HELLO, []),
     ("Mistral Small 3.2: a call", SMALL, [T.special_function_tool], ID_CALL, "", "", SPECIAL),
     ("Mistral Small 3.2: parallel calls", SMALL, TWO,
      '[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}'
      '[TOOL_CALLS]special_function_with_opt[CALL_ID]000000002[ARGS]{"arg1": 1, "arg2": 2}',
      "", "", BOTH),
-]]  # fmt: skip
+])  # fmt: skip
 
 
 @each_case(SMALL_CASES, steps=(1, 4, 100_000))
