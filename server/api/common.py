@@ -19,7 +19,8 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chat.tools import Tool
-from server.serving.request_sampling import RequestSampling
+from engine.client import SamplingParams
+from server.serving.request_sampling import SAMPLER_FIELDS, RequestSampling, sampler_settings
 
 log = logging.getLogger("kvserve.server")
 
@@ -33,7 +34,7 @@ StopText = Annotated[str, Field(min_length=1, max_length=1000)]
 
 class LoraRef(BaseModel):
     """One adapter of a request's `lora` field (llama-server's name): its configured id
-    (or, as llama-server, its index) and scale; server/http/sampling.py resolves them."""
+    (or, as llama-server, its index) and scale; server/serving/engine_requests.py resolves them."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -104,6 +105,13 @@ class RequestModel(BaseModel):
             log.info("%s: ignoring unknown fields %s", where, unknown)
 
 
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """A `stop` field (one string or a list of them) as the engine takes it."""
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
 class StreamOptions(RequestModel):
     include_usage: bool = False
 
@@ -153,9 +161,7 @@ class SamplingExtras(RequestModel):
 
     @property
     def stop_list(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        return stop_strings(self.stop)
 
     def record_grammar(self) -> str | None:
         """The grammar the sampler gets from the request's own fields: `grammar`, or
@@ -163,25 +169,28 @@ class SamplingExtras(RequestModel):
         takes those."""
         return self.grammar
 
+    def to_sampling_params(self) -> SamplingParams:
+        """The sampler settings: every field named as the engine names it goes through
+        by that name (so a new option is a field here and one in SamplingParams), the
+        grammar from `record_grammar`."""
+        values = {name: getattr(self, name) for name in _SAMPLER_NAMED}
+        return sampler_settings({**values, "grammar": self.record_grammar()})
+
     def sampling_record(self) -> RequestSampling:
-        """The sampler fields as the plain record the serving core reads."""
-        fields = {name: getattr(self, name) for name in _RECORD_AS_IS}
-        breakers = self.dry_sequence_breakers
+        """The sampling as the serving core reads it, converted once."""
         return RequestSampling(
-            **fields,
-            grammar=self.record_grammar(),
-            dry_sequence_breakers=None if breakers is None else tuple(breakers),
-            logit_bias=tuple((self.logit_bias or {}).items()),
+            params=self.to_sampling_params(),
+            n=self.n,
             stop=self.stop_list,
+            session_id=self.session_id,
+            cache_salt=self.cache_salt,
             lora=None if self.lora is None else tuple((r.id, r.scale) for r in self.lora),
+            speculative=self.speculative,
         )
 
 
-# The record's fields that SamplingExtras holds with the same name and type.
-_RECORD_AS_IS = tuple(
-    name for name in RequestSampling.__dataclass_fields__
-    if name not in ("dry_sequence_breakers", "logit_bias", "stop", "lora", "grammar")
-)  # fmt: skip
+# The fields of SamplingExtras that are sampler settings under the engine's own names.
+_SAMPLER_NAMED = tuple(sorted(set(SamplingExtras.model_fields) & SAMPLER_FIELDS))
 
 
 class FunctionDef(RequestModel):

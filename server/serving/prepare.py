@@ -29,14 +29,14 @@ from chat.tools import ChatInputError
 from engine.client import GenerateRequest
 from server.http.deps import Caller, EngineLike
 from server.http.errors import BadRequest
-from server.http.sampling import generate_requests
 from server.serving.drive import TOKENIZE_INLINE_CHARS
+from server.serving.engine_requests import generate_requests
 from server.serving.media import media_of
 from server.serving.replay import Recorder, Replay
 from server.serving.request_sampling import RequestSampling
 from server.serving.spliced import prompt_ids
 from server.serving.state import Choice, ChoiceState, Step
-from server.serving.thinking import thinking_spec, with_thinking
+from server.serving.thinking import thinking_spec
 
 # The most messages one chat request may render (its history included): every render
 # and tokenization is linear in them (seconds of CPU at this size), and drop_oldest
@@ -126,8 +126,12 @@ async def prepare_chat(
     overflow: str = "error",
     replay: Replay | None = None,
     thinking_budget: int | None = None,
+    window: Callable[[int], int | None] | None = None,
 ) -> Prepared:
-    """`replay`: the caller's sampled tool turns (server/serving/replay.py): the ones the
+    """`max_tokens`: the limit the prompt is fitted to the context with, and the
+    requests' own unless `window` (Ollama's `num_ctx`) gives theirs from the prompt's
+    length once it is known, so each request is built once with its final limit.
+    `replay`: the caller's sampled tool turns (server/serving/replay.py): the ones the
     messages send back render as sampled, and this request's own are recorded.
     `thinking_budget`: the one the request names (server/serving/thinking.py).
     Images in the messages are read already (server/serving/media.py read_images); the
@@ -143,21 +147,19 @@ async def prepare_chat(
         raise BadRequest(str(exc), param="messages") from exc
     except ChatInputError as exc:
         raise BadRequest(exc.message, param=exc.param) from exc
+    spec = thinking_spec(engine, template.source, plan.prompt.text, thinking_budget,
+                         options.template_kwargs)  # fmt: skip
     requests = generate_requests(
         prompt,
         sampling,
         engine.info,
-        max_tokens=max_tokens,
+        max_tokens=max_tokens if window is None else window(len(prompt)),
         logprobs=logprobs,
         caller=caller,
         overrides=grammar_fields(plan.grammar),
+        thinking=spec,
+        media=media_of(plan.media),
     )
-    spec = thinking_spec(engine, template.source, plan.prompt.text, thinking_budget,
-                         options.template_kwargs)  # fmt: skip
-    requests = with_thinking(requests, spec)
-    if plan.media:
-        media = media_of(plan.media)
-        requests = [replace(r, media=media) for r in requests]
     recorder = Recorder(replay, plan.prompt.text) if replay is not None else None
     return Prepared(plan, prompt, requests, dropped, recorder)
 

@@ -1,47 +1,71 @@
-"""A request's sampling fields as a plain frozen record: what every API asks of the sampler.
+"""A request's sampling as the serving core reads it: the engine's `SamplingParams`, built
+once by the protocol model (its `to_sampling_params()`), and the fields that shape the
+engine requests rather than the sampler (`n`, `stop`, the session, the salt, adapters).
 
-Each protocol model builds one from its own (already validated) fields, so pydantic
-stops at the adapter: server/http/sampling.py and the serving core read this record, never
-a request model. Unset fields are None and keep the engine's defaults.
+The conversion is one function, `sampler_settings`: a protocol model hands it its fields
+under the engine's own names (`SAMPLER_FIELDS`), so a sampling option is declared once on
+the server side (server/api/common.py `SamplingExtras`) and reaches the sampler without a
+mapping table in between. pydantic stops at the protocol models: the serving core reads
+this record, never a request model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from engine.client import SamplingParams
+from server.http.errors import BadRequest
+
+# The sampler settings a request may set under the engine's own names. The grammar
+# triggers are the server's (a tool's grammar), never a client's.
+SAMPLER_FIELDS = frozenset(
+    f.name for f in fields(SamplingParams) if not f.name.startswith("grammar_")
+)
+
+
+def sampler_settings(values: Mapping[str, object]) -> SamplingParams:
+    """SamplingParams from a request's fields (engine names; None: the engine's default).
+    `logit_bias` keys are token ids sent as JSON object keys (text): a key that is not
+    a number is a 400 naming the field. Whether each id is in the vocabulary is the
+    engine's rule (engine/validation.py), checked with every other limit of the model.
+    Seeds are folded to the sampler's 32 bits (-1 and 2**32 - 1 are one seed)."""
+    settings: dict[str, object] = {}
+    for name, value in values.items():
+        if name not in SAMPLER_FIELDS:
+            raise TypeError(f"{name} is not a sampler setting")  # a programming error
+        if value is None:
+            continue
+        if name == "logit_bias":
+            value = tuple(_logit_bias(value))  # type: ignore[arg-type]
+        elif name == "seed":
+            value = int(value) & 0xFFFFFFFF  # type: ignore[call-overload]
+        elif isinstance(value, list):
+            value = tuple(value)
+        settings[name] = value
+    # OpenAI's default temperature is 1.0, as is the engine's.
+    return SamplingParams(**settings)  # type: ignore[arg-type]
+
+
+def _logit_bias(raw: Mapping[str, float]) -> list[tuple[int, float]]:
+    out = []
+    for key, bias in raw.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise BadRequest(
+                f"logit_bias keys must be token ids; got {key!r}", param="logit_bias"
+            ) from None
+        out.append((token, float(bias)))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
 class RequestSampling:
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    min_keep: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
-    dry_sequence_breakers: tuple[str, ...] | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    top_n_sigma: float | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    ignore_eos: bool | None = None
-    grammar: str | None = None
-    logit_bias: tuple[tuple[str, float], ...] = ()  # (key as sent, bias)
-    seed: int | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1
     stop: tuple[str, ...] = ()
     session_id: str | None = None
     cache_salt: str | None = None
     lora: tuple[tuple[str | int, float], ...] | None = None  # (id or index, scale)
-    speculative: bool | None = None
+    speculative: bool | None = None  # None: the model's default

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 
 from chat.reasoning import thinking_syntax
-from engine.client import EngineLike, GenerateRequest, ThinkingSpec
+from engine.client import EngineLike, ThinkingSpec
 
 log = logging.getLogger("kvserve.server")
 
@@ -45,12 +44,6 @@ def thinking_spec(
         return tuple(engine.tokenize(tag, add_special=False, parse_special=True))
 
     return ThinkingSpec(ids(syntax.open), ids(syntax.close), syntax.starts_inside(prompt), budget)
-
-
-def with_thinking(
-    requests: list[GenerateRequest], spec: ThinkingSpec | None
-) -> list[GenerateRequest]:
-    return requests if spec is None else [replace(r, thinking=spec) for r in requests]
 
 
 def request_budget(*values: int | None) -> int | None:

@@ -15,7 +15,6 @@ from engine.client import EngineLike, FinishReason, Generation, TokenLogprob
 from server.api.completions.protocol import CompletionRequest
 from server.http.deps import Caller, resolve_engine
 from server.http.errors import BadRequest
-from server.http.sampling import generate_requests
 from server.serving import sse
 from server.serving.drive import (
     check_n,
@@ -26,6 +25,7 @@ from server.serving.drive import (
     now,
     until_disconnect,
 )
+from server.serving.engine_requests import generate_requests
 from server.serving.prompts import prompt_token_lists
 from server.serving.state import Choice, finish_reason_text, usage
 from server.serving.timings import timings, with_timings
@@ -144,11 +144,12 @@ async def _start(
 ) -> list[Generation]:
     """One generation (of n choices) per prompt; all or none are started."""
     generations: list[Generation] = []
+    sampling = body.sampling_record()
     try:
         for prompt in prompts:
             requests = generate_requests(
                 prompt,
-                body.sampling_record(),
+                sampling,
                 engine.info,
                 max_tokens=body.max_tokens,
                 logprobs=body.logprobs,

@@ -18,8 +18,8 @@ from fastapi import APIRouter, Request
 
 from server.http.deps import claim, registry, resolve_model
 from server.http.errors import ServerError
-from server.http.sampling import sampling_params
 from server.models.served import ServedModel
+from server.serving.engine_requests import sampling_params
 from server.serving.request_sampling import RequestSampling
 
 router = APIRouter()

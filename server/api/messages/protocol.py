@@ -14,7 +14,7 @@ from pydantic import Field
 from chat.reasoning import EFFORTS
 from server.api.common import Probability, RequestModel
 from server.http.errors import BadRequest, Unsupported
-from server.serving.request_sampling import RequestSampling
+from server.serving.request_sampling import RequestSampling, sampler_settings
 
 log = logging.getLogger("kvserve.server")
 
@@ -106,8 +106,10 @@ class MessagesRequest(CountTokensRequest):
 
     def sampling_record(self, session_id: str | None) -> RequestSampling:
         """The sampler fields Anthropic defines, as the serving core reads them."""
-        return RequestSampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                               stop=tuple(self.stop_sequences or ()), session_id=session_id)
+        params = sampler_settings({"temperature": self.temperature, "top_p": self.top_p,
+                                   "top_k": self.top_k})  # fmt: skip
+        return RequestSampling(params, stop=tuple(self.stop_sequences or ()),
+                               session_id=session_id)  # fmt: skip
 
     @property
     def thinking_budget(self) -> int | None:

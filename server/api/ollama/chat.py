@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -21,10 +20,10 @@ from server.api.common import function_tool
 from server.api.ollama.common import (
     Piece,
     answer,
+    check_num_ctx,
     content_with_images,
     kept_model,
     load_answer,
-    options,
     within_window,
 )
 from server.api.ollama.protocol import OllamaChatRequest
@@ -103,7 +102,8 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
         return await load_answer(request, served, body.model, body.keep_alive,
                            {"message": {"role": "assistant", "content": ""}})  # fmt: skip
     engine = served.engine
-    opts = options(body.options, engine.info.n_ctx)
+    opts = body.options
+    check_num_ctx(opts, engine.info.n_ctx)
     template = served.template
     overflow = served.context_overflow
     if body.truncate is not None:
@@ -112,13 +112,12 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
     with params_renamed(_param):
         prepared = await prepare_chat(
             engine, template, messages, chat_options(body, template.source, body.model),
-            opts.sampling, caller, max_tokens=opts.max_tokens, overflow=overflow,
+            opts.sampling_record(), caller, max_tokens=opts.max_tokens, overflow=overflow,
             replay=request_replay(request, served.id, caller, by_calls=True),
+            window=lambda num_prompt: within_window(opts, num_prompt),
         )  # fmt: skip
-    limit = within_window(opts, len(prepared.prompt))
-    requests = [replace(r, max_tokens=limit) for r in prepared.requests]
     apply_keep_alive(served, body.keep_alive)  # the request passed every check
-    generation = await engine.generate(requests)
+    generation = await engine.generate(prepared.requests)
     (state,) = prepared.states()
     return await answer(request, generation, state, model=body.model,
                         started=started, stream=body.stream,

@@ -4,8 +4,8 @@
   (`resolve_ollama_model`, server/models/served.py); an unknown one is a 404 in Ollama's words.
 - keep_alive: parsed with the body, checked here, applied by the route once the request
   has passed every other check (server/models/keep_alive.py: who may set it).
-- options: every option Ollama defines is either mapped onto the sampler or refused
-  by name (400); so is any name Ollama does not define.
+- options: parsed with the body by their own model (`OllamaOptions`, in
+  server/api/ollama/protocol.py); `num_ctx` is checked here against the model's context.
 - Timings: the final object's durations, in nanoseconds, from the engine's own stage
   times of the sequence (queued, prefilled, finished) and the model gate's load wait.
 - Answers (`answer`): chat and generate differ only in how a piece of output is shaped
@@ -27,26 +27,23 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
 from starlette.background import BackgroundTask
 
 from chat.callstream import Delta
 from engine.client import FinishReason, Generation
-from server.api.common import SamplingExtras
+from server.api.ollama.protocol import OllamaOptions
 from server.http.deps import claim, gated_model, ready_engine, registry
 from server.http.errors import (
     APIError,
     BadRequest,
     NotFound,
     ServerError,
-    Unsupported,
     generation_failure,
 )
 from server.models.keep_alive import apply_keep_alive, check_keep_alive
 from server.models.served import ServedModel, resolve_ollama_model
-from server.serving.drive import collect, engine_failure, increments, until_disconnect
+from server.serving.drive import collect, steps, until_disconnect
 from server.serving.media import chat_part, image_from_base64, image_from_url
-from server.serving.request_sampling import RequestSampling
 from server.serving.state import Choice, ChoiceState, parsed
 
 
@@ -83,78 +80,16 @@ def kept_model(request: Request, name: str, keep_alive: float | None) -> ServedM
 
 # -- options -----------------------------------------------------------------------------
 
-# Ollama's options that map one to one onto a sampler field of the same name.
-_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
-             "repeat_last_n", "presence_penalty", "frequency_penalty", "mirostat",
-             "mirostat_tau", "mirostat_eta", "stop")  # fmt: skip
-# Ollama's defaults where they differ from the engine's (its api.DefaultOptions).
-_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repeat_penalty": 1.1,
-             "repeat_last_n": 64}  # fmt: skip
-# Ollama's options that kvserve does not implement, and why.
-_REFUSED = {
-    **dict.fromkeys(("num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap",
-                     "use_mlock", "numa", "low_vram", "f16_kv", "vocab_only", "logits_all",
-                     "embedding_only"),  # fmt: skip
-                    "a load-time setting; it is set in the server's configuration"),
-    "num_keep": "kvserve does not shift the context (a prompt that does not fit is refused)",
-    "tfs_z": "tail-free sampling is not in llama.cpp's sampler any more",
-    "penalize_newline": "llama.cpp's sampler no longer has it",
-}
+
+def check_num_ctx(opts: OllamaOptions, n_ctx: int) -> None:
+    """`options.num_ctx` (the rest of the options is checked as the body is parsed: its
+    model, server/api/ollama/protocol.py `OllamaOptions`) within this model's context."""
+    if opts.num_ctx is not None and not 1 <= opts.num_ctx <= n_ctx:
+        raise BadRequest(f"'options.num_ctx' must be between 1 and this model's context "
+                         f"of {n_ctx} tokens", param="options.num_ctx")  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class Options:
-    sampling: RequestSampling
-    max_tokens: int | None  # num_predict; None: until the end or the context is full
-    num_ctx: int | None
-
-
-def options(raw: dict[str, Any] | None, n_ctx: int) -> Options:
-    """Ollama's `options` -> sampler fields, the token limit and the context window."""
-    raw = dict(raw or {})
-    for name in raw:
-        if name in _REFUSED:
-            raise Unsupported(f"options.{name}", _REFUSED[name])
-        if name not in (*_SAMPLING, "seed", "num_predict", "num_ctx"):
-            raise BadRequest(f"unknown option 'options.{name}'", param=f"options.{name}")
-    fields: dict[str, Any] = {**_DEFAULTS}
-    fields.update({k: v for k, v in raw.items() if k in _SAMPLING and v is not None})
-    seed = raw.get("seed")
-    if seed is not None:
-        _int(seed, "seed")
-        if seed >= 0:  # Ollama: -1 (or any negative) draws a random seed
-            fields["seed"] = seed
-    try:
-        # options is a free-form object: the chat fields' own validation checks it
-        sampling = SamplingExtras.model_validate(fields).sampling_record()
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        name = str(error["loc"][0]) if error["loc"] else "options"
-        raise BadRequest(f"invalid value for 'options.{name}': {error['msg']}",
-                         param=f"options.{name}") from None  # fmt: skip
-    num_predict = raw.get("num_predict")
-    if num_predict is not None:
-        _int(num_predict, "num_predict")
-        if num_predict < -2:
-            raise BadRequest("'options.num_predict' must be -1 (no limit), -2 (fill the "
-                             "context) or a count", param="options.num_predict")  # fmt: skip
-    num_ctx = raw.get("num_ctx")
-    if num_ctx is not None:
-        _int(num_ctx, "num_ctx")
-        if not 1 <= num_ctx <= n_ctx:
-            raise BadRequest(f"'options.num_ctx' must be between 1 and this model's context "
-                             f"of {n_ctx} tokens", param="options.num_ctx")  # fmt: skip
-    # Ollama: 0 and negative counts mean no limit (the context bounds the answer).
-    limit = num_predict if num_predict is not None and num_predict > 0 else None
-    return Options(sampling, limit, num_ctx)
-
-
-def _int(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"'options.{name}' must be an integer", param=f"options.{name}")
-
-
-def within_window(opts: Options, num_prompt: int) -> int | None:
+def within_window(opts: OllamaOptions, num_prompt: int) -> int | None:
     """The token limit once `num_ctx` is honoured: the prompt must fit the window, and
     the answer ends where the window does."""
     if opts.num_ctx is None:
@@ -301,17 +236,15 @@ def line(obj: dict[str, Any]) -> str:
 async def _lines(
     generation: Generation, state: ChoiceState, chunk: Shape, final: Final
 ) -> AsyncIterator[str]:
-    token_ids: list[int] = []  # the whole output's (an increment carries its own only)
+    """The stream's lines, from the shared driver's parsed steps (server/serving/drive.py
+    `steps`: a failed sequence raises there, and leaves as the last line here)."""
     try:
-        async for increment in increments(generation):
-            for _, inc in increment:
-                if inc.finish_reason is FinishReason.ERROR:
-                    raise engine_failure(inc.error)
-                token_ids.extend(inc.token_ids)
-                part = piece(state.advance(inc).deltas)
+        async for increment in steps(generation, [state]):
+            for step in increment:
+                part = piece(step.deltas)
                 if part:
                     yield line(chunk(part))
-        state.total.token_ids = token_ids
+        state.total.token_ids = state.sampled_ids  # the whole output's (`context`)
         yield line(final(state.total, Piece()))
     except APIError as err:
         yield line(err.ollama_body())

@@ -14,23 +14,27 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 
-from server.api.ollama.common import kept_model, load_wait_s, options
-from server.api.ollama.protocol import OllamaEmbeddingsRequest, OllamaEmbedRequest
+from server.api.ollama.common import check_num_ctx, kept_model, load_wait_s
+from server.api.ollama.protocol import (
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaOptions,
+)
 from server.http.errors import BadRequest, Unsupported
 from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel
 from server.serving.drive import tokenize, until_disconnect
 
 
-def _limit(served: ServedModel, model: str, raw: dict[str, Any] | None) -> int:
+def _limit(served: ServedModel, model: str, opts: OllamaOptions) -> int:
     """The most tokens one input may have here."""
     info = served.engine.info
     if info.embed_n_ctx == 0:
         raise BadRequest(f'"{model}" does not support embeddings', param="model")
-    opts = options(raw, info.n_ctx)  # refuses what Ollama does not define or we do not do
-    for name in raw or {}:
-        if name != "num_ctx":
-            raise Unsupported(f"options.{name}", "embeddings take no sampling options")
+    check_num_ctx(opts, info.n_ctx)
+    sampling = sorted(opts.model_fields_set - {"num_ctx"})
+    if sampling:
+        raise Unsupported(f"options.{sampling[0]}", "embeddings take no sampling options")
     return min(info.embed_n_ctx, opts.num_ctx or info.embed_n_ctx)
 
 

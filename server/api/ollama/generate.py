@@ -14,7 +14,6 @@ the `context` of an earlier answer, or a prefix and `suffix` to fill in between.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -27,23 +26,23 @@ from engine.client import Media, ThinkingSpec
 from server.api.ollama.common import (
     Piece,
     answer,
+    check_num_ctx,
     content_with_images,
     kept_model,
     load_answer,
-    options,
     within_window,
 )
 from server.api.ollama.protocol import OllamaGenerateRequest
 from server.http.deps import Caller, EngineLike
 from server.http.errors import BadRequest, params_renamed
-from server.http.sampling import generate_requests
 from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel
 from server.serving.drive import tokenize
+from server.serving.engine_requests import generate_requests
 from server.serving.media import media_of, request_images
 from server.serving.prepare import grammar_fields, make_plan, prompt_tokens
 from server.serving.state import ChoiceState
-from server.serving.thinking import thinking_spec, with_thinking
+from server.serving.thinking import thinking_spec
 
 
 def _grammar(body: OllamaGenerateRequest) -> GrammarSpec | None:
@@ -121,7 +120,8 @@ async def serve_ollama_generate(
     if not body.prompt and not body.suffix:
         return await load_answer(request, served, body.model, body.keep_alive, {"response": ""})
     engine = served.engine
-    opts = options(body.options, engine.info.n_ctx)
+    opts = body.options
+    check_num_ctx(opts, engine.info.n_ctx)
     media: tuple[Media, ...] = ()
     if body.raw or body.suffix:
         if body.images:
@@ -137,10 +137,10 @@ async def serve_ollama_generate(
         with params_renamed(_format_param):
             prompt, parser, grammar, spec, media = await _templated(request, served, body)
     limit = within_window(opts, len(prompt))
-    requests = generate_requests(prompt, opts.sampling, engine.info, max_tokens=limit,
-                                 logprobs=None, caller=caller,
-                                 overrides=grammar_fields(grammar))  # fmt: skip
-    requests = [replace(r, media=media) for r in with_thinking(requests, spec)]
+    requests = generate_requests(prompt, opts.sampling_record(), engine.info,
+                                 max_tokens=limit, logprobs=None, caller=caller,
+                                 overrides=grammar_fields(grammar), thinking=spec,
+                                 media=media)  # fmt: skip
     apply_keep_alive(served, body.keep_alive)  # the request passed every check
     generation = await engine.generate(requests)
 

@@ -7,14 +7,23 @@ that kvserve does not implement are refused by name (`refuse_unsupported`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from chat.reasoning import OLLAMA_THINK_LEVELS
-from server.api.common import FunctionDef, RequestModel
+from engine.client import SamplingParams
+from server.api.common import (
+    FunctionDef,
+    Penalty,
+    Probability,
+    RequestModel,
+    StopText,
+    stop_strings,
+)
 from server.http.errors import BadRequest, Unsupported
 from server.models.keep_alive import KeepAlive
+from server.serving.request_sampling import RequestSampling, sampler_settings
 
 Name = Annotated[str, Field(min_length=1)]
 
@@ -43,10 +52,72 @@ class OllamaTool(RequestModel):
     function: FunctionDef
 
 
+# Ollama's options that kvserve does not implement, and why.
+REFUSED_OPTIONS = {
+    **dict.fromkeys(("num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap",
+                     "use_mlock", "numa", "low_vram", "f16_kv", "vocab_only", "logits_all",
+                     "embedding_only"),  # fmt: skip
+                    "a load-time setting; it is set in the server's configuration"),
+    "num_keep": "kvserve does not shift the context (a prompt that does not fit is refused)",
+    "tfs_z": "tail-free sampling is not in llama.cpp's sampler any more",
+    "penalize_newline": "llama.cpp's sampler no longer has it",
+}
+
+
+class OllamaOptions(RequestModel):
+    """Ollama's `options`, under Ollama's names and with Ollama's defaults where they
+    differ from the engine's (its api.DefaultOptions); a validation error names
+    `options.<field>` as Ollama spells it. Every option Ollama defines is either here or
+    refused by name (REFUSED_OPTIONS); so is any name Ollama does not define. Integers
+    are strict, as Go's decoder reads them (1.5 and true are not counts)."""
+
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 0.8
+    top_k: Annotated[int, Field(ge=0)] = 40
+    top_p: Probability = 0.9
+    min_p: Probability | None = None
+    typical_p: Probability | None = None
+    repeat_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.1
+    repeat_last_n: Annotated[int, Field(ge=-1)] = 64
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    mirostat: Literal[0, 1, 2] | None = None
+    mirostat_tau: Annotated[float, Field(ge=0.0)] | None = None
+    mirostat_eta: Annotated[float, Field(ge=0.0)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
+    seed: StrictInt | None = None  # negative: a random seed, as Ollama draws one
+    num_predict: StrictInt | None = None  # -1: no limit; -2: fill the context
+    num_ctx: StrictInt | None = None  # checked against the model's context by the route
+
+    def refuse_unsupported(self) -> None:
+        for name in self.model_extra or {}:
+            if name in REFUSED_OPTIONS:
+                raise Unsupported(f"options.{name}", REFUSED_OPTIONS[name])
+            raise BadRequest(f"unknown option 'options.{name}'", param=f"options.{name}")
+        if self.num_predict is not None and self.num_predict < -2:
+            raise BadRequest("'options.num_predict' must be -1 (no limit), -2 (fill the "
+                             "context) or a count", param="options.num_predict")  # fmt: skip
+
+    def to_sampling_params(self) -> SamplingParams:
+        names = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+                 "repeat_last_n", "presence_penalty", "frequency_penalty", "mirostat",
+                 "mirostat_tau", "mirostat_eta")  # fmt: skip
+        seed = self.seed if self.seed is not None and self.seed >= 0 else None
+        return sampler_settings({**{n: getattr(self, n) for n in names}, "seed": seed})
+
+    def sampling_record(self) -> RequestSampling:
+        return RequestSampling(self.to_sampling_params(), stop=stop_strings(self.stop))
+
+    @property
+    def max_tokens(self) -> int | None:
+        """num_predict as a limit: 0 and negative counts mean none (the context bounds
+        the answer), as in Ollama."""
+        return self.num_predict if self.num_predict is not None and self.num_predict > 0 else None
+
+
 class _Base(RequestModel):
     model: Name
     keep_alive: KeepAlive = None  # seconds (inf: for ever), parsed from Ollama's forms
-    options: dict[str, Any] | None = None
+    options: OllamaOptions = Field(default_factory=OllamaOptions)
 
 
 class _Generating(_Base):

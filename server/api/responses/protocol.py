@@ -15,7 +15,7 @@ from chat.reasoning import EFFORTS
 from server.api.common import McpToolChoice as McpChoice
 from server.api.common import Probability, RequestModel
 from server.http.errors import BadRequest, Unsupported
-from server.serving.request_sampling import RequestSampling
+from server.serving.request_sampling import RequestSampling, sampler_settings
 
 log = logging.getLogger("kvserve.server")
 
@@ -108,11 +108,10 @@ class ResponsesRequest(RequestModel):
 
     def sampling_record(self, session_id: str | None) -> RequestSampling:
         """The sampler fields of a turn (on `session_id`), as the serving core reads them."""
-        return RequestSampling(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-            seed=self.seed, stop=tuple(self.stop or ()), cache_salt=self.cache_salt,
-            session_id=session_id,
-        )  # fmt: skip
+        params = sampler_settings({"temperature": self.temperature, "top_p": self.top_p,
+                                   "top_k": self.top_k, "min_p": self.min_p, "seed": self.seed})
+        return RequestSampling(params, stop=tuple(self.stop or ()), cache_salt=self.cache_salt,
+                               session_id=session_id)  # fmt: skip
 
     @property
     def encrypted_reasoning(self) -> bool:

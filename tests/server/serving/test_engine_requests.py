@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.types import ModelInfo, SamplingParams
 from server.api.chat.protocol import ChatCompletionRequest
-from server.http.sampling import generate_requests, sampling_params
+from server.serving.engine_requests import generate_requests, sampling_params
 from server.serving.request_sampling import RequestSampling
 
 INFO = ModelInfo("m", "/m.gguf", 512, 512, 100, 8, 4, None, "", "", False)
