@@ -23,9 +23,7 @@ from chat.callformat import (
     OwnFormat,
     json_arguments,
     keyed_tools,
-    lazy_at,
-    thinking_block,
-    thinking_then,
+    lazy_or_forced,
 )
 from chat.callstream import BufferedParser, Delta
 from chat.gbnf import RuleSet, literal
@@ -62,10 +60,8 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     action = rules.add(
         "action", f"{literal(ACTION[0] + '[')} {sp} {calls} {sp} {literal(']' + ACTION[1])}"
     )
-    if mode == "auto" and not doc_key:
-        return lazy_at(rules.text(action), ACTION[0])
-    think = thinking_block(rules, THINK[1], f"{literal(THINK[0])}?")
-    return thinking_then(rules, think, action, doc_key, _response)
+    return lazy_or_forced(rules, action, mode, doc_key, ACTION[0], THINK[1],
+                          f"{literal(THINK[0])}?", answer_doc=_response)  # fmt: skip
 
 
 def _response(document: str) -> str:

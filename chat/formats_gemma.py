@@ -31,9 +31,7 @@ from chat.callformat import (
     OwnFormat,
     input_grammar,
     keyed_tools,
-    lazy_at,
-    thinking_block,
-    thinking_then,
+    lazy_or_forced,
 )
 from chat.callstream import BufferedParser, Delta
 from chat.gbnf import RuleSet, literal
@@ -92,10 +90,8 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     call = rules.add("call", f"{literal(CALL_OPEN + CALL)} ({' | '.join(alternatives)}) "
                              f"{literal(CALL_CLOSE)}")  # fmt: skip
     calls = f"{call}+" if parallel else call
-    if mode == "auto" and not doc_key:
-        return lazy_at(rules.text(calls), CALL_OPEN)
-    think = thinking_block(rules, CHANNEL_CLOSE, literal(CHANNEL_OPEN + THOUGHT))
-    return thinking_then(rules, think, calls, doc_key)
+    return lazy_or_forced(rules, calls, mode, doc_key, CALL_OPEN, CHANNEL_CLOSE,
+                          literal(CHANNEL_OPEN + THOUGHT))  # fmt: skip
 
 
 class GemmaParser(BufferedParser):

@@ -29,9 +29,7 @@ from chat.callformat import (
     OwnFormat,
     input_grammar,
     keyed_tools,
-    lazy_at,
-    thinking_block,
-    thinking_then,
+    lazy_or_forced,
 )
 from chat.callstream import Delta, ThinkingParser
 from chat.gbnf import RuleSet, literal
@@ -95,13 +93,10 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     call = rules.add("call", " | ".join(alternatives))
     calls = f"{call} ({ws} {call})*" if parallel else call
     block = rules.add("block", f"{literal(BLOCK_OPEN)} {ws} {calls} {ws} {literal(BLOCK_CLOSE)}")
-    if mode == "auto" and not doc_key:
-        return lazy_at(rules.text(block), BLOCK_OPEN)
     # A forced block may follow a thinking block or the bare `</mm:think>` of a turn
     # without thinking (llama.cpp's grammar: either, or neither).
-    think = thinking_block(rules, THINK_CLOSE, literal(THINK_OPEN))
-    either = rules.add("think-or-not", f"{think} | {literal(THINK_CLOSE)}")
-    return thinking_then(rules, either, block, doc_key)
+    return lazy_or_forced(rules, block, mode, doc_key, BLOCK_OPEN, THINK_CLOSE,
+                          literal(THINK_OPEN), bare_close=True)  # fmt: skip
 
 
 class MinimaxParser(ThinkingParser):

@@ -32,9 +32,7 @@ from chat.callformat import (
     OwnFormat,
     json_arguments,
     keyed_tools,
-    lazy_at,
-    thinking_block,
-    thinking_then,
+    lazy_or_forced,
 )
 from chat.callstream import Delta, JsonNesting, ThinkingParser
 from chat.gbnf import RuleSet, literal
@@ -91,12 +89,9 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str, call_id: bool) -
         alternatives.append(rules.add(f"call-{i}", f"{head} {args}"))
     call = rules.add("call", f"{literal(CALLS)} ({' | '.join(alternatives)})")
     calls = f"{call}+" if parallel else call
-    if mode == "auto" and not doc_key:
-        return lazy_at(rules.text(calls), CALLS)
     # Forced (or calls | a document): the thinking may come first, as llama.cpp's
     # grammar allows, so that a forced call does not land inside the reasoning.
-    think = thinking_block(rules, THINK_CLOSE, literal(THINK_OPEN))
-    return thinking_then(rules, think, calls, doc_key)
+    return lazy_or_forced(rules, calls, mode, doc_key, CALLS, THINK_CLOSE, literal(THINK_OPEN))
 
 
 class MinistralParser(ThinkingParser):

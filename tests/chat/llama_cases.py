@@ -133,3 +133,20 @@ def assert_renders(
     assert rendered in text
     assert accepts(fmt.grammar(list(tools), ToolChoice("required"), True).gbnf, rendered)
     return text
+
+
+def required_accepts(fmt: CallFormat, tools: list[Tool], text: str) -> bool:
+    """Whether `fmt`'s grammar under `tool_choice: required` (parallel calls on), which is
+    never lazy, accepts `text`."""
+    spec = fmt.grammar(list(tools), ToolChoice("required"), parallel=True)
+    assert not spec.lazy
+    return accepts(spec.gbnf, text)
+
+
+def truncated(name: str, tools: list[Tool], text: str) -> int:
+    """How many calls the parser of template `name`'s plan (with `tools`) counts cut off
+    when the output ends after `text`."""
+    parser = plan_chat(template(name), USER, ChatOptions(tools=tuple(tools))).parser()
+    parser.feed(text)
+    parser.finish()
+    return parser.num_truncated

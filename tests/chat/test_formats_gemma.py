@@ -26,7 +26,9 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
+    truncated,
 )
 
 G4 = "google-gemma-4-31B-it.jinja"
@@ -102,11 +104,7 @@ def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
 
 
 def test_a_cut_off_call_counts_as_truncated() -> None:
-    plan = plan_chat(template(G4), USER, ChatOptions(tools=(T.python_tool,)))
-    parser = plan.parser()
-    parser.feed("Sure." + "<|tool_call>call:python{code:" + q("pri"))
-    parser.finish()
-    assert parser.num_truncated == 1
+    assert truncated(G4, [T.python_tool], "Sure.<|tool_call>call:python{code:" + q("pri")) == 1
 
 
 TWO = [T.get_time_tool, T.special_function_tool_with_optional_param]
@@ -122,9 +120,7 @@ TIME = call("get_time", "city:" + q("Paris"))
     TIME + call("special_function_with_opt", "arg1:1"),
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = GEMMA4.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(GEMMA4, TWO, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -138,8 +134,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     HELLO,  # no call
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = GEMMA4.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(GEMMA4, TWO, text)
 
 
 def test_typed_values_nested() -> None:

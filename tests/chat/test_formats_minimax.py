@@ -27,7 +27,9 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
+    truncated,
 )
 
 M3 = "MiniMax-M3.jinja"
@@ -122,10 +124,8 @@ def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
 
 
 def test_a_cut_off_call_counts_as_truncated() -> None:
-    parser = plan_chat(template(M3), USER, ChatOptions(tools=(T.get_time_tool,))).parser()
-    parser.feed(f'Sure.{NS}<tool_call>\n{NS}<invoke name="get_time">{NS}<city>Tok')
-    parser.finish()
-    assert parser.num_truncated == 1
+    cut = f'Sure.{NS}<tool_call>\n{NS}<invoke name="get_time">{NS}<city>Tok'
+    assert truncated(M3, [T.get_time_tool], cut) == 1
 
 
 def test_minimax_json() -> None:
@@ -157,9 +157,7 @@ ALL = [T.get_time_tool, T.magic_int_tool, T.nested_args_tool, T.union_args_tool,
     block(invoke("empty_args"), invoke("get_time", el("city", "Paris"))),
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = MINIMAX_M3.grammar(ALL, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(MINIMAX_M3, ALL, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -173,8 +171,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     HELLO + TIME,  # text before a forced call
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = MINIMAX_M3.grammar(ALL, ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(MINIMAX_M3, ALL, text)
 
 
 def test_lazy_grammar_and_parallel_off() -> None:

@@ -28,7 +28,9 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
+    truncated,
 )
 
 M3 = "mistralai-Ministral-3-14B-Reasoning-2512.jinja"
@@ -79,10 +81,7 @@ def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
 
 def test_a_cut_off_call_counts_as_truncated() -> None:
     for cut in ('[TOOL_CALLS]python[ARGS]{"code": "pri', "[TOOL_CALLS]pyth"):
-        parser = plan_chat(template(M3), USER, ChatOptions(tools=(T.python_tool,))).parser()
-        parser.feed("Sure." + cut)
-        parser.finish()
-        assert parser.num_truncated == 1, cut
+        assert truncated(M3, [T.python_tool], "Sure." + cut) == 1, cut
 
 
 @pytest.mark.parametrize("text", [
@@ -93,9 +92,7 @@ def test_a_cut_off_call_counts_as_truncated() -> None:
     '[TOOL_CALLS]special_function_with_opt[ARGS]{"arg1": 1}',
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = MINISTRAL3.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(MINISTRAL3, TWO, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -108,8 +105,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     HELLO,  # no call
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = MINISTRAL3.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(MINISTRAL3, TWO, text)
 
 
 def test_lazy_grammar_named_and_parallel_off() -> None:
