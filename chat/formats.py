@@ -2,9 +2,13 @@
 ones, and the incremental parser that turns its output back into calls.
 
 - Hermes / Qwen: `<tool_call>{"name": .., "arguments": {..}}</tool_call>`, anywhere.
-- Llama 3.x: a bare `{"name": .., "parameters": {..}}` answer (after `<|python_tag|>`).
+- Llama 3.x: a bare `{"name": .., "parameters": {..}}` answer (after `<|python_tag|>`);
+  Llama 3.2's template (no `<|python_tag|>`) asks for one such call and refuses more.
 - Mistral: `[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]`.
 - Granite 3.3: `<|tool_call|>[{"name": .., "arguments": {..}}, ..]` (chat/formats_granite.py).
+- The same objects in other wrappers, as llama.cpp's autoparser derives them from their
+  templates: Nemotron Nano v2's `<TOOLCALL>[..]</TOOLCALL>` (after `<think>`, which the
+  prompt opens), MiniMax-M1's `<tool_calls>` lines, FireFunction v2's ` functools[..]`.
 - Generic: for templates without tool support, the tools are described in the system
   prompt and a call is the envelope `{"tool_calls": [{"name": .., "arguments": {..}}]}`
   as the whole answer. In `auto` mode the lazy grammar arms when the answer starts with
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chat.callformat import (
@@ -34,6 +38,7 @@ from chat.callformat import (
     document_rule,
     json_arguments,
     keyed_tools,
+    thinking_block,
 )
 from chat.callstream import CallScanner, Delta, held_back
 from chat.formats_cohere import detect_cohere
@@ -48,11 +53,12 @@ from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
 from chat.gbnf import RuleSet, literal
 from chat.harmony import HARMONY
+from chat.reasoning import starts_inside
 from chat.tools import Tool, ToolChoice
 
-__all__ = ["GENERIC", "GRANITE", "HERMES", "LLAMA3", "MISTRAL", "CallFormat", "GrammarSpec",
-           "ToolFormat", "ToolParser", "detect_format", "generic_history",
-           "tool_system_prompt"]  # fmt: skip
+__all__ = ["FIREFUNCTION_V2", "GENERIC", "GRANITE", "HERMES", "LLAMA3", "LLAMA3_2", "MINIMAX_M1",
+           "MISTRAL", "NEMOTRON_V2", "CallFormat", "GrammarSpec", "ToolFormat", "ToolParser",
+           "detect_format", "generic_history", "tool_system_prompt"]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +75,20 @@ class ToolFormat(MemoizedGrammar):
     trigger: str  # lazy trigger regex (std::regex ECMAScript, whole-output match)
     trigger_word: str = ""
     owns_reasoning: bool = False  # `<think>` (if any) is split before the calls
+    single_call: bool = False  # the template renders one call a turn (Llama 3.2 raises)
+    thinks: bool = False  # `<think>` first: a forced grammar lets it come before the calls
+    opened: bool = False  # set by for_prompt: the prompt opened `<think>`, which must close
+
+    def for_prompt(self, prompt: str) -> ToolFormat:
+        """A thinking format's grammar for a prompt that opened `<think>`: the block must
+        close before a forced call, or the `<think>` split would read the call as
+        reasoning (a PromptBound format; its own name keys its grammars apart)."""
+        if not self.thinks or not starts_inside(prompt):
+            return self
+        return replace(self, name=self.name + "|opened", opened=True)
 
     def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(self, key, mode, parallel, doc_key)
+        return _grammar(self, key, mode, parallel and not self.single_call, doc_key)
 
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> ToolParser:
         """The JSON families need neither: a call names itself and carries JSON."""
@@ -87,6 +104,25 @@ LLAMA3 = ToolFormat(
     "llama3", True, None, ("{", '"name"'), False, "parameters",
     '("<|python_tag|>")? ws', 'ws ";" ws', "",
     r'(?:<\|python_tag\|>)?\s*(\{\s*"name")[\s\S]*', "<|python_tag|>",
+)  # fmt: skip
+LLAMA3_2 = ToolFormat(
+    "llama3.2", True, None, ("{", '"name"'), False, "parameters", "ws", "", "",
+    r'\s*(\{\s*"name")[\s\S]*', single_call=True,
+)  # fmt: skip
+NEMOTRON_V2 = ToolFormat(
+    "nemotron-v2", True, "<TOOLCALL>", (), True, "arguments",
+    '"<TOOLCALL>[" ws', 'ws "," ws', 'ws "]</TOOLCALL>"',
+    r"[\s\S]*?(<TOOLCALL>)[\s\S]*", "<TOOLCALL>", thinks=True,
+)  # fmt: skip
+MINIMAX_M1 = ToolFormat(
+    "minimax-m1", True, "<tool_calls>", (), True, "arguments",
+    '"<tool_calls>\\n"', '"\\n"', '"\\n</tool_calls>"',
+    r"[\s\S]*?(<tool_calls>)[\s\S]*",
+)  # fmt: skip
+FIREFUNCTION_V2 = ToolFormat(
+    "firefunction-v2", True, "functools[", (), True, "arguments",
+    '"functools[" ws', 'ws "," ws', 'ws "]"',
+    r"[\s\S]*?(functools\[)[\s\S]*",
 )  # fmt: skip
 MISTRAL = ToolFormat(
     "mistral", True, "[TOOL_CALLS]", (), True, "arguments",
@@ -160,7 +196,19 @@ def detect_format(template_source: str) -> CallFormat:
         return MISTRAL
     if "<|python_tag|>" in template_source:
         return LLAMA3
+    if "<TOOLCALL>[" in template_source:
+        return NEMOTRON_V2
+    if "<tool_calls>" in template_source and "<beginning_of_sentence>" in template_source:
+        return MINIMAX_M1
+    if "functools[" in template_source:
+        return FIREFUNCTION_V2
+    if _LLAMA3_ASK in template_source:  # Llama 3.2: the same JSON, one call a turn
+        return LLAMA3_2
     return GENERIC
+
+
+# What the Llama 3.1-3.3 templates tell the model; 3.2's alone has no <|python_tag|>.
+_LLAMA3_ASK = 'Respond in the format {"name": function name, "parameters": dictionary'
 
 
 def _grammar(
@@ -183,6 +231,9 @@ def _grammar(
     if doc_key:  # calls | the document: no longer free text, so not lazy
         value = document_rule(rules, doc_key)
         root, lazy = f"({root}) | {value}", False
+    if fmt.thinks and not lazy:  # a forced answer: the thinking first
+        think = thinking_block(rules, "</think>", "" if fmt.opened else '"<think>"', ws)
+        root = f"{think} ({root})" if fmt.opened else f"({think})? ({root})"
     return GrammarSpec(
         rules.text(root),
         lazy=lazy,

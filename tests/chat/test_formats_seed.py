@@ -43,7 +43,7 @@ TODOS = '[{"item": "Check stuff", "selected": false}, {"item": "Prepare stuff", 
 OLD, NEW = 'def foo(arg = "14"):\n    return arg + "bar"\n', 'def foo(arg = "15"):\n    pass\n'
 
 # (the test-chat.cpp case, tools, output, reasoning, content, calls)
-CASES = [case(*c) for c in [
+ROWS: list[tuple[Any, ...]] = [
     ("content", [], HELLO, "", HELLO, []),
     ("reasoning and content", [],
      "<seed:think>I'm thinking about the answer</seed:think>\nHello, world!",
@@ -68,7 +68,8 @@ CASES = [case(*c) for c in [
      "", "Sure.", [("get_time", {"city": "Paris"})]),
     ("a call cut off", [T.get_time_tool],
      "<seed:tool_call>\n<function=get_time>\n<parameter=city>Par", "", "", []),
-]]  # fmt: skip
+]  # fmt: skip
+CASES = [case(*c) for c in ROWS]
 
 
 @each_case(CASES, steps=(1, 5, 100_000))
