@@ -10,14 +10,13 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from fastapi import Request
 from sse_starlette import EventSourceResponse
 
 from chat.plan import ChatOptions
 from engine.client import SessionBusyError, SessionPool, check_session_id
-from server.api.common import McpToolChoice
 from server.http.deps import Caller, EngineLike
 from server.http.errors import BadRequest, TooManyRequests, params_renamed
 from server.mcp.loop import Prepare
@@ -91,9 +90,18 @@ async def mcp_turn(
             turn.cleanup()
 
 
+@runtime_checkable
+class McpChoice(Protocol):
+    """An mcp tool_choice (`{"type": "mcp", "server_label", "name"}`: the APIs' model is
+    server/api/common.py McpToolChoice), read by its shape so that mcp/ imports no API."""
+
+    server_label: str
+    name: str | None
+
+
 def check_mcp_choice(choice: object, toolset: Toolset) -> None:
     """An mcp tool_choice names a server of the request, and a tool it offers."""
-    if not isinstance(choice, McpToolChoice):
+    if not isinstance(choice, McpChoice):
         return
     server = toolset.server(choice.server_label)
     if server is None:
