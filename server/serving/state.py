@@ -154,7 +154,15 @@ class ParsedCall:
     index: int
     call_id: str
     name: str
-    arguments: str = ""  # the arguments' JSON text, as generated
+    # Tool-call arguments are one type from a protocol to the template and back: JSON
+    # text, as generated. The model samples text and a stream sends it in fragments; the
+    # OpenAI wires (chat, Responses) carry text; a call cut off by max_tokens is no valid
+    # JSON yet must go back into the history as it was; the replay memory keys turns by
+    # it (server/serving/replay.py). An API whose wire has an object (Ollama's arguments,
+    # Anthropic's tool_use input, an MCP call) converts at its own edge, once each way,
+    # and the chat layer parses the history's text once, for the template
+    # (chat/plan.py), which needs the value.
+    arguments: str = ""
 
 
 @dataclass(slots=True)

@@ -47,7 +47,8 @@ def chat_messages(body: OllamaChatRequest) -> list[dict[str, Any]]:
             item["tool_calls"] = []
             for j, call in enumerate(message.tool_calls):
                 call_id = call.id or f"call_{i}_{j}"
-                fn = call.function
+                fn = call.function  # its object as JSON text: the one type inward
+                # (server/serving/state.py ParsedCall.arguments says why)
                 item["tool_calls"].append({"id": call_id, "type": "function", "function": {
                     "name": fn.name, "arguments": json.dumps(fn.arguments)}})  # fmt: skip
                 open_calls.append((call_id, fn.name))
