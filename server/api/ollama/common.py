@@ -180,7 +180,8 @@ def piece(deltas: list[Delta]) -> Piece:
 
 
 def _arguments(text: str) -> dict[str, Any]:
-    """A call's arguments as the object Ollama sends (the grammar made them JSON)."""
+    """A call's arguments (JSON text, as generated: server/serving/state.py ParsedCall)
+    as the object Ollama's wire has (the grammar made them JSON)."""
     try:
         value = json.loads(text) if text.strip() else {}
     except ValueError:
