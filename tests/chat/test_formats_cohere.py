@@ -105,7 +105,7 @@ def test_lazy_grammar_and_parallel_off() -> None:
 
 def test_detection() -> None:
     assert detected(R7B) is COMMAND_R7B
-    assert detected("Cohere2MoE.jinja").name == "generic"
+    assert detected("Cohere2MoE.jinja").name == "cohere2-moe"
 
 
 def test_past_calls_render_as_the_grammar_writes_them() -> None:
