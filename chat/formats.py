@@ -15,13 +15,14 @@ ones, and the incremental parser that turns its output back into calls.
   `{"tool_calls"`; any other answer stays free text (a plain JSON answer included).
 
 Other families live beside this module: Qwen3-Coder's XML in chat/formats_xml.py, GLM's
-tags in chat/formats_glm.py, DeepSeek's and Kimi's sections in chat/formats_sections.py,
-Command R7B's blocks in chat/formats_cohere.py, Gemma 4's calls and thought channel
-in chat/formats_gemma.py, Ministral 3's `[TOOL_CALLS]NAME[ARGS]` calls and `[THINK]`
-blocks in chat/formats_mistral.py, MiniMax-M3's namespaced `<invoke>` elements in
-chat/formats_minimax.py (M2's `<minimax:tool_call>` in chat/formats_minimax2.py),
-LFM2's Python-style lists in chat/formats_lfm2.py, gpt-oss's harmony channels in
-chat/harmony.py; `detect_format` chooses among them all.
+tags in chat/formats_glm.py (Hy3's own in chat/formats_hy3.py), DeepSeek's and Kimi's
+sections in chat/formats_sections.py, Command R7B's blocks in chat/formats_cohere.py,
+Gemma 4's calls and thought channel in chat/formats_gemma.py, Ministral 3's
+`[TOOL_CALLS]NAME[ARGS]` calls and `[THINK]` blocks in chat/formats_mistral.py,
+MiniMax-M3's namespaced `<invoke>` elements in chat/formats_minimax.py (M2's
+`<minimax:tool_call>` in chat/formats_minimax2.py), LFM2's Python-style lists in
+chat/formats_lfm2.py, gpt-oss's harmony channels in chat/harmony.py; `detect_format`
+chooses among them all.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from chat.formats_cohere import detect_cohere
 from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
 from chat.formats_granite import calls_as_content, detect_granite
+from chat.formats_hy3 import detect_hy3
 from chat.formats_lfm2 import detect_lfm2
 from chat.formats_minimax import detect_minimax
 from chat.formats_minimax2 import detect_minimax2
@@ -131,19 +133,6 @@ MISTRAL = ToolFormat(
 )  # fmt: skip
 
 
-# GigaChat 3 (llama.cpp's gigachat-v3 handler) writes its one call a turn as a message of
-# the `function call` role; GigaChat 3.1 (its autoparser) after `<|function_call|>`.
-GIGACHAT3 = ToolFormat(
-    "gigachat3", True, "<|message_sep|>\n\nfunction call<|role_sep|>\n", (), True, "arguments",
-    '"<|message_sep|>\\n\\nfunction call<|role_sep|>\\n"', "", "",
-    r"[\s\S]*?(<\|message_sep\|>\n\nfunction call<\|role_sep\|>\n)[\s\S]*", single_call=True,
-)  # fmt: skip
-GIGACHAT3_1 = ToolFormat(
-    "gigachat3.1", True, "<|function_call|>", (), True, "arguments", '"<|function_call|>"', "",
-    "", r"[\s\S]*?(<\|function_call\|>)[\s\S]*", "<|function_call|>", single_call=True,
-)  # fmt: skip
-
-
 @dataclass(frozen=True, slots=True)
 class GraniteFormat(ToolFormat):
     """Granite 3.3 (chat/formats_granite.py): its template renders no past call, so the
@@ -198,6 +187,9 @@ def detect_format(template_source: str) -> CallFormat:
     glm = detect_glm(template_source)  # <tool_call> with <arg_key> tags, before Hermes
     if glm is not None:
         return glm
+    hy3 = detect_hy3(template_source)  # GLM's tags as Hy3's own `:opensource` tokens
+    if hy3 is not None:
+        return hy3
     cohere = detect_cohere(template_source)  # Command R7B's action blocks
     if cohere is not None:
         return cohere
@@ -215,8 +207,6 @@ def detect_format(template_source: str) -> CallFormat:
         return MINIMAX_M1
     if "functools[" in template_source:
         return FIREFUNCTION_V2
-    if "<|role_sep|>" in template_source and "<|message_sep|>" in template_source:  # GigaChat 3
-        return GIGACHAT3_1 if "<|function_call|>" in template_source else GIGACHAT3
     if _LLAMA3_ASK in template_source:  # Llama 3.2: the same JSON, one call a turn
         return LLAMA3_2
     return GENERIC

@@ -17,7 +17,7 @@ from chat.callformat import CallFormat, CallParser, PromptBound, TurnAdapter
 from chat.callstream import Delta
 from chat.content import with_media_markers
 from chat.formats import GrammarSpec, detect_format, generic_history, tool_system_prompt
-from chat.reasoning import ReasoningSplitter, has_thinking, starts_inside
+from chat.reasoning import THINK, ReasoningSplitter, ThinkingSyntax, thinking_syntax
 from chat.replay import TurnLookup, render_replaying
 from chat.schema import SchemaError, check_schema, json_object_gbnf, schema_to_gbnf
 from chat.template import ChatTemplate, RenderedPrompt, TemplateError, TemplateRefusal
@@ -116,12 +116,13 @@ class ChatPlan:
     # The images of the prompt, in the order of their markers in its text (what each
     # message's image part carried: opaque here, the server's read image).
     media: tuple[Any, ...] = ()
+    thinking: ThinkingSyntax = THINK  # the template's thinking tags (Hy3's are its own)
 
     def parser(self) -> OutputParser:
         fmt = self.tool_format
         own = fmt is not None and fmt.owns_reasoning
         splitter = self.split_reasoning and not own
-        reasoning = ReasoningSplitter(self.reasoning_inside) if splitter else None
+        reasoning = ReasoningSplitter(self.reasoning_inside, self.thinking) if splitter else None
         tools = fmt.parser(self.tools, self.split_reasoning) if fmt else None
         return OutputParser(reasoning, tools)
 
@@ -263,14 +264,16 @@ def _plan_chat(
             grammar = GrammarSpec(schema_to_gbnf(opts.json_schema))
         except SchemaError as exc:
             raise ChatInputError(str(exc), param="response_format.json_schema.schema") from None
-    split = opts.reasoning_format != "none" and has_thinking(template.source)
+    thinking = thinking_syntax(template.source)
+    split = opts.reasoning_format != "none" and thinking is not None
     return ChatPlan(
         prompt_text,
         grammar,
         fmt if offered or fmt.owns_reasoning else None,
         split,
-        split and starts_inside(prompt_text.text),
+        split and (thinking or THINK).starts_inside(prompt_text.text),
         tuple(offered),
+        thinking=thinking or THINK,
     )
 
 

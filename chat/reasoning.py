@@ -36,6 +36,8 @@ GEMMA4_THINKING = ThinkingSyntax("<|channel>thought", "<channel|>")  # chat/form
 MINISTRAL_THINKING = ThinkingSyntax("[THINK]", "[/THINK]")  # chat/formats_mistral.py
 MINIMAX_THINKING = ThinkingSyntax("<mm:think>", "</mm:think>")  # chat/formats_minimax.py
 SEED_THINKING = ThinkingSyntax("<seed:think>", "</seed:think>")  # chat/formats_xml.py
+# Hy3's template writes its tokens as '<think{}>'.format(':opensource') (chat/formats_hy3.py)
+HY3_THINKING = ThinkingSyntax("<think:opensource>", "</think:opensource>")
 THINK = ThinkingSyntax(OPEN, CLOSE)
 
 
@@ -53,6 +55,8 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
         return MINIMAX_THINKING
     if SEED_THINKING.open in template_source:  # its template also names </think>
         return SEED_THINKING
+    if "'<think{}>'" in template_source and "':opensource'" in template_source:
+        return HY3_THINKING
     if OPEN in template_source and CLOSE in template_source:
         return THINK
     return None

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import SessionLimits
-from engine.loop.sessions import SessionRegistry
+from engine.sessions import SessionLimits, SessionRegistry
 from engine.types import InvalidRequestError, SessionBusyError, SessionNotFoundError, SessionPool
 
 

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from cache import CacheHit, PrefixCache, recording_calls
-from engine.commands import Abort, Embed, EmbedJob, EngineThread, Submit
-from engine.config import EngineConfig
+from engine.commands import Abort, Embed, Submit
 from engine.detokenizer import IncrementalDetokenizer
+from engine.embedder import EmbedJob
+from engine.generation import Generation
 from engine.llama import Model, Sampler
-from engine.loop.generation import Generation
-from engine.loop.sessions import SessionRegistry, unpinned_if_busy
-from engine.loop.validation import validate
+from engine.loading import EngineConfig
+from engine.placement import lookup_reach
 from engine.sequence import Sequence as Seq
-from engine.sequence import pin_key
+from engine.sessions import SessionRegistry, pin_key, unpinned_if_busy
 from engine.thinking import ThinkingBudget, constrained_from_start
 from engine.types import (
     EngineNotReadyError,
@@ -38,6 +38,8 @@ from engine.types import (
     SeqOutput,
     StoreCall,
 )
+from engine.validation import validate
+from engine.worker import Worker
 
 # Cache lookups of one engine that run at once (a disk read, or a shared-store round trip
 # of at most `shared_timeout_s`); more wait for a free thread of this pool only.
@@ -47,7 +49,7 @@ LOOKUP_THREADS = 4
 class Submitting:
     config: EngineConfig
     sessions: SessionRegistry
-    _worker: EngineThread | None
+    _worker: Worker | None
     _cache: PrefixCache | None
     _loop: asyncio.AbstractEventLoop | None
     _outstanding: int  # sequences submitted and not yet finished (loop thread only)
@@ -174,7 +176,7 @@ class Submitting:
         worker = self._worker
         prompt, reach = request.prompt_tokens, len(request.prompt_tokens)
         if worker is not None:  # only the states this prompt can start from (placement.py)
-            reach = worker.lookup_reach(len(prompt))
+            reach = lookup_reach(len(prompt), worker.scheduler.config)
 
         def lookup() -> tuple[CacheHit | None, tuple[StoreCall, ...]]:
             with recording_calls() as calls:
