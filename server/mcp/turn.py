@@ -142,6 +142,7 @@ def loop_prepare(
     """How the loop prepares each round: `head` (a system turn) before the round's
     messages, the requests on the loop's session pool, and a refusal's field renamed by
     `param_name` into the API's own spelling."""
+    sampling = replace(sampling, session_pool=pool)
 
     async def prepare(messages: list[dict[str, Any]], opts: ChatOptions) -> Prepared:
         with params_renamed(param_name or (lambda param: param)):
@@ -149,8 +150,7 @@ def loop_prepare(
                 served.engine, served.template, [*head, *messages], opts, sampling, caller,
                 max_tokens=max_tokens, overflow=overflow,
             )  # fmt: skip
-        return replace(prepared, requests=[replace(r, session_pool=pool)
-                                           for r in prepared.requests])  # fmt: skip
+        return prepared
 
     return prepare
 

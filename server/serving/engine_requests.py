@@ -69,6 +69,7 @@ def generate_requests(
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 session_id=session_id,
+                session_pool=body.session_pool,
                 tenant=caller.tenant,
                 cache_salt=caller.salt(body.cache_salt),
                 lora=lora,

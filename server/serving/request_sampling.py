@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from engine.client import SamplingParams
+from engine.client import SamplingParams, SessionPool
 from server.http.errors import BadRequest
 
 # The sampler settings a request may set under the engine's own names. The grammar
@@ -66,6 +66,7 @@ class RequestSampling:
     n: int = 1
     stop: tuple[str, ...] = ()
     session_id: str | None = None
+    session_pool: SessionPool = SessionPool.NAMED  # where a new session is created
     cache_salt: str | None = None
     lora: tuple[tuple[str | int, float], ...] | None = None  # (id or index, scale)
     speculative: bool | None = None  # None: the model's default

@@ -103,11 +103,11 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
     with params_renamed(lambda param: chat_param(param, names.fields)):
         prepared = await prepare_chat(
             engine, served.template, [*system, *conversation], response_options(body),
-            body.sampling_record(session_id), caller, max_tokens=body.max_output_tokens,
+            replace(body.sampling_record(session_id), session_pool=pool), caller,
+            max_tokens=body.max_output_tokens,
             replay=request_replay(request, served.id, caller),
         )  # fmt: skip
-    requests = [replace(r, session_pool=pool) for r in prepared.requests]
-    generation, session_id = await _generate(engine, requests)
+    generation, session_id = await _generate(engine, prepared.requests)
     response = _skeleton(body, engine.info.model_id)
 
     async def keep(final: dict[str, Any], builder: OutputBuilder) -> None:
