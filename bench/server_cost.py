@@ -207,8 +207,8 @@ class Probe:
 
 def install_probe() -> Probe:
     from engine.llama import Context, Sampler
-    from engine.submission import Submitting
-    from engine.worker import Worker
+    from engine.loop.submission import Submitting
+    from engine.thread.worker import Worker
 
     probe = Probe()
     # the engine thread's call_soon_threadsafe of one step's outputs (after the step)

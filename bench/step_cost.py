@@ -3,7 +3,7 @@
     python bench/step_cost.py [--lengths 256,1024,2048] [--fa off,on] [--unified off,on]
     python bench/step_cost.py --tail --lengths 1024,2048,4096,7168
 
-`--tail` times the warm-tail choice instead (engine/plan.py pad_from): on 2 sequences of
+`--tail` times the warm-tail choice instead (engine/thread/plan.py pad_from): on 2 sequences of
 8192 cells with flash attention, a warm chunk of 20, 40 or 60 rows beside a decode row in
 one llama_decode, against the 64-row tile in a decode of its own plus the decode row alone.
 

@@ -133,6 +133,19 @@ MISTRAL = ToolFormat(
 )  # fmt: skip
 
 
+# GigaChat 3 (llama.cpp's gigachat-v3 handler) writes its one call a turn as a message of
+# the `function call` role; GigaChat 3.1 (its autoparser) after `<|function_call|>`.
+GIGACHAT3 = ToolFormat(
+    "gigachat3", True, "<|message_sep|>\n\nfunction call<|role_sep|>\n", (), True, "arguments",
+    '"<|message_sep|>\\n\\nfunction call<|role_sep|>\\n"', "", "",
+    r"[\s\S]*?(<\|message_sep\|>\n\nfunction call<\|role_sep\|>\n)[\s\S]*", single_call=True,
+)  # fmt: skip
+GIGACHAT3_1 = ToolFormat(
+    "gigachat3.1", True, "<|function_call|>", (), True, "arguments", '"<|function_call|>"', "",
+    "", r"[\s\S]*?(<\|function_call\|>)[\s\S]*", "<|function_call|>", single_call=True,
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class GraniteFormat(ToolFormat):
     """Granite 3.3 (chat/formats_granite.py): its template renders no past call, so the
@@ -207,6 +220,8 @@ def detect_format(template_source: str) -> CallFormat:
         return MINIMAX_M1
     if "functools[" in template_source:
         return FIREFUNCTION_V2
+    if "<|role_sep|>" in template_source and "<|message_sep|>" in template_source:  # GigaChat 3
+        return GIGACHAT3_1 if "<|function_call|>" in template_source else GIGACHAT3
     if _LLAMA3_ASK in template_source:  # Llama 3.2: the same JSON, one call a turn
         return LLAMA3_2
     return GENERIC

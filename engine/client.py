@@ -13,14 +13,20 @@ from typing import Protocol
 
 import numpy as np
 
-from cache import CacheBudget, redis_client, redis_peer
+from cache import CacheBudget, CacheConfig, redis_client, redis_peer
+from engine.config import EngineConfig, SessionLimits
 from engine.engine import Engine
+from engine.exact_rules import (
+    exact_min_chunk,
+    exact_min_rows,
+    least_prefill_chunk,
+    least_step_tokens,
+)
 from engine.family import ftype_name
-from engine.generation import Generation
 from engine.llama import KV_TYPES, gpu_offload_supported
-from engine.loading import CacheConfig, EngineConfig
-from engine.plan import exact_min_chunk, exact_min_rows, least_prefill_chunk, least_step_tokens
-from engine.sessions import Session, SessionLimits, check_session_id
+from engine.loop.generation import Generation
+from engine.loop.sessions import Session, check_session_id
+from engine.loop.validation import ContextOverflowError
 from engine.settings import EngineSettings
 from engine.thinking import ThinkingSpec
 from engine.types import (
@@ -55,7 +61,6 @@ from engine.types import (
     error_code,
     salt_of_prefix,
 )
-from engine.validation import ContextOverflowError
 
 __all__ = [
     "KV_TYPES",

@@ -1,15 +1,19 @@
-"""The commands the event loop sends the engine thread (through `Worker.commands`).
+"""The commands the event loop sends the engine thread, and `EngineThread`: all the loop
+holds of that thread (the queue it sends them on, what the thread publishes).
 
-Plain frozen data: the worker executes them in the order they were sent, and a rebuilt
-worker reads the same queue (engine/recovery.py fails those it will never run).
+Plain data: the worker executes them in the order they were sent, and a rebuilt worker
+reads the same queue (engine/thread/recovery.py fails those it will never run).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import queue
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from engine.embedder import EmbedJob
+import numpy as np
+
 from engine.sequence import Sequence
 
 
@@ -21,6 +25,18 @@ class Submit:
 @dataclass(frozen=True, slots=True)
 class Abort:
     request_ids: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class EmbedJob:
+    """Inputs to embed, and (engine thread only, once sent) how far the embedder is."""
+
+    inputs: list[list[int]]
+    on_done: Callable[[list[np.ndarray] | None, str | None], None]
+    results: list[np.ndarray] = field(default_factory=list)
+    offset: int = 0  # tokens of inputs[len(results)] already computed
+    total: np.ndarray | None = None  # running sum of token states of that input
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +67,25 @@ class Stop:
 
 
 Command = Submit | Abort | Embed | ReleaseSession | Fork | Stop
+
+
+class EngineThread(Protocol):
+    """What the event loop side (engine/loop/) holds of a running engine thread
+    (engine/thread/worker.py `Worker`). Everything else of that thread's state (its
+    scheduler, slots, sequences in flight) is the thread's alone: the loop neither imports
+    nor reads it, which tests/test_layering.py checks."""
+
+    @property
+    def commands(self) -> queue.SimpleQueue[Command]:
+        """Where the loop sends its commands, executed in order on the engine thread."""
+        ...
+
+    @property
+    def pinned_sessions(self) -> Mapping[str, int]:
+        """Session key -> the slot it pins, as the thread last published it (one whole
+        state, never changed after it is published)."""
+        ...
+
+    def lookup_reach(self, num_tokens: int) -> int:
+        """How much of a prompt of `num_tokens` a cache lookup should match."""
+        ...

@@ -21,17 +21,20 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from cache import CacheConfig, PrefixCache
-from engine.cache_ops import CacheOps
 from engine.commands import Stop
+from engine.config import EngineConfig, SessionLimits
 from engine.family import UnsupportedModelError
-from engine.generation import Generation
 from engine.llama import Context, Model
-from engine.loading import EngineConfig, free_worker, load
-from engine.scheduler import Scheduler
-from engine.session_ops import SessionOps
-from engine.sessions import SessionLimits, SessionRegistry
-from engine.stats import StepCounters
-from engine.submission import Submitting
+from engine.loop.cache_ops import CacheOps
+from engine.loop.generation import Generation
+from engine.loop.session_ops import SessionOps
+from engine.loop.sessions import SessionRegistry
+from engine.loop.submission import Submitting
+from engine.thread.loading import free_worker, load
+from engine.thread.scheduler import Scheduler
+from engine.thread.stats import StepCounters
+from engine.thread.watchdog import Watchdog
+from engine.thread.worker import Worker
 from engine.types import (
     EngineNotReadyError,
     EngineRecoveringError,
@@ -41,8 +44,6 @@ from engine.types import (
     Media,
     ModelInfo,
 )
-from engine.watchdog import Watchdog
-from engine.worker import Worker
 
 log = logging.getLogger("kvserve.engine")
 
@@ -75,7 +76,7 @@ class Engine(Submitting, SessionOps, CacheOps):
         self._tenant_reused: dict[str, int] = {}
         self._unloading = False
         # Set by a close during a load (under `_state_lock`): the load stops at its next
-        # step and frees what it made instead of publishing a worker (engine/loading.py).
+        # step and frees what it made instead of publishing a worker (engine/thread/loading.py).
         self.load_cancelled = False
         # Every worker counts into this one: counters survive rebuilds and reloads.
         self._counters = StepCounters()

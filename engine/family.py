@@ -9,7 +9,7 @@ Memory kinds (llama.cpp's memory modules):
 - "sliding_window": the same, with some layers attending only to the last n_swa
   positions. kvserve keeps llama.cpp's full-size window cache (swa_full), so a slot's own
   cells can be cut anywhere; a state that went through a blob holds only the window's
-  last cells (engine/slots.py window_floor): a warm reply never attends over cells that
+  last cells (engine/thread/slots.py window_floor): a warm reply never attends over cells that
   are not there (docs/models.md "Model families").
 - "recurrent" (Mamba, RWKV): one state per sequence, the sum of every token so far. It
   cannot be cut back: a stored state is valid for exactly the tokens it was made from.
@@ -82,7 +82,7 @@ class ModelFamily:
     def blob_bound(self) -> bool:
         """A state that went through a blob (the cache, a copy) serves only prompts that
         extend it: a whole state, or a sliding window's (llama.cpp writes its window
-        layers' cells for the last n_swa positions only: engine/slots.py window_floor).
+        layers' cells for the last n_swa positions only: engine/thread/slots.py window_floor).
         The cache then keeps prefixes as checkpoints, and the engine saves states where
         prompts diverge."""
         return self.whole_state or self.n_swa > 0

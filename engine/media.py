@@ -10,7 +10,7 @@ stable hash, so:
 - two different pictures never share an id sequence (31 bits per position; a false
   match needs every position of the span to collide);
 - only `tokenize_media` mints them: a client's token prompt with a negative id is
-  still refused (engine/validation.py).
+  still refused (engine/loop/validation.py).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def whole_image_chunk(
     if image_cut(spans, start + length) is not None:
         # The rules rounded the end into a later image (exact reuse: a row block, a
         # full-size chunk): end at this image's end instead. That costs no exactness: a
-        # chunk is decoded in runs split at every image boundary (engine/media_prefill.py),
+        # chunk is decoded in runs split at every image boundary (engine/thread/media_prefill.py),
         # so ending it there changes no run; and rounding on from image to image could
         # outgrow every step.
         length = cut[1] - start

@@ -7,7 +7,6 @@ import time
 from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.sessions import pin_key
 from engine.types import GenerateRequest, StoreCall, Timings, TokenLogprob
 
 if TYPE_CHECKING:
@@ -15,6 +14,12 @@ if TYPE_CHECKING:
     from engine.llama import Sampler
     from engine.speculation import Drafter
     from engine.thinking import ThinkingBudget
+
+
+def pin_key(tenant: str, session_id: str) -> str:
+    """The engine thread's name for a session: ids are per tenant (two keys may each
+    have a session "main"), and a session id never contains "/"."""
+    return f"{tenant}/{session_id}"
 
 
 class SeqStatus(enum.Enum):
@@ -100,7 +105,7 @@ class Sequence:
         self.cold_reason = ""  # why a stored prefix was found but not used (placement.py)
         self.num_saved = 0  # prompt tokens already handed to the prefix cache
         # Whole-state memories and windows: prompt positions to stop a chunk at and save
-        # the state there, ascending (engine/placement.py `_checkpoints`).
+        # the state there, ascending (engine/thread/placement.py `_checkpoints`).
         self.checkpoints: list[int] = []
         # The shortest prefix its slot's KV may be cut back to (slots.window_floor): above
         # 0 once a sliding-window model's state came through a blob; 0: any.
@@ -122,7 +127,7 @@ class Sequence:
         self.t_restore: tuple[float, float] | None = None
         self.t_finished: float | None = None
         self.drafter: Drafter | None = None  # speculative decoding, made at first decode
-        self.num_overtaken = 0  # later arrivals admitted before it (engine/admission.py)
+        self.num_overtaken = 0  # later arrivals admitted before it (engine/thread/admission.py)
         self.thinking = thinking  # its thinking budget (engine/thinking.py), if it has one
 
     @property

@@ -2,7 +2,7 @@
 
 They are the `[engine]` section of the server's configuration (and each model's own
 overrides of it) as they stand: the server reads TOML, environment and flags into this
-dataclass and hands it down; `EngineConfig` (engine/loading.py) is these settings plus
+dataclass and hands it down; `EngineConfig` (engine/thread/loading.py) is these settings plus
 what one model's load needs. A value out of range raises ValueError("<key>: <rule>"),
 which the server reports against the key it came from.
 """
@@ -12,8 +12,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from engine.exact_rules import (
+    exact_min_chunk,
+    exact_min_rows,
+    least_prefill_chunk,
+    least_step_tokens,
+)
 from engine.llama import KV_TYPES, gpu_offload_supported
-from engine.scheduler import exact_min_chunk, exact_min_rows, least_prefill_chunk, least_step_tokens
 from engine.types import TimeLimits
 
 EXTRA_BUFTS = ("auto", "on", "off")

@@ -1,7 +1,7 @@
 """A thinking budget: the tokens a sequence generates inside its thinking block are
 counted, and once the budget is spent the block's close is forced, as if sampled; the
 answer follows. Pure Python, no llama.cpp: postprocess asks `ThinkingBudget` what is
-due and appends it (engine/postprocess.py), the worker feeds it to the sampler.
+due and appends it (engine/thread/postprocess.py), the worker feeds it to the sampler.
 
 The reference is llama.cpp's reasoning budget (common/reasoning-budget.cpp, used by
 llama-server's `--reasoning-budget` and per-request `thinking_budget_tokens`): the

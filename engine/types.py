@@ -88,7 +88,7 @@ class SamplingParams:
 
 
 class SessionPool(enum.StrEnum):
-    """Which bounds a session counts against (engine/sessions.py): the sessions clients
+    """Which bounds a session counts against (engine/loop/sessions.py): the sessions clients
     name, or those kept for stored Responses-API conversations. Each pool has the same
     bounds and retires its own idle sessions, so neither can use up or evict the other."""
 
@@ -193,7 +193,7 @@ class Timings:
     reuse_source: str = "none"
     finished: float | None = None
     # Why a prompt that found a stored prefix computed cold ("": it did not, or found
-    # none): exact_tail, longer_state, window, short, kv_op_failed (engine/placement.py).
+    # none): exact_tail, longer_state, window, short, kv_op_failed (engine/thread/placement.py).
     cold_reason: str = ""
 
     @property

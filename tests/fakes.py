@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from chat.template import CHATML
+from engine.config import SessionLimits
 from engine.detokenizer import IncrementalDetokenizer
 from engine.engine import EngineState, Generation
+from engine.loop.sessions import Session, SessionRegistry, unpinned_if_busy
+from engine.loop.validation import check_context, check_logit_bias
 from engine.media import media_ids
-from engine.sessions import Session, SessionLimits, SessionRegistry, unpinned_if_busy
 from engine.thinking import UNLIMITED, ThinkingBudget
 from engine.types import (
     CacheStats,
@@ -41,7 +43,6 @@ from engine.types import (
     TokenLogprob,
     TopLogprob,
 )
-from engine.validation import check_context, check_logit_bias
 
 PIECES = [bytes([i]) for i in range(256)] + [b""] * 4
 EOS = 256
@@ -253,7 +254,7 @@ class FakeEngine:
                     ),
                 )
                 return
-            # as the engine's worker announces a placed sequence (engine/worker.py)
+            # as the engine's worker announces a placed sequence (engine/thread/worker.py)
             gen.put(index, SeqOutput("", (), num_prompt_tokens=prompt,
                                      num_cached_tokens=self.cached))  # fmt: skip
             await asyncio.sleep(self.prefill_delay)

@@ -1,7 +1,8 @@
 """The dependency direction of ARCHITECTURE.md, checked by walking imports: packages
-import only downwards, the server sees the engine through one seam, each API the server
-speaks is one package under server/api/ that no other API's package imports, no module
-takes part in an import circle, and no code file grows past 400 lines."""
+import only downwards, the server sees the engine through one seam, the engine's two
+threads meet only in its shared modules, each API the server speaks is one package under
+server/api/ that no other API's package imports, no module takes part in an import
+circle, and no code file grows past 400 lines."""
 
 from __future__ import annotations
 
@@ -21,6 +22,21 @@ ALLOWED = {
 PROJECT = set(ALLOWED)
 # The server's one view of the engine (engine/client.py).
 ENGINE_SEAM = {"engine.client"}
+# The engine's two threads (docs/architecture.md, "Two threads"): engine/loop/ runs on the
+# event loop, engine/thread/ on the engine thread. They share only the modules at the top
+# of engine/ (commands, types, sequence, config, ... and engine/llama/), which import
+# neither side; only the wiring sees both: the Engine that starts the thread and hands
+# the loop side its `EngineThread`, and the server's seam.
+ENGINE_WIRING = {"engine", "engine.engine", "engine.client"}
+ENGINE_MAY_IMPORT = {
+    "loop": {"loop", "shared"},
+    "thread": {"thread", "shared"},
+    "shared": {"shared"},
+    "wiring": {"loop", "thread", "shared", "wiring"},
+}
+# The engine thread's state that the loop side must not read even through the objects it
+# holds: the thread publishes what the loop needs (engine/commands.py `EngineThread`).
+THREAD_STATE = {"scheduler", "slots", "pins", "running", "waiting"}
 # Circles allowed (each the set of modules of one circle): none since issue 19.
 KNOWN_CIRCLES: list[set[str]] = []
 MAX_LINES = 400
@@ -29,10 +45,9 @@ API = ROOT / "server" / "api"
 # What every API package may share: the request models several APIs read (the other
 # servers' constraint fields: chat and completions both take them).
 API_SHARED = {"server.api", "server.api.common", "server.api.constraints"}
-# Modules outside server/api/ that import API packages: the app mounts their routers, and
-# the model gate parses each gated route's body with that route's model (and resolves
-# Ollama's names) before a load.
-API_USERS = {"server.app", "server.models.gate"}
+# The one module outside server/api/ that imports API packages: the app, which lists
+# their specs (server/http/apis.py) and mounts what each names.
+API_USERS = {"server.app"}
 
 
 def code_files(package: str) -> Iterator[Path]:
@@ -106,6 +121,61 @@ def test_the_server_sees_the_engine_only_through_its_client_module() -> None:
         assert engine <= ENGINE_SEAM, (
             f"{path.relative_to(ROOT)} imports {engine - ENGINE_SEAM}: go through engine.client"
         )
+
+
+def engine_side(module: str) -> str | None:
+    """Which side of the engine a module is on: "loop", "thread", "shared" or "wiring"
+    (None: not the engine's)."""
+    parts = module.split(".")
+    if parts[0] != "engine":
+        return None
+    if module in ENGINE_WIRING:
+        return "wiring"
+    if len(parts) > 1 and parts[1] in ("loop", "thread"):
+        return parts[1]
+    return "shared"
+
+
+def test_the_engine_sides_are_found() -> None:
+    assert engine_side("engine.thread.worker") == "thread"
+    assert engine_side("engine.loop.submission") == "loop"
+    assert engine_side("engine.commands") == "shared"
+    assert engine_side("engine.llama.context") == "shared"
+    assert engine_side("engine.client") == "wiring"
+    assert engine_side("server.app") is None
+    sides = {engine_side(module_name(p)) for p in code_files("engine")}
+    assert sides == {"loop", "thread", "shared", "wiring"}
+
+
+def test_the_engine_threads_meet_only_in_the_shared_modules() -> None:
+    for path in code_files("engine"):
+        side = engine_side(module_name(path))
+        assert side is not None
+        for module in imported_modules(path):
+            other = engine_side(module)
+            assert other is None or other in ENGINE_MAY_IMPORT[side], (
+                f"{path.relative_to(ROOT)} ({side} side) imports {module} ({other} side)"
+            )
+
+
+def thread_state_reads(source: str) -> set[str]:
+    """The attributes of THREAD_STATE a module's code reads (`x.scheduler`, `y.pins`)."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and node.attr in THREAD_STATE
+    }
+
+
+def test_the_loop_side_reads_no_engine_thread_state() -> None:
+    # The check catches what the loop once did to learn a session's slot.
+    assert thread_state_reads("self._worker.scheduler.slots.pins.get(key)") == {
+        "scheduler", "slots", "pins"
+    }
+    assert not thread_state_reads("self._worker.pinned_sessions.get(key)")
+    for path in (ROOT / "engine" / "loop").rglob("*.py"):
+        read = thread_state_reads(path.read_text())
+        assert not read, f"{path.relative_to(ROOT)} reads the engine thread's {sorted(read)}"
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -258,7 +328,7 @@ def test_an_api_package_imports_no_other_api_package(package: str) -> None:
         assert not others, f"{path.relative_to(ROOT)} imports the API packages {others}"
 
 
-def test_only_the_app_and_the_gate_import_api_packages_from_outside() -> None:
+def test_only_the_app_imports_api_packages_from_outside() -> None:
     for path in code_files("server"):
         name = module_name(path)
         if api_package_of(name) is not None or name in API_USERS:

@@ -196,8 +196,9 @@ class Context:
         return int(C.llama_decode(self.handle, batch.struct))
 
     def decode_embeddings(self, struct: C.llama_batch, *, causal: bool = True) -> int:
-        """`decode` of a batch of input embeddings (an image's rows, engine/media_prefill.py);
-        `causal=False`: its rows attend to each other both ways, as the projector asks."""
+        """`decode` of a batch of input embeddings (an image's rows,
+        engine/thread/media_prefill.py); `causal=False`: its rows attend to each other both
+        ways, as the projector asks."""
         self._abort_flag[0] = b"\x00"
         if causal:
             return int(C.llama_decode(self.handle, struct))

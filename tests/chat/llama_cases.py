@@ -6,7 +6,7 @@ render as the format's grammar writes them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -90,9 +90,8 @@ def cases(template: str | None, rows: list[tuple[Any, ...]], eos: str = "") -> l
     """Parser cases from rows (test-chat.cpp's name, tools, output, reasoning, content,
     calls[, reasoning_format]) of template `template`; None: each row names its template
     after the case's name."""
-    if template is None:
-        return [ParseCase.row(*row, eos=eos) for row in rows]
-    return [ParseCase.row(row[0], template, *row[1:], eos=eos) for row in rows]
+    named = rows if template is None else [(row[0], template, *row[1:]) for row in rows]
+    return [replace(ParseCase.row(*row), eos=eos) for row in named]
 
 
 def each_case(cases: list[ParseCase], steps: tuple[int, ...]) -> Callable[[Test], Test]:

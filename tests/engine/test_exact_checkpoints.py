@@ -6,11 +6,11 @@ checkpoint, and a request that found a stored prefix but reused nothing says why
 from __future__ import annotations
 
 from cache import CacheHit
-from engine.placement import lookup_reach
-from engine.postprocess import StepRules, save_long_prefill
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.slots import Restore, Save
-from engine.stats import StepCounters
+from engine.thread.placement import lookup_reach
+from engine.thread.postprocess import StepRules, save_long_prefill
+from engine.thread.scheduler import Scheduler, SchedulerConfig
+from engine.thread.slots import Restore, Save
+from engine.thread.stats import StepCounters
 from tests.engine.test_whole_state import finish, holding_first, seq_of, whole
 
 ROWS = 8  # whole()'s exact_min_rows
@@ -102,7 +102,7 @@ def test_a_request_that_found_a_prefix_but_reused_none_says_why() -> None:
 
 
 def test_a_window_state_from_the_cache_serves_exact_reuse_when_it_extends_the_prompt() -> None:
-    # Its blob goes in laid out as a cold sequence's cells (engine/window_blob.py): a
+    # Its blob goes in laid out as a cold sequence's cells (engine/thread/window_blob.py): a
     # state the prompt extends is restored whole; one it shares only part of is not.
     config = SchedulerConfig(1, 1000, 1000, 512, 256, exact=True, exact_min_rows=8, n_swa=32)
     assert config.saves_checkpoints

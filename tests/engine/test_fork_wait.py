@@ -1,5 +1,5 @@
 """A fork waits for the engine thread's answer only while a thread lives to give it
-(engine/session_ops.py): one that stopped before taking the command hung the request."""
+(engine/loop/session_ops.py): one that stopped before taking the command hung the request."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from engine.session_ops import SessionOps
-from engine.sessions import SessionLimits, SessionRegistry
+from engine.config import SessionLimits
+from engine.loop.session_ops import SessionOps
+from engine.loop.sessions import SessionRegistry
 from engine.types import EngineNotReadyError
 
 

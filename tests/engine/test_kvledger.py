@@ -8,10 +8,10 @@ from typing import Any, cast
 import pytest
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kvledger import KvLedger, KvMismatch
-from engine.scheduler import Chunk, Scheduler, SchedulerConfig
 from engine.sequence import Sequence
-from engine.slots import Resident
+from engine.thread.kvledger import KvLedger, KvMismatch
+from engine.thread.scheduler import Chunk, Scheduler, SchedulerConfig
+from engine.thread.slots import Resident
 from engine.types import GenerateRequest
 
 
@@ -114,9 +114,9 @@ def test_a_cut_the_memory_refuses_drops_the_whole_slot_and_is_counted() -> None:
 
 
 def test_a_planned_cut_that_is_refused_sends_its_sequence_cold() -> None:
-    from engine.kvexec import KvExecutor
-    from engine.slots import Drop, SlotTable
-    from engine.stats import StepCounters
+    from engine.thread.kvexec import KvExecutor
+    from engine.thread.slots import Drop, SlotTable
+    from engine.thread.stats import StepCounters
 
     memory = Memory(2, whole=True)
     ops = KvExecutor(cast(Any, memory), SlotTable(2, True), None, StepCounters(), 2)

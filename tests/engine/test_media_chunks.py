@@ -10,11 +10,12 @@ import random
 import pytest
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.exact_rules import exact_min_rows
+from engine.loop.validation import validate
 from engine.media import Media, image_positions_limit, image_spans, media_ids
-from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
 from engine.sequence import Sequence
+from engine.thread.scheduler import Scheduler, SchedulerConfig
 from engine.types import GenerateRequest, InvalidRequestError, ModelInfo
-from engine.validation import validate
 from tests.engine.test_scheduler import apply, seq_of
 
 PROJECTOR = "test-projector"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.postprocess import (
+from engine.sequence import SeqStatus, Sequence
+from engine.speculation import Drafter
+from engine.thread.postprocess import (
     SAVE_EVERY_TOKENS,
     SAVE_PROMPT_MIN_TOKENS,
     Action,
@@ -12,12 +14,10 @@ from engine.postprocess import (
     StepRules,
     postprocess,
 )
-from engine.runner import Sampled, StepResult
-from engine.scheduler import Chunk
-from engine.sequence import SeqStatus, Sequence
-from engine.slots import Drop, Save
-from engine.speculation import Drafter
-from engine.stats import StepCounters
+from engine.thread.runner import Sampled, StepResult
+from engine.thread.scheduler import Chunk
+from engine.thread.slots import Drop, Save
+from engine.thread.stats import StepCounters
 from engine.types import FinishReason, GenerateRequest, SamplingParams, SeqOutput, TokenLogprob
 
 # A vocabulary of one-character pieces: token i is chr(ord("a") + i); 26 is EOG.

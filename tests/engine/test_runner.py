@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 from engine.llama import Batch
-from engine.plan import SchedulerConfig
-from engine.runner import Runner
-from engine.scheduler import Chunk
+from engine.thread.plan import SchedulerConfig
+from engine.thread.runner import Runner
+from engine.thread.scheduler import Chunk
 from tests.engine.test_scheduler import seq_of
 
 

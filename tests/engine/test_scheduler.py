@@ -6,9 +6,10 @@ import pytest
 
 from cache import CacheHit
 from engine.detokenizer import IncrementalDetokenizer
-from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
+from engine.exact_rules import exact_min_rows
 from engine.sequence import SeqStatus, Sequence
-from engine.slots import Copy, Drop, Restore, Save
+from engine.thread.scheduler import Scheduler, SchedulerConfig
+from engine.thread.slots import Copy, Drop, Restore, Save
 from engine.types import GenerateRequest
 
 
@@ -139,7 +140,7 @@ def seq_of(name: str, tokens: list[int]) -> Sequence:
 
 
 def test_common_prefix() -> None:
-    from engine.scheduler import common_prefix
+    from engine.thread.scheduler import common_prefix
 
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([], [1]) == 0
@@ -427,7 +428,7 @@ def test_exact_reuse_keeps_prompt_positions_only_and_recomputes_64() -> None:
     b = seq_of("b", prompt + [7] * 10)
     s.add(b)
     apply(s)
-    assert b.num_cached == 44  # 110 - 64, down to a block of 4 rows (engine/plan.py)
+    assert b.num_cached == 44  # 110 - 64, down to a block of 4 rows (engine/exact_rules.py)
     short = seq_of("short", [9] * 63)
     s.add(short)
     apply(s)
@@ -437,7 +438,7 @@ def test_exact_reuse_keeps_prompt_positions_only_and_recomputes_64() -> None:
 
 def test_exact_chunks_and_cuts_start_on_a_block_of_four_rows() -> None:
     """Repacked weights compute rows four at a time and the rest one by one, apart
-    (engine/plan.py EXACT_ROW_BLOCK): only a prompt's last rows may be a remainder, and
+    (engine/exact_rules.py EXACT_ROW_BLOCK): only a prompt's last rows may be a remainder, and
     they are never reused."""
     s = exact(chunk=250, rows=2)
     a = seq_of("a", list(range(1, 303)))  # 302 rows: 248 (a block floor of 250), then 54
@@ -575,7 +576,7 @@ def test_a_warm_short_turn_goes_before_a_cold_long_one_and_aging_bounds_it() -> 
 def test_the_queue_is_ranked_only_when_a_slot_can_be_given(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ranking compares each queued prompt with every slot's tokens: not done on the
     steps where every slot runs (most steps when agents outnumber slots)."""
-    import engine.scheduler as scheduler
+    import engine.thread.scheduler as scheduler
 
     ranked = []
     monkeypatch.setattr(scheduler, "rank_waiting", lambda *a: ranked.append(len(a[0])))

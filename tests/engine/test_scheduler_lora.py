@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
+from engine.thread.scheduler import Scheduler, SchedulerConfig
 from engine.types import GenerateRequest
 from tests.engine.test_scheduler import apply
 

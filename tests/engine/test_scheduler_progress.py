@@ -13,7 +13,8 @@ import math
 
 import pytest
 
-from engine.scheduler import Scheduler, SchedulerConfig, exact_min_chunk, exact_min_rows
+from engine.exact_rules import exact_min_chunk, exact_min_rows
+from engine.thread.scheduler import Scheduler, SchedulerConfig
 from tests.engine.test_scheduler import apply, seq_of
 
 CHUNKS = (1, 2, 3, 4, 5, 6, 7, 16, 63, 64, 65, 100, 127, 128, 129, 130, 131, 200, 256)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.sessions import SessionLimits, SessionRegistry
+from engine.config import SessionLimits
+from engine.loop.sessions import SessionRegistry
 from engine.types import InvalidRequestError, SessionBusyError, SessionNotFoundError, SessionPool
 
 

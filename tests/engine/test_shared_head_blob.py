@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.admission import waits_for_shared_head
-from engine.scheduler import Scheduler, SchedulerConfig
-from engine.slots import Copy, Save
+from engine.thread.admission import waits_for_shared_head
+from engine.thread.scheduler import Scheduler, SchedulerConfig
+from engine.thread.slots import Copy, Save
 from tests.engine.test_scheduler import seq_of
 
 BLOB_BOUND = {
@@ -45,7 +45,7 @@ def test_the_follower_copies_the_head_where_the_leader_stops(memory: str) -> Non
     computed: dict[str, int] = {}
     ops: list = []
     step(s, computed, ops)
-    # One is admitted (the least prompt to compute goes first: engine/admission.py), the
+    # One is admitted (the least prompt to compute goes first: engine/thread/admission.py), the
     # other waits; the first will stop at 500, where their prompts part.
     (leader,) = s.running
     follower = b if leader is a else a
@@ -102,8 +102,8 @@ def test_exact_reuse_does_not_hold_a_blob_bound_leader() -> None:
 
 def test_save_at_the_stop() -> None:
     """The leader's stop is a checkpoint: postprocess saves its state there."""
-    from engine.postprocess import StepRules, save_long_prefill
-    from engine.stats import StepCounters
+    from engine.thread.postprocess import StepRules, save_long_prefill
+    from engine.thread.stats import StepCounters
 
     config = BLOB_BOUND["window"]
     s = Scheduler(config)

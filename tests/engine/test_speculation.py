@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
 from engine.speculation import DRAFT_MAX, DRAFT_START, MISSES_BEFORE_PAUSE, PAUSE_STEPS, Drafter
+from engine.thread.scheduler import Scheduler, SchedulerConfig
 from engine.types import GenerateRequest
 
 

@@ -1,16 +1,16 @@
 """The thinking budget's policy, without a model: counting, the forced close, budget 0,
-grammars, limits, UTF-8, drafts (engine/thinking.py, engine/postprocess.py, the
+grammars, limits, UTF-8, drafts (engine/thinking.py, engine/thread/postprocess.py, the
 scheduler's sample flag and draft room)."""
 
 from __future__ import annotations
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.postprocess import Action, Emit, End, Force, StepRules, postprocess
-from engine.runner import Sampled, StepResult
-from engine.scheduler import Chunk, Scheduler, SchedulerConfig
 from engine.sequence import SeqStatus, Sequence
-from engine.stats import StepCounters
 from engine.thinking import UNLIMITED, ThinkingBudget, ThinkingSpec, constrained_from_start
+from engine.thread.postprocess import Action, Emit, End, Force, StepRules, postprocess
+from engine.thread.runner import Sampled, StepResult
+from engine.thread.scheduler import Chunk, Scheduler, SchedulerConfig
+from engine.thread.stats import StepCounters
 from engine.types import FinishReason, GenerateRequest, SeqOutput
 
 # Tokens 0-25 are the letters; then the tags, a close of three tokens, and the two

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from engine.loop.validation import validate
 from engine.types import GenerateRequest, InvalidRequestError, ModelInfo, SamplingParams
-from engine.validation import validate
 
 INFO = ModelInfo("m", "/m.gguf", 512, 512, 100, 8, 4, None, "", "", False)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.placement import padded_keep, reuse_limit
-from engine.plan import CPU_ROW_BY_ROW, CPU_TILE_PAYS, GPU_KERNELS, PAD_FROM_ROWS
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.exact_rules import CPU_ROW_BY_ROW, CPU_TILE_PAYS, GPU_KERNELS, PAD_FROM_ROWS
 from engine.sequence import Sequence
+from engine.thread.placement import padded_keep, reuse_limit
+from engine.thread.scheduler import Scheduler, SchedulerConfig
 from engine.types import GenerateRequest
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from cache import CacheHit
 from engine.detokenizer import IncrementalDetokenizer
-from engine.postprocess import StepRules, save_long_prefill
-from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence
-from engine.slots import Drop, Restore, Save
-from engine.stats import StepCounters
+from engine.thread.postprocess import StepRules, save_long_prefill
+from engine.thread.scheduler import Scheduler, SchedulerConfig
+from engine.thread.slots import Drop, Restore, Save
+from engine.thread.stats import StepCounters
 from engine.types import GenerateRequest
 
 

@@ -1,4 +1,4 @@
-"""engine/window_blob.py without a model: a blob written as llama.cpp writes an iswa
+"""engine/thread/window_blob.py without a model: a blob written as llama.cpp writes an iswa
 cache's sequence state gets zero cells for the positions under its window, in front of
 the window's, and anything laid out otherwise is refused (None)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 
-from engine.window_blob import at_cold_cells
+from engine.thread.window_blob import at_cold_cells
 
 ROW = 4  # bytes of one cell's K (and V) row in one layer
 

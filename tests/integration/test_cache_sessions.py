@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from cache import CacheConfig, CacheHit
+from engine.config import SessionLimits
 from engine.engine import Engine
-from engine.sessions import SessionLimits
 from engine.types import GenerateRequest, SamplingParams, SessionNotFoundError
 from tests.helpers.exact import reused
 from tests.integration.test_engine import start as start_engine

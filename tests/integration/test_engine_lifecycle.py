@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-import engine.loading as loading_module
-import engine.submission as submission_module
+import engine.loop.submission as submission_module
+import engine.thread.loading as loading_module
 from cache import CacheConfig, CacheHit
 from engine.engine import Engine, EngineConfig, EngineState
 from engine.llama import Context, Sampler
-from engine.runner import DecodeError
+from engine.thread.runner import DecodeError
 from engine.types import EngineNotReadyError, EngineStats, FinishReason, SamplingParams
 from server.config.tree import default_model_path
 from tests.integration.test_engine import chat_prompt, request, start

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from engine.engine import Engine
-from engine.scheduler import exact_min_rows
+from engine.exact_rules import exact_min_rows
 from engine.types import TokenLogprob
 from tests.helpers.exact import reused
 from tests.integration.test_engine import GREEDY, chat_prompt, request, start

@@ -1,4 +1,4 @@
-"""The exact-reuse probe at load (engine/exactness.py) on the real models: it finds a
+"""The exact-reuse probe at load (engine/thread/exactness.py) on the real models: it finds a
 bound on each, checked on a prompt whose cold last chunk ends off a row block too, and
 a model where no bound holds is refused at load, naming it."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import engine.exactness as exactness
+import engine.thread.exactness as exactness
 from engine.engine import Engine, EngineConfig
 from engine.llama import Context, ContextParams, Model
 from server.config.tree import default_model_path

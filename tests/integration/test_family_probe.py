@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loading import EngineConfig
 from tests.helpers.family_models import FamilyModel
 from tests.kvserve_process import free_port
 

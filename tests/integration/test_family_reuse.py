@@ -200,7 +200,7 @@ async def test_a_windowed_state_from_the_cache_serves_only_what_it_can(gemma3_27
     positions' window cells (llama.cpp writes no more): before the fix, exact reuse's
     64-row recompute from such a restored state attended over missing cells. It serves
     prompts that extend it; in exact mode restored with the window in a cold sequence's
-    cells (engine/window_blob.py, issue 49), from the state saved at the prompt's reuse
+    cells (engine/thread/window_blob.py, issue 49), from the state saved at the prompt's reuse
     limit (a repeat) or at its end (the extension by 100)."""
     cache = CacheConfig(block_tokens=32, min_tokens=32, ram_bytes=64 << 20, disk_dir="")
     cold = await start(gemma3_270m, n_seq_max=1, cache=None)
@@ -233,7 +233,7 @@ async def test_a_windowed_state_from_the_cache_serves_only_what_it_can(gemma3_27
 async def test_a_cold_last_chunk_off_a_row_block_is_matched_by_the_warm_tail(
     gemma3_270m: Path,
 ) -> None:
-    """Repacked weights compute rows in blocks of four (engine/plan.py EXACT_ROW_BLOCK):
+    """Repacked weights compute rows in blocks of four (engine/exact_rules.py EXACT_ROW_BLOCK):
     a 734-token prompt's cold last chunk (222 rows) computes its last 2 rows apart. Before
     the fix a warm start recomputed the last 64 (from 670) and answered otherwise on an
     AMD EPYC; now it cuts on a block (668) so that the same rows are the remainder."""
@@ -296,7 +296,7 @@ async def _part_of_a_longer_state(warm: Engine, cold: Engine, exact: bool) -> No
     if exact:
         assert got == await cold_reply(world, third)
     # Exact mode restores the state saved at the prompt's end (a window's, as lfm2's,
-    # laid out in a cold sequence's cells: engine/window_blob.py).
+    # laid out in a cold sequence's cells: engine/thread/window_blob.py).
     expected = len(second) if exact else len(second) + len(results[1][0]) - 1
     assert cached == expected
     stats = warm.stats()

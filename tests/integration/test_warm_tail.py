@@ -2,7 +2,7 @@
 with AMX), a warm start computes the last 64 prompt tokens again, in a decode of its own;
 on other CPUs only a warm start of 48-63 new rows is padded so, and a shorter one computes
 what is new (at least its last row). The rule is the CPU's, so each is forced here to run
-it on any machine (engine/plan.py pad_from)."""
+it on any machine (engine/thread/plan.py pad_from)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.model
 async def engine_on(monkeypatch: pytest.MonkeyPatch, amx: bool) -> AsyncIterator[Engine]:
     """An engine loaded as if this CPU had AMX (`amx`) or not: the padding rule is chosen
     at load from the CPU."""
-    monkeypatch.setattr("engine.loading.cpu_has_amx", lambda: amx)
+    monkeypatch.setattr("engine.thread.loading.cpu_has_amx", lambda: amx)
     e = await start(exact_reuse=False)
     yield e
     e.close()

@@ -279,7 +279,7 @@ def test_config_accepts_exactly_the_cache_values_the_cache_accepts(
 def test_config_accepts_exactly_the_batch_sizes_the_scheduler_accepts(
     exact: bool, n_seq_max: int
 ) -> None:
-    from engine.scheduler import Scheduler, SchedulerConfig
+    from engine.thread.scheduler import Scheduler, SchedulerConfig
 
     for n_batch in range(n_seq_max - 1, 140):
         for prefill_chunk in (1, 64, 127, 128, 256):

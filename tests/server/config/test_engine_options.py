@@ -53,7 +53,7 @@ def test_flash_attention_off_is_fine_without_speculation() -> None:
 
 def test_exact_reuse_without_flash_attention_takes_small_chunks() -> None:
     """The bounds follow engine.scheduler.exact_min_rows: 2-row chunks, not 64 (and a
-    block of rows: engine/plan.py exact_min_chunk)."""
+    block of rows: engine/exact_rules.py exact_min_chunk)."""
     off = {"exact_reuse": "true", "flash_attn": "false"}
     e = settings(**off, prefill_chunk="6", n_batch="14").engine  # type: ignore[attr-defined]
     assert (e.prefill_chunk, e.n_batch) == (6, 14)

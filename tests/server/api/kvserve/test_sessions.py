@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from engine.sessions import SessionLimits
+from engine.config import SessionLimits
 from server.config.tree import ModelNamesSection, Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine

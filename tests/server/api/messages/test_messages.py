@@ -306,7 +306,7 @@ async def test_what_claude_code_sends_is_answered(client: httpx.AsyncClient,
     assert prompt.index("<|im_start|>user\nHi") < prompt.index(
         "<|im_start|>system\nReminder: be brief.") < prompt.index("<|im_start|>user\nWhat now?")
     # max_tokens past the context is not refused; the engine ends the answer where the
-    # context does (engine/validation.py check_context)
+    # context does (engine/loop/validation.py check_context)
     assert request.max_tokens == 32000 and len(request.prompt_tokens) + 32000 > 8192
 
 

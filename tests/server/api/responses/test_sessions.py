@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from engine import CacheConfig
-from engine.sessions import SessionLimits
+from engine.config import SessionLimits
 from engine.types import SessionPool
 from server.api.responses.store import ResponseStore, Stored
 from server.config.tree import AuthSection, ResponsesSection, Settings

@@ -11,11 +11,10 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from engine.commands import Fork, ReleaseSession
+from engine.commands import EngineThread, Fork, ReleaseSession
 from engine.llama import Model
-from engine.sessions import Session, SessionRegistry
+from engine.loop.sessions import Session, SessionRegistry
 from engine.types import EngineNotReadyError, NoSlotError, SessionBusyError
-from engine.worker import Worker
 
 log = logging.getLogger("kvserve.engine")
 
@@ -24,7 +23,7 @@ _ALIVE_CHECK_S = 1.0  # how often a wait for the engine thread's answer checks i
 
 class SessionOps:
     sessions: SessionRegistry
-    _worker: Worker | None
+    _worker: EngineThread | None
     _thread: threading.Thread | None
 
     if TYPE_CHECKING:  # defined by Engine
@@ -77,11 +76,12 @@ class SessionOps:
         return session
 
     def session_slot(self, key: str | None) -> int | None:
-        """The slot the session (`Session.key`) pins right now, if any (a racy read,
-        for reporting)."""
+        """The slot the session (`Session.key`) pins, if any, as the engine thread last
+        published it (Worker.pinned_sessions): a step old at most, which is all a report
+        and the choice to skip a cache lookup need."""
         if key is None or self._worker is None:
             return None
-        return self._worker.scheduler.slots.pins.get(key)
+        return self._worker.pinned_sessions.get(key)
 
     async def fork_session(
         self, tenant: str, session_id: str, new_id: str | None = None, ttl_s: float | None = None

@@ -27,26 +27,23 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine.admission import count_overtakes, rank_waiting, waits_for_shared_head
+from engine.exact_rules import least_prefill_chunk, least_step_tokens
 from engine.media import image_spans, whole_image_chunk
-from engine.placement import COPY_MIN_TOKENS, Placer, reusable
-from engine.plan import (
+from engine.sequence import SeqStatus, Sequence
+from engine.speculation import Drafter
+from engine.thread.admission import count_overtakes, rank_waiting, waits_for_shared_head
+from engine.thread.placement import COPY_MIN_TOKENS, Placer, reusable
+from engine.thread.plan import (
     Chunk,
     KvPlan,
     SchedulerConfig,
     common_prefix,
-    exact_min_chunk,
-    exact_min_rows,
-    least_prefill_chunk,
-    least_step_tokens,
 )
-from engine.sequence import SeqStatus, Sequence
-from engine.slots import Drop, Resident, SlotTable
-from engine.speculation import Drafter
-from engine.stats import StepCounters
+from engine.thread.slots import Drop, Resident, SlotTable
+from engine.thread.stats import StepCounters
 
-# Re-exported: the scheduling vocabulary lives in engine/plan.py, placement in
-# engine/placement.py; callers (the worker, tests) import them from here too.
+# Re-exported: the scheduling vocabulary lives in engine/thread/plan.py, placement in
+# engine/thread/placement.py; callers (the worker, tests) import them from here too.
 __all__ = [
     "COPY_MIN_TOKENS",
     "Chunk",
@@ -54,10 +51,6 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "common_prefix",
-    "exact_min_chunk",
-    "exact_min_rows",
-    "least_prefill_chunk",
-    "least_step_tokens",
 ]
 
 
@@ -77,7 +70,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         # Shared with the worker, and with the scheduler that replaces this one after a
-        # rebuild (engine/stats.py): its preemption and reclaim counts carry on.
+        # rebuild (engine/thread/stats.py): its preemption and reclaim counts carry on.
         self.counters = counters if counters is not None else StepCounters()
         self.slots = SlotTable(
             config.num_slots, config.keeps_prefixes, self.counters, config.n_swa, config.exact
@@ -263,7 +256,8 @@ class Scheduler:
     def _fit(self, start: int, pending: int, room: int) -> int:
         """The longest chunk from `start` of `pending` rows within `room` that exact reuse
         allows: at least exact_min_rows, a full-size last chunk, the next chunk starting
-        on a row block (engine/plan.py); 0: none. Without exact reuse, min(pending, room).
+        on a row block (engine/exact_rules.py); 0: none. Without exact reuse,
+        min(pending, room).
         (`start` is off a block only after a chunk ended at an image's end.)"""
         least = self.config.exact_min_rows
         length = min(pending, room)
@@ -291,7 +285,7 @@ class Scheduler:
         return freed
 
     def _admit(self, kv: KvPlan) -> None:
-        """Admit from the queue (ranked: engine/admission.py) while slots and KV allow."""
+        """Admit from the queue (ranked: engine/thread/admission.py) while slots and KV allow."""
         if len(self.running) >= self.config.num_slots:
             return  # each running sequence holds a slot: none to give (and no ranking cost)
         rank_waiting(self.waiting, self.running, self.slots, self.config)

@@ -8,7 +8,7 @@
 
 Functions of plain state (no worker): the worker calls them and runs what they decide.
 The counters need no carrying over: the rebuilt worker counts into the same
-`StepCounters` (engine/stats.py).
+`StepCounters` (engine/thread/stats.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import queue
 from collections.abc import Iterable
 
 from engine.commands import Command, Embed, Fork, Stop, Submit
-from engine.embedder import Embedder
 from engine.sequence import Sequence
+from engine.thread.embedder import Embedder
 from engine.types import ENGINE_RESTARTED, FinishReason, SeqOutput, TimeLimits, coded_error
 
 Output = tuple[object, SeqOutput]  # (the sequence's sink, what it receives)

@@ -1,7 +1,7 @@
 """A sliding-window state blob laid out as a cold sequence's cells, for exact reuse.
 
 llama.cpp writes a sequence's sliding-window layers only for the positions the next token
-attends to (the last n_swa: engine/slots.py window_floor), and restores them into the
+attends to (the last n_swa: engine/thread/slots.py window_floor), and restores them into the
 first free cells of the stream, so a restored window of positions N-n_swa..N-1 sits in
 cells 0..n_swa-1 where a cold sequence holds them in cells N-n_swa..N-1. Attention sums
 over cells in cell order (SIMD lanes, flash attention's tiles), so continuing it gave other

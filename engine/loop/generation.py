@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from engine.sessions import Session
+from engine.loop.sessions import Session
 from engine.types import SeqOutput
 
 

@@ -1,8 +1,8 @@
-"""Running the KV operations the scheduler planned (engine/slots.py) on the context:
+"""Running the KV operations the scheduler planned (engine/thread/slots.py) on the context:
 saves to the prefix cache, restores from it, copies between slots, dropped cells; and
 the session commands that move KV (release, fork), and the drain's saves.
 
-Every operation goes through the KV ledger (engine/kvledger.py), and a save is refused
+Every operation goes through the KV ledger (engine/thread/kvledger.py), and a save is refused
 when the slot does not hold the tokens it would be stored under. Engine thread only.
 """
 
@@ -14,12 +14,12 @@ from collections.abc import Iterable
 
 from cache import PrefixCache
 from engine.commands import Fork
-from engine.kvledger import KvLedger, KvMismatch
 from engine.llama import Context
-from engine.placement import KV_OP_FAILED
 from engine.sequence import Sequence
-from engine.slots import Copy, Drop, KvOp, Restore, Save, SlotTable
-from engine.stats import StepCounters
+from engine.thread.kvledger import KvLedger, KvMismatch
+from engine.thread.placement import KV_OP_FAILED
+from engine.thread.slots import Copy, Drop, KvOp, Restore, Save, SlotTable
+from engine.thread.stats import StepCounters
 
 log = logging.getLogger("kvserve.engine")
 
@@ -35,7 +35,7 @@ class KvExecutor:
     ):
         self.ctx = ctx
         # Every KV op goes through the ledger; under exact reuse a window's blob is laid
-        # out as a cold sequence's cells (engine/window_blob.py).
+        # out as a cold sequence's cells (engine/thread/window_blob.py).
         self.kv = KvLedger(ctx, num_slots, counters, slots.n_swa, slots.exact and slots.n_swa > 0)
         self.slots = slots
         self.cache = cache

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.worker import Worker
+from engine.thread.worker import Worker
 
 POLL_S = 0.1
 

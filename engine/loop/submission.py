@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from cache import CacheHit, PrefixCache, recording_calls
-from engine.commands import Abort, Embed, Submit
+from engine.commands import Abort, Embed, EmbedJob, EngineThread, Submit
+from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.embedder import EmbedJob
-from engine.generation import Generation
 from engine.llama import Model, Sampler
-from engine.loading import EngineConfig
-from engine.placement import lookup_reach
+from engine.loop.generation import Generation
+from engine.loop.sessions import SessionRegistry, unpinned_if_busy
+from engine.loop.validation import validate
 from engine.sequence import Sequence as Seq
-from engine.sessions import SessionRegistry, pin_key, unpinned_if_busy
+from engine.sequence import pin_key
 from engine.thinking import ThinkingBudget, constrained_from_start
 from engine.types import (
     EngineNotReadyError,
@@ -38,8 +38,6 @@ from engine.types import (
     SeqOutput,
     StoreCall,
 )
-from engine.validation import validate
-from engine.worker import Worker
 
 # Cache lookups of one engine that run at once (a disk read, or a shared-store round trip
 # of at most `shared_timeout_s`); more wait for a free thread of this pool only.
@@ -49,7 +47,7 @@ LOOKUP_THREADS = 4
 class Submitting:
     config: EngineConfig
     sessions: SessionRegistry
-    _worker: Worker | None
+    _worker: EngineThread | None
     _cache: PrefixCache | None
     _loop: asyncio.AbstractEventLoop | None
     _outstanding: int  # sequences submitted and not yet finished (loop thread only)
@@ -176,7 +174,7 @@ class Submitting:
         worker = self._worker
         prompt, reach = request.prompt_tokens, len(request.prompt_tokens)
         if worker is not None:  # only the states this prompt can start from (placement.py)
-            reach = lookup_reach(len(prompt), worker.scheduler.config)
+            reach = worker.lookup_reach(len(prompt))
 
         def lookup() -> tuple[CacheHit | None, tuple[StoreCall, ...]]:
             with recording_calls() as calls:

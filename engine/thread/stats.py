@@ -3,7 +3,7 @@
 Prometheus counters must never go backwards, so these outlive what counts into them:
 the Engine makes one `StepCounters` and hands the same object to every worker,
 scheduler and slot table it builds, after a rebuild of a dead engine thread
-(engine/recovery.py) and after an unload and a reload alike.
+(engine/thread/recovery.py) and after an unload and a reload alike.
 
 Threads: written by the engine thread only; `stats()` copies them for other threads.
 """

@@ -30,8 +30,8 @@ import time
 
 import numpy as np
 
+from engine.exact_rules import EXACT_ROW_BLOCK, FLASH_TILE_ROWS
 from engine.llama import Batch, Context
-from engine.plan import EXACT_ROW_BLOCK, FLASH_TILE_ROWS
 
 log = logging.getLogger("kvserve.engine")
 
@@ -90,7 +90,7 @@ def _measure(ctx: Context, *, flash_attn: bool, whole_state: bool) -> int | None
 
 def _holds_off_a_block(ctx: Context, batch: Batch, prompt: list[int], bound: int) -> bool:
     """Whether `bound` also holds for a prompt whose cold last chunk ends off a row block
-    (engine/plan.py EXACT_ROW_BLOCK), with the warm start cut on a block as placement
+    (engine/exact_rules.py EXACT_ROW_BLOCK), with the warm start cut on a block as placement
     cuts it: the case a reference prompt of a multiple of 4 tokens cannot show."""
     length = len(prompt) - EXACT_ROW_BLOCK // 2
     start = (length - bound) // EXACT_ROW_BLOCK * EXACT_ROW_BLOCK

@@ -19,10 +19,10 @@ from bisect import insort
 from collections import deque
 from collections.abc import Iterable
 
-from engine.placement import reusable
-from engine.plan import SchedulerConfig, common_prefix
 from engine.sequence import Sequence
-from engine.slots import SlotTable
+from engine.thread.placement import reusable
+from engine.thread.plan import SchedulerConfig, common_prefix
+from engine.thread.slots import SlotTable
 
 # A sequence that would get at least this many more tokens of its prompt by waiting for
 # one still prefilling them waits, then copies them, rather than computing the same head

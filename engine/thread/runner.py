@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.llama import Batch, Context, EmbdBatch, Vision
-from engine.media_prefill import has_media, prefill_media_chunk
-from engine.scheduler import Chunk
 from engine.sequence import Sequence
+from engine.thread.media_prefill import has_media, prefill_media_chunk
+from engine.thread.scheduler import Chunk
 from engine.types import TokenLogprob, TopLogprob
 
 
@@ -75,12 +75,12 @@ class Runner:
         llama.cpp cuts a batch into ubatches holding the same number of rows of each
         sequence, so a prompt chunk sharing a batch with decode rows is computed partly
         in one-row ubatches, with other kernels than the same chunk alone (exact_min_rows
-        in engine/plan.py). Alone in its
+        in engine/exact_rules.py). Alone in its
         decode, a chunk is one ubatch, exactly as a cold prefill computes it. Shorter
         chunks are computed with the small-step kernels either way.
 
         A prompt chunk crossing an image is decoded on its own, run by run
-        (engine/media_prefill.py), after the rest."""
+        (engine/thread/media_prefill.py), after the rest."""
         media = [c for c in chunks if has_media(c)] if self.vision is not None else []
         if media:
             chunks = [c for c in chunks if all(c is not m for m in media)]

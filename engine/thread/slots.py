@@ -7,10 +7,11 @@ Pure Python, no llama.cpp: the scheduler decides with it, the worker executes th
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.stats import StepCounters
+from engine.thread.stats import StepCounters
 from engine.types import SlotView
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def window_floor(num_tokens: int, n_swa: int) -> int:
     writes a sequence's sliding-window layers only for the positions the next token
     attends to (the last n_swa), so a cut further back would leave the window without
     cells. (Under exact reuse the blob is restored with its window in the cells a cold
-    sequence holds it in: engine/window_blob.py.) 0: any cut (no window, or a state no
+    sequence holds it in: engine/thread/window_blob.py.) 0: any cut (no window, or a state no
     longer than it)."""
     if not 0 < n_swa < num_tokens:
         return 0
@@ -109,17 +110,23 @@ class SlotTable:
         self.resident: dict[int, Resident] = {}  # free slot -> what it still holds
         self.pins: OrderedDict[str, int] = OrderedDict()  # session -> slot, LRU first
         self.pinned: dict[int, str] = {}  # slot -> session
+        # The pins as other threads may read them (Worker.pinned_sessions): a new dict at
+        # every change, never changed once published, so the event loop reads one whole
+        # state without a lock and never the OrderedDict this thread is changing.
+        self.published_pins: Mapping[str, int] = {}
         self.counters = counters if counters is not None else StepCounters()  # num_reclaims
 
     def pin(self, session_id: str, slot: int) -> None:
         self.unpin(session_id)
         self.pins[session_id] = slot
         self.pinned[slot] = session_id
+        self.published_pins = dict(self.pins)
 
     def unpin(self, session_id: str) -> int | None:
         slot = self.pins.pop(session_id, None)
         if slot is not None:
             self.pinned.pop(slot, None)
+            self.published_pins = dict(self.pins)
         return slot
 
     def touch(self, session_id: str) -> None:
@@ -207,6 +214,7 @@ class SlotTable:
         assert set(self.resident) <= set(self.free), "a busy slot has resident tokens"
         assert {v: k for k, v in self.pins.items()} == self.pinned, "pins out of sync"
         assert len(set(self.pins.values())) == len(self.pins), "two sessions pin a slot"
+        assert self.published_pins == self.pins, "published pins out of date"
 
 
 def slot_views(table: SlotTable, running: list[Sequence], num_slots: int) -> tuple[SlotView, ...]:

@@ -2,7 +2,7 @@
 
 The registry lives on the event loop thread (no locks): it decides who may use a
 session and when it expires. Which slot a session pins is the engine thread's business
-(engine/slots.py); the two meet through the engine's command queue.
+(engine/thread/slots.py); the two meet through the engine's command queue.
 
 Bounds act like an LRU cache, not a wall: a new session past a bound retires an idle
 one (handed to `on_retire`; the engine saves its KV to the prefix cache, so its prefix
@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from engine.config import SessionLimits
+from engine.sequence import pin_key
 from engine.types import (
     GenerateRequest,
     InvalidRequestError,
@@ -33,12 +35,6 @@ from engine.types import (
 log = logging.getLogger("kvserve.engine")
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
-
-
-def pin_key(tenant: str, session_id: str) -> str:
-    """The engine thread's name for a session: ids are per tenant (two keys may each
-    have a session "main"), and a session id never contains "/"."""
-    return f"{tenant}/{session_id}"
 
 
 @dataclass(slots=True, eq=False)
@@ -59,26 +55,6 @@ class Session:
     @property
     def key(self) -> str:
         return pin_key(self.tenant, self.id)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionLimits:
-    default_ttl_s: float = 600.0
-    max_ttl_s: float = 86400.0
-    max_sessions: int = 1024  # in all (per pool)
-    max_sessions_per_key: int = 256  # per key (and pool); past either, an idle one retires
-    # A request on a session with one in flight: "unpinned" runs it without the session
-    # (on what the cache holds), "refuse" answers 409 session_busy.
-    when_busy: str = "unpinned"
-
-    def __post_init__(self) -> None:  # the server's [sessions] section: "<key>: <rule>"
-        if self.when_busy not in ("unpinned", "refuse"):
-            raise ValueError("when_busy: must be 'unpinned' or 'refuse'")
-        if not 0 < self.default_ttl_s <= self.max_ttl_s:
-            raise ValueError("default_ttl_s: must be above 0 and at most max_ttl_s")
-        for key in ("max_sessions", "max_sessions_per_key"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}: must be at least 1")
 
 
 def check_session_id(session_id: str, param: str = "session_id") -> str:

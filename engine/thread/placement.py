@@ -5,7 +5,7 @@ or a state restored from the prefix cache. Prefixes are only shared between requ
 with the same cache salt.
 
 Pure policy, no llama.cpp: it writes the slot table through its methods and appends the
-KV operations the worker must run (engine/slots.py). Engine thread only.
+KV operations the worker must run (engine/thread/slots.py). Engine thread only.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.exact_rules import FLASH_TILE_ROWS
 from engine.media import whole_image_keep
-from engine.plan import FLASH_TILE_ROWS, SchedulerConfig, common_prefix
 from engine.sequence import Sequence
-from engine.slots import Copy, Drop, KvOp, Restore, SlotTable, window_floor
+from engine.thread.plan import SchedulerConfig, common_prefix
+from engine.thread.slots import Copy, Drop, KvOp, Restore, SlotTable, window_floor
 
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
 # ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
@@ -68,7 +69,7 @@ def lookup_reach(num_tokens: int, config: SchedulerConfig) -> int:
 
 def padded_keep(num_tokens: int, keep: int, config: SchedulerConfig) -> int:
     """`keep` cut back so that a warm start of `config.pad_from`..63 new rows computes a
-    whole flash tile instead (engine/plan.py pad_from). A prompt under two tiles keeps
+    whole flash tile instead (engine/thread/plan.py pad_from). A prompt under two tiles keeps
     its start: its rows are few and its stream short, so a tile's worth computed again
     would cost, not save."""
     new_rows = num_tokens - keep
@@ -127,7 +128,7 @@ class Placer:
         found = seq.cache_hit is not None  # a stored prefix, whether usable or not
         prefix = self._best_prefix(seq, candidates, running) if reuse else _Prefix(min(candidates))
         slot = prefix.slot
-        # The last tail_rows prompt tokens are computed again (engine/plan.py); n > 1
+        # The last tail_rows prompt tokens are computed again (engine/thread/plan.py); n > 1
         # choices copying their leader only need the last one (its logits, to sample).
         limit = reuse_limit(len(seq.tokens), self.config)
         sibling = seq.leader is not None and prefix.copy_from == seq.leader.slot
@@ -287,7 +288,7 @@ EXACT_TAIL = "exact_tail"  # it ends within the rows exact reuse computes again
 LONGER_STATE = "longer_state"  # a whole state past the shared prefix: cannot be cut back
 WINDOW = "window"  # a window's state from a blob, past the shared prefix: cannot be cut back
 SHORT = "short"  # too short to be worth a copy or a restore (COPY_MIN_TOKENS)
-KV_OP_FAILED = "kv_op_failed"  # its restore, copy or cut failed (engine/kvexec.py)
+KV_OP_FAILED = "kv_op_failed"  # its restore, copy or cut failed (engine/thread/kvexec.py)
 
 
 def _cold_reason(keep: int, prefix: _Prefix, reuse: bool, found: bool) -> str:

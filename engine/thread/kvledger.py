@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.llama import Context
-from engine.stats import StepCounters
-from engine.window_blob import at_cold_cells
+from engine.thread.stats import StepCounters
+from engine.thread.window_blob import at_cold_cells
 
 if TYPE_CHECKING:
-    from engine.scheduler import Chunk, Scheduler
+    from engine.thread.scheduler import Chunk, Scheduler
 
 log = logging.getLogger("kvserve.engine")
 
@@ -56,7 +56,8 @@ class KvLedger:
         there (a recurrent or hybrid memory holds one state per sequence, not a cell per
         position): then the whole slot is dropped, so it never holds a longer state than
         the ledger says, and the caller's sequence must start cold. Counted, and logged
-        the first time (the scheduler plans such cuts only by mistake: engine/placement.py)."""
+        the first time (the scheduler plans such cuts only by mistake:
+        engine/thread/placement.py)."""
         if self.ctx.remove_seq(slot, start):
             del self.slots[slot][start:]
             return True

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 
 from cache import CacheStats, PrefixCache
-from engine.loading import EngineConfig, open_prefix_cache
+from engine.config import EngineConfig, open_prefix_cache
 from engine.types import ModelInfo, SeqOutput, TenantCacheView
 
 

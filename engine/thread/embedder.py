@@ -9,24 +9,13 @@ every stream for the whole input.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.commands import EmbedJob
 from engine.llama import Batch, Context
 
 EMBED_SEQ = 0
-
-
-@dataclass(slots=True)
-class EmbedJob:
-    inputs: list[list[int]]
-    on_done: Callable[[list[np.ndarray] | None, str | None], None]
-    results: list[np.ndarray] = field(default_factory=list)
-    offset: int = 0  # tokens of inputs[len(results)] already computed
-    total: np.ndarray | None = None  # running sum of token states of that input
-    cancelled: bool = False
 
 
 class Embedder:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from engine.llama import Batch, Context, EmbdBatch, Vision
 from engine.media import image_spans
-from engine.plan import Chunk
+from engine.thread.plan import Chunk
 
 
 def has_media(chunk: Chunk) -> bool:

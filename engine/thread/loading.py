@@ -1,4 +1,5 @@
-"""Loading a model: `EngineConfig`, and `load`, which builds everything a worker owns.
+"""Loading a model: `load`, which builds everything a worker owns from an `EngineConfig`
+(engine/config.py).
 
 Runs on the engine thread. A load that fails part way frees what it had made (the
 model, its contexts) before it raises: an on-demand model whose load
@@ -15,53 +16,22 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from cache import CacheBudget, CacheConfig, PrefixCache, model_fingerprint, namespace
-from engine.embedder import Embedder
-from engine.exactness import CANDIDATES, exact_rows
+from cache import PrefixCache
+from engine.config import EngineConfig
+from engine.exact_rules import CPU_ROW_BY_ROW, CPU_TILE_PAYS, GPU_KERNELS, exact_min_rows
 from engine.family import ModelFamily, UnsupportedModelError
 from engine.llama import Context, ContextParams, Model, Vision, cpu_has_amx, projector_beside
 from engine.media import image_positions_limit
-from engine.plan import CPU_ROW_BY_ROW, CPU_TILE_PAYS, GPU_KERNELS
-from engine.scheduler import Scheduler, SchedulerConfig, exact_min_rows
-from engine.sessions import SessionLimits
-from engine.settings import EngineSettings
-from engine.stats import StepCounters
-from engine.types import LoraAdapter, ModelInfo
-from engine.worker import Deliver, Worker
+from engine.thread.embedder import Embedder
+from engine.thread.exactness import CANDIDATES, exact_rows
+from engine.thread.scheduler import Scheduler, SchedulerConfig
+from engine.thread.stats import StepCounters
+from engine.thread.worker import Deliver, Worker
+from engine.types import ModelInfo
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig(EngineSettings):
-    """One model's engine: its settings (the `[engine]` keys, engine/settings.py) and
-    what its load needs."""
-
-    model_path: str
-    model_id: str
-    cache: CacheConfig | None = None  # None: no prefix cache beyond the slots
-    # The process's one RAM and disk budget, shared by every model's cache (a server
-    # makes one); None: this engine's cache sizes its own tiers from `cache`.
-    cache_budget: CacheBudget | None = None
-    sessions: SessionLimits = SessionLimits()
-    # Called first on the engine thread when set: fetches the model (a hub download,
-    # reporting its progress 0..1) and returns its local path, used instead of model_path.
-    fetch: Callable[[Callable[[float], None]], str] | None = None
-    loras: tuple[LoraAdapter, ...] = ()  # loaded with the model; requests pick among them
-    # A vision projector GGUF loaded with the model (engine/llama/vision.py); "": the one
-    # mmproj*.gguf beside the model file, if there is exactly one.
-    mmproj: str = ""
-
-    @classmethod
-    def of(
-        cls, settings: EngineSettings, model_path: str, model_id: str, **rest: Any
-    ) -> EngineConfig:
-        """`settings` for the model at `model_path` (`rest`: cache, cache_budget,
-        sessions, fetch, loras)."""
-        tunables = {f.name: getattr(settings, f.name) for f in dataclasses.fields(EngineSettings)}
-        return cls(model_path=model_path, model_id=model_id, **tunables, **rest)
 
 
 class LoadReport(Protocol):
@@ -194,7 +164,7 @@ def free_worker(worker: Worker) -> None:
 
 
 def _padding_rule(cfg: EngineConfig) -> str:
-    """Which warm-tail padding rule the device gets (engine/plan.py pad_from): measured on
+    """Which warm-tail padding rule the device gets (engine/thread/plan.py pad_from): measured on
     two CPUs; a GPU runs its own attention kernels."""
     if cfg.n_gpu_layers != 0:
         return GPU_KERNELS
@@ -217,7 +187,7 @@ def _context_params(cfg: EngineConfig, total_cells: int) -> ContextParams:
 
 def _exact_min_rows(cfg: EngineConfig, ctx: Context, family: ModelFamily) -> int:
     """The rows a warm start computes again in exact mode: measured on this model when
-    exact_reuse is on (engine/exactness.py), else the rule for the attention kind."""
+    exact_reuse is on (engine/thread/exactness.py), else the rule for the attention kind."""
     if not cfg.exact_reuse:
         return exact_min_rows(cfg.flash_attn)
     # A purely recurrent model has no attention layer: flash attention's tile is no bound.
@@ -269,19 +239,3 @@ def _model_info(
             sched.row_block,
         ),
     )
-
-
-def open_prefix_cache(cfg: EngineConfig, model_path: str) -> PrefixCache | None:
-    """The prefix cache of `model_path` under `cfg` (None: none configured, or the file
-    can't be read). Its namespace comes from the file and the configuration alone, so it
-    is known before a load and the cache can be opened with the model unloaded."""
-    if cfg.cache is None or not cfg.cache.enabled:
-        return None
-    try:
-        fingerprint = model_fingerprint(model_path)
-    except OSError as exc:  # the model cannot load either; it will say so
-        log.warning("prefix cache not opened: %s", exc)
-        return None
-    # Everything that changes the layout of a sequence's KV state.
-    layout = (cfg.n_ctx, cfg.type_k, cfg.type_v, "flash" if cfg.flash_attn else "no-flash")
-    return PrefixCache(cfg.cache, namespace(fingerprint, *layout), cfg.cache_budget)

@@ -17,20 +17,21 @@ import dataclasses
 import logging
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cache import PrefixCache
-from engine import recovery
 from engine.commands import Abort, Command, Embed, Fork, ReleaseSession, Stop, Submit
-from engine.embedder import Embedder
-from engine.kvexec import KvExecutor
 from engine.llama import Context, Model
-from engine.postprocess import Emit, End, Force, StepRules, postprocess
-from engine.runner import DecodeError, Runner, StepResult
-from engine.scheduler import Chunk, Scheduler
 from engine.sequence import SeqStatus, Sequence
-from engine.slots import slot_views
-from engine.stats import snapshot
+from engine.thread import recovery
+from engine.thread.embedder import Embedder
+from engine.thread.kvexec import KvExecutor
+from engine.thread.placement import lookup_reach
+from engine.thread.postprocess import Emit, End, Force, StepRules, postprocess
+from engine.thread.runner import DecodeError, Runner, StepResult
+from engine.thread.scheduler import Chunk, Scheduler
+from engine.thread.slots import slot_views
+from engine.thread.stats import snapshot
 from engine.types import EngineStats, FinishReason, SeqOutput, TimeLimits, TokenLogprob, coded_error
 
 log = logging.getLogger("kvserve.engine")
@@ -51,7 +52,7 @@ class Worker:
     ):
         self.model = model
         self.limits = limits or TimeLimits()
-        # Written by this thread, read by the watchdog thread (engine/watchdog.py).
+        # Written by this thread, read by the watchdog thread (engine/thread/watchdog.py).
         self.decode_deadline = 0.0
         self.ctx = ctx
         self.scheduler = scheduler
@@ -69,7 +70,7 @@ class Worker:
             model.eog_ids, config.n_ctx_seq, saves=cache is not None, whole_state=config.whole_state
         )
         # For stats(): the scheduler's, so one object counts everything and outlives
-        # this worker (engine/stats.py). Written by this thread only.
+        # this worker (engine/thread/stats.py). Written by this thread only.
         self.counters = scheduler.counters
         self.ops = KvExecutor(ctx, scheduler.slots, cache, self.counters, config.num_slots)
         self.kv = self.ops.kv  # the KV ledger
@@ -153,7 +154,7 @@ class Worker:
 
     def abandon(self, cause: str) -> None:
         """The thread died (engine.py rebuilds it): every request in flight or queued
-        fails at once naming `cause`, touching no llama.cpp state (engine/recovery.py)."""
+        fails at once naming `cause`, touching no llama.cpp state (engine/thread/recovery.py)."""
         seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
         outputs, stop = recovery.abandon(seqs, self.commands, self.embedder, cause)
         self._stopping = self._stopping or stop
@@ -200,7 +201,7 @@ class Worker:
         self.kv.check(self.scheduler)
 
     def _postprocess(self, chunks: list[Chunk], result: StepResult) -> None:
-        """Run what the step means (engine/postprocess.py decides), in its order."""
+        """Run what the step means (engine/thread/postprocess.py decides), in its order."""
         self.kv.decoded(chunks)
         outcome = postprocess(chunks, result, self._rules, self.counters)
         self.last_batch_size = outcome.num_tokens
@@ -329,6 +330,17 @@ class Worker:
             self.deliver(self._outbox)
             self._outbox = []
 
+    @property
+    def pinned_sessions(self) -> Mapping[str, int]:
+        """Session key -> the slot it pins, as this thread last published it: the one view
+        of the pins another thread may read (SlotTable.published_pins)."""
+        return self.scheduler.slots.published_pins
+
+    def lookup_reach(self, num_tokens: int) -> int:
+        """How much of a prompt a cache lookup should match (placement.lookup_reach) under
+        this worker's scheduler settings, which are fixed at load: any thread may ask."""
+        return lookup_reach(num_tokens, self.scheduler.config)
+
     def stats(self) -> EngineStats:
         """Safe to call from another thread (see `engine.stats.snapshot`)."""
         scheduler = self.scheduler
@@ -338,7 +350,7 @@ class Worker:
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
             kv_cells_used=scheduler.kv_cells_used,
-            num_sessions_pinned=len(scheduler.slots.pins),
+            num_sessions_pinned=len(scheduler.slots.published_pins),
             last_batch_size=self.last_batch_size,
             cache=self.cache.stats() if self.cache is not None else None,
             slots=slot_views(scheduler.slots, scheduler.running, scheduler.config.num_slots),

@@ -16,11 +16,11 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from engine.runner import Sampled, StepResult
-from engine.scheduler import Chunk
 from engine.sequence import SeqStatus, Sequence
-from engine.slots import Drop, Save
-from engine.stats import BATCH_SIZE_BOUNDS, StepCounters
+from engine.thread.runner import Sampled, StepResult
+from engine.thread.scheduler import Chunk
+from engine.thread.slots import Drop, Save
+from engine.thread.stats import BATCH_SIZE_BOUNDS, StepCounters
 from engine.types import FinishReason, SeqOutput, TokenLogprob
 
 # A long cold prefill is saved to the cache along the way, so that another prompt

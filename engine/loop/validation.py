@@ -107,7 +107,7 @@ class ContextOverflowError(InvalidRequestError):
 
 def check_context(request: GenerateRequest, info: ModelInfo) -> None:
     """A max_tokens past what the context has left is not refused: the sequence ends
-    with `length` where the context runs out (engine/postprocess.py `out_of_room`), as
+    with `length` where the context runs out (engine/thread/postprocess.py `out_of_room`), as
     llama-server and Ollama do (agents send 8,000-32,000 whatever the context). Only a
     prompt that leaves no room for one token is refused (max_tokens 0 scores a prompt
     that fills the context exactly)."""
