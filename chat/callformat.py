@@ -253,14 +253,16 @@ def thinking_then(
 def lazy_or_forced(
     rules: RuleSet, calls: str, mode: str, doc_key: str, trigger: str, think_close: str,
     think_open: str = "", *, bare_close: bool = False, answer_doc: Callable[[str], str] = str,
+    think_tail: str = "",
 ) -> GrammarSpec:  # fmt: skip
     """An own-syntax format's grammar for `calls` (a GBNF expression): in `auto` mode
     without a response schema lazy at `trigger`, the calls' own opening; forced, the
-    thinking (GBNF `think_open`, text, `think_close`; with `bare_close` the close alone
-    may stand for a turn without thinking) may come first (`thinking_then`)."""
+    thinking (GBNF `think_open`, text, `think_close`, GBNF `think_tail`; with
+    `bare_close` the close alone may stand for a turn without thinking) may come first
+    (`thinking_then`)."""
     if mode == "auto" and not doc_key:
         return lazy_at(rules.text(calls), trigger)
-    think = thinking_block(rules, think_close, think_open)
+    think = thinking_block(rules, think_close, think_open, think_tail)
     if bare_close:
         think = rules.add("think-or-not", f"{think} | {literal(think_close)}")
     return thinking_then(rules, think, calls, doc_key, answer_doc)

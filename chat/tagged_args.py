@@ -166,9 +166,11 @@ def _permute(rules: RuleSet, items: list[str], prefix: str, mask: int) -> str:
 class TypedArgs:
     """One call's arguments, a tagged value at a time, as the text of the JSON object they
     stand for: each value typed by its offered tool's schema (any type for a tool or a
-    parameter that is not offered)."""
+    parameter that is not offered). `text_if_string`: a value whose schema admits a
+    string is that string, whatever it looks like (MiniCPM5's handler reads it so)."""
 
-    def __init__(self, tools: Sequence[Tool]):
+    def __init__(self, tools: Sequence[Tool], text_if_string: bool = False):
+        self._text_if_string = text_if_string
         self._types = {
             t.name: {
                 k: value_types(v, t.parameters)
@@ -188,6 +190,8 @@ class TypedArgs:
     def add(self, key: str, text: str) -> str:
         """The object's text for the argument `key` written as `text`."""
         types = self._types.get(self._tool, {}).get(key, ALL_TYPES)
+        if self._text_if_string and "string" in types:
+            types = frozenset(("string",))
         head = ", " if self._count else ""
         self._count += 1
         return f"{head}{json.dumps(key, ensure_ascii=False)}: {value_json(text, types)}"

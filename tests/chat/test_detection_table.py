@@ -76,7 +76,7 @@ EXPECTED = {
     "moonshotai-Kimi-K2.jinja": "kimi-k2",
     "muse-glimmer.jinja": "generic",
     "openai-gpt-oss-120b.jinja": "harmony",
-    "openbmb-MiniCPM5-1B.jinja": "generic",
+    "openbmb-MiniCPM5-1B.jinja": "minicpm5",
     "poolside-Laguna-S-2.1.jinja": "glm-4.7",
     "poolside-Laguna-XS-2.1.jinja": "glm-4.5",
     "poolside-Laguna-XS.2.jinja": "glm-4.5",
