@@ -21,8 +21,8 @@ Gemma 4's calls and thought channel in chat/formats_gemma.py, Ministral 3's
 `[TOOL_CALLS]NAME[ARGS]` calls and `[THINK]` blocks in chat/formats_mistral.py,
 MiniMax-M3's namespaced `<invoke>` elements in chat/formats_minimax.py (M2's
 `<minimax:tool_call>` in chat/formats_minimax2.py), LFM2's Python-style lists in
-chat/formats_lfm2.py, gpt-oss's harmony channels in chat/harmony.py; `detect_format`
-chooses among them all.
+chat/formats_lfm2.py, Apertus's name-keyed list in chat/formats_apertus.py, gpt-oss's
+harmony channels in chat/harmony.py; `detect_format` chooses among them all.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from chat.callformat import (
     thinking_block,
 )
 from chat.callstream import CallScanner, Delta, held_back
+from chat.formats_apertus import detect_apertus
 from chat.formats_cohere import detect_cohere
 from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
@@ -207,6 +208,9 @@ def detect_format(template_source: str) -> CallFormat:
     hy3 = detect_hy3(template_source)  # GLM's tags as Hy3's own `:opensource` tokens
     if hy3 is not None:
         return hy3
+    apertus = detect_apertus(template_source)  # `{"NAME": {..}}` in <|tools_prefix|>
+    if apertus is not None:
+        return apertus
     cohere = detect_cohere(template_source)  # Command R7B's action blocks
     if cohere is not None:
         return cohere

@@ -14,7 +14,7 @@ from chat.formats import detect_format
 TEMPLATES = Path(__file__).parent / "templates"
 
 EXPECTED = {
-    "Apertus-8B-Instruct.jinja": "generic",
+    "Apertus-8B-Instruct.jinja": "apertus",
     "Apriel-1.6-15b-Thinker-fixed.jinja": "generic",
     "Bielik-11B-v3.0-Instruct.jinja": "hermes",
     "ByteDance-Seed-OSS.jinja": "seed-oss",
