@@ -13,9 +13,8 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.routing import Mount
 
 from engine.client import (
     CacheBudget,
@@ -27,27 +26,8 @@ from engine.client import (
     SessionBusyError,
     SessionNotFoundError,
 )
-from server.api.chat.router import router as chat_router
+from server.api import chat, completions, embeddings, kvserve, messages, ollama, responses
 from server.api.chat.template import render_chat
-from server.api.completions.router import router as completions_router
-from server.api.embeddings.router import router as embeddings_router
-from server.api.kvserve import (
-    cache,
-    docs,
-    health,
-    metrics,
-    models,
-    page,
-    props,
-    sessions,
-    status,
-    tokenize,
-)
-from server.api.messages.router import router as messages_router
-from server.api.ollama import models as ollama_models
-from server.api.ollama import pull as ollama_pull
-from server.api.ollama.router import router as ollama_router
-from server.api.responses.router import router as responses_router
 from server.api.responses.shared_store import RedisResponses
 from server.api.responses.store import ResponseStore
 from server.config.tree import (
@@ -59,13 +39,13 @@ from server.config.tree import (
     lora_source,
 )
 from server.http import errors
+from server.http.apis import Apis
 from server.http.bodies import BodyBudget, BodyLimit
-from server.http.deps import EngineLike, require_api_key
+from server.http.deps import EngineLike
 from server.http.key_first import KeyFirst
 from server.http.middleware import AccessMiddleware, OriginGuard
 from server.mcp.manager import McpManager
 from server.models import hub
-from server.models.gate import ModelGate
 from server.models.hub_models import Configured, HubModels
 from server.models.loader import ModelLoader
 from server.models.pulls import Pulls
@@ -75,6 +55,18 @@ from server.telemetry import tracing
 from server.telemetry.metrics import make_registry
 
 log = logging.getLogger("server")
+
+# The APIs the server speaks, one spec per package under server/api/ (server/http/apis.py):
+# adding an API is its package and one line here.
+APIS = Apis([
+    chat.API,
+    completions.API,
+    responses.API,
+    messages.API,
+    embeddings.API,
+    kvserve.API,
+    ollama.API,
+])  # fmt: skip
 
 
 def engine_config(
@@ -283,37 +275,16 @@ def create_app(
     app.state.render_chat = render_chat  # /tokenize's `messages` (an API imports no other)
     if follow:
         app.state.hub_models.discover()
-    errors.install(app)
+    app.state.apis = APIS
+    errors.install(app, APIS.error_shapes())
 
-    authed = [Depends(require_api_key)]
-    # The routes open without a key; every other takes one, checked before its body is
-    # read (KeyFirst, below).
-    open_routers = [health.router]
-    if settings.metrics.enabled:
-        open_routers.append(metrics.router)
-    for router in open_routers:
-        app.include_router(router)
-    for router in (
-        chat_router,
-        completions_router,
-        responses_router,
-        messages_router,
-        embeddings_router,
-        models.router,
-        tokenize.router,
-        props.router,
-        sessions.router,
-        cache.router,
-        ollama_router,
-        status.router,
-        ollama_models.router,
-        ollama_pull.router,
-    ):
-        app.include_router(router, dependencies=authed)
-    page.install(app)  # the page at / (its API calls carry the key)
-    docs.install(app)
+    # Every route takes the API key, checked once, before its body is read (KeyFirst,
+    # below), but the open ones the APIs' mounts return.
+    for spec in APIS.specs:
+        for router in spec.routers:
+            app.include_router(router)
+    open_routes = [route for spec in APIS.specs if spec.mount for route in spec.mount(app)]
 
-    app.add_middleware(ModelGate, loader=app.state.loader)  # inside the body limit
     app.add_middleware(
         BodyLimit,
         limit=settings.server.max_body_bytes,
@@ -321,8 +292,6 @@ def create_app(
         budget=BodyBudget(settings.server.max_body_bytes_total),
     )
     # The key before the body: a request without one reads and parses nothing.
-    open_routes = [route for router in (*open_routers, page.router) for route in router.routes]
-    open_routes += [route for route in app.routes if isinstance(route, Mount)]  # the page's files
     app.add_middleware(KeyFirst, keys=settings.auth.all_keys, open_routes=open_routes)
     if settings.server.cors_origins:  # outside the refusals above: they carry its headers
         app.add_middleware(

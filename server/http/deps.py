@@ -1,17 +1,15 @@
-"""Request-scoped dependencies: the model a request names (its engine and template), the
-API-key check, and what the model gate (server/models/gate.py) hands the route: the model
-it resolved and the JSON body it parsed, so that neither is done twice on one request."""
+"""Request-scoped dependencies: the model a request names (its engine and template, as the
+route's model dependency resolved it: server/models/lease.py), the API-key check, and the
+caller."""
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import Depends, Request, Response
-from fastapi.routing import APIRoute
-from starlette.types import Scope
+from fastapi import Depends, Request
 
 from chat.template import ChatTemplate
 from engine.client import EngineLike, EngineState, check_session_id, salt_of_prefix
@@ -45,54 +43,23 @@ def ready_engine(engine: EngineLike) -> EngineLike:
     return engine
 
 
-# Where the model gate leaves the model it resolved: (the name as the body gave it, model).
-GATED_MODEL = "gated_model"
+# Where a route's model dependency (server/models/lease.py) leaves the model it resolved:
+# (the name as the body gave it, the model).
+LEASED_MODEL = "leased_model"
 
 
-def gated_model(request: Request, name: str) -> ServedModel | None:
-    """The model the gate (server/models/gate.py) already resolved for this request's
-    `name`, so the route does not look it up again; None where the gate did not."""
-    found = request.scope.get("state", {}).get(GATED_MODEL)
+def leased_model(request: Request, name: str) -> ServedModel | None:
+    """The model the route's dependency already resolved for this request's `name`, so
+    the route does not look it up again; None where it did not."""
+    found = request.scope.get("state", {}).get(LEASED_MODEL)
     if found is not None and found[0] == name:
         return found[1]  # type: ignore[no-any-return]
     return None
 
 
-# Where the gate leaves the body it parsed: a one-item tuple, so that a JSON `null` is a
-# value too. Where it parsed none (a route it does not gate, bad JSON, a body too deep for
-# the parser), the route parses the body itself and answers its own 400.
-GATED_BODY = "gated_body"
-
-
-def leave_gated_body(scope: Scope, value: Any) -> None:
-    scope.setdefault("state", {})[GATED_BODY] = (value,)
-
-
-class _GatedRequest(Request):
-    async def json(self) -> Any:
-        parsed = self.scope.get("state", {}).get(GATED_BODY)
-        if parsed is None:
-            return await super().json()
-        return parsed[0]
-
-
-class GatedRoute(APIRoute):
-    """The route class of the gated APIs' routers: FastAPI's handler asks its Request for
-    `json()`, and this one answers with what the gate parsed (FastAPI's documented way to
-    give a route its own Request class)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def with_gated_body(request: Request) -> Response:
-            return await handler(_GatedRequest(request.scope, request.receive))
-
-        return with_gated_body
-
-
 def resolve_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
     """The served model a request names (by id or alias): 404 if none, 503 while loading."""
-    served = gated_model(request, name) or registry(request).find(name)
+    served = leased_model(request, name) or registry(request).find(name)
     if served is None:
         known = ", ".join(repr(i) for i in registry(request).ids)
         raise NotFound(
@@ -157,8 +124,9 @@ def key_accepted(headers: Mapping[str, str], keys: tuple[str, ...]) -> bool:
 
 
 def require_api_key(request: Request) -> None:
-    """A route's key check; server/http/key_first.py has made it already, before the
-    body was read, for every route but the open ones app.py names."""
+    """A key check for the routes that want one of their own (model management's, which
+    then asks for an admin key; /docs); every route but the open ones has had its key
+    checked once already, before its body was read (server/http/key_first.py)."""
     if not key_accepted(request.headers, request.app.state.settings.auth.all_keys):
         raise Unauthorized()
 
@@ -217,4 +185,3 @@ def get_caller(request: Request) -> Caller:
 
 EngineDep = Annotated[EngineLike, Depends(get_engine)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
-

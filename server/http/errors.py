@@ -1,5 +1,7 @@
 """Every error leaves in its API's shape: OpenAI's {"error": {"message", "type", "param",
-"code"}}, or Anthropic's {"type": "error", "error": {"type", "message"}} on /v1/messages.
+"code"}} unless the API whose paths it is on names its own (`ErrorShape`: Anthropic's
+{"type": "error", "error": {"type", "message"}} on /v1/messages, Ollama's {"error": "..."}
+on /api/; each API package's spec names its shape, server/http/apis.py).
 
 The handlers are registered once (`install`): an APIError a handler raises, an engine
 error (the EngineError family, mapped by `from_engine_error`), a validation error, and
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -73,11 +76,28 @@ class APIError(Exception):
         named = self.param is None or self.param in self.message
         return {"error": self.message if named else f"{self.param}: {self.message}"}
 
-    def response(self, anthropic: bool = False, ollama: bool = False) -> JSONResponse:
-        body = self.anthropic_body() if anthropic else self.body()
-        if ollama:
-            body = self.ollama_body()
+    def response(self, shape: ErrorBody | None = None) -> JSONResponse:
+        """This error as an answer, its body in `shape` (OpenAI's without one)."""
+        body = self.body() if shape is None else shape(self)
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+# An API's error body for an error (`APIError.anthropic_body`, say).
+ErrorBody = Callable[[APIError], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorShape:
+    """The error body of an API on the paths that start with one of its `prefixes`."""
+
+    prefixes: tuple[str, ...]
+    body: ErrorBody
+
+
+# The APIs' shapes where they are not OpenAI's, as `install` was given them from the one
+# list of APIs (server/app.py). Module-wide, not per app: middleware that answers before
+# any route is found has only the path, and the list is the same constant in every app.
+_shapes: list[ErrorShape] = []
 
 
 # The OpenAI-shaped body's `type` by status, where it is not "invalid_request_error" (4xx)
@@ -292,20 +312,18 @@ def _most_specific(errors: Sequence[Any]) -> Any:
     return errors[0]
 
 
-def speaks_anthropic(path: str) -> bool:
-    """Whether a request path is one of Anthropic's routes (`/v1/messages...`)."""
-    return path.startswith("/v1/messages")
-
-
-def speaks_ollama(path: str) -> bool:
-    """Whether a request path is one of Ollama's routes (`/api/...`)."""
-    return path.startswith("/api/")
+def shape_of(path: str) -> ErrorBody | None:
+    """The error body of the API `path` belongs to (None: OpenAI's)."""
+    for shape in _shapes:
+        if path.startswith(shape.prefixes):
+            return shape.body
+    return None
 
 
 def shaped(err: APIError, path: str) -> JSONResponse:
     """`err` in the error shape of the API `path` belongs to (for middleware, which
     answers before any route is found)."""
-    return err.response(anthropic=speaks_anthropic(path), ollama=speaks_ollama(path))
+    return err.response(shape_of(path))
 
 
 def render(request: Request, err: APIError) -> JSONResponse:
@@ -330,7 +348,10 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     return BadRequest(message, param=param)
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, shapes: Sequence[ErrorShape]) -> None:
+    """The handlers, answering in `shapes` on their APIs' paths (OpenAI's elsewhere)."""
+    _shapes[:] = shapes
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return render(request, exc)

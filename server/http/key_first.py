@@ -4,18 +4,18 @@ read, buffered or parsed.
 
 Without this, a client with no key made the server read a body of up to
 `max_body_bytes` and hold it for up to `body_timeout_s` (BodyLimit), and parse it as
-JSON (the model gate, and FastAPI for the routes the gate passes by): 16 concurrent
+JSON (a model gate before the routes, and FastAPI): 16 concurrent
 8 MB bodies of `[{},{},...]` took the process from 525 MB to 3.2 GB and stalled
 /livez for 10 s, all to answer 401.
 
-Every route takes a key but the open ones app.py hands over here (the routers it
-includes without `require_api_key`: /health, /livez, /metrics, the page at /); a path
+Every route takes a key but the open ones app.py hands over here (those the APIs' specs
+mount as open: /health, /livez, /metrics, the page at /); a path
 that matches no route takes one too: an unknown path is no way to make the server read
 a body. The refused body is never received: uvicorn discards what arrives after the
 answer, and closes the connection when nothing comes for `keep_alive_s`, or when the
 rest of the body still trickles in past `header_timeout_s`
-(server/process/connections.py). The routes' own `require_api_key` still checks the
-key (a route mounted outside this middleware, as in a test's app, stays closed).
+(server/process/connections.py). This is a request's one key check: the routes do
+not check it again (model management's and /docs' `require_api_key` aside).
 """
 
 from __future__ import annotations

@@ -89,8 +89,8 @@ def _go_duration(text: str) -> float:
     return sign * total
 
 
-# A request body's field: parsed as the body is (its 400 before the model gate loads
-# anything); seconds, inf for ever, None when absent.
+# A request body's field: parsed as the body is (its 400 before the route's model
+# dependency loads anything); seconds, inf for ever, None when absent.
 KeepAlive = Annotated[
     float | None, PlainValidator(parse_keep_alive, json_schema_input_type=str | float | None)
 ]

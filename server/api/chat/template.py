@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,15 +29,16 @@ from chat.plan import ChatPlan
 from server.api.chat.input import chat_messages, chat_options
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.constraints import ConstraintFields
-from server.http.deps import Caller, CallerDep, GatedRoute, claim, registry, resolve_model
+from server.http.deps import Caller, CallerDep, claim, registry, resolve_model
 from server.http.errors import BadRequest
+from server.models.lease import Lease, leased
 from server.models.served import ServedModel
 from server.serving.media import request_images
 from server.serving.prepare import make_plan
 from server.serving.replay import request_replay
 
 log = logging.getLogger("kvserve.server")
-router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
+router = APIRouter()
 
 # The fields a prompt is rendered from (chat_messages, chat_options); the others a chat
 # body may carry (sampling, n, stream, ...) are accepted and play no part here.
@@ -97,8 +98,10 @@ async def render_chat(request: Request, fields: dict[str, Any], caller: Caller) 
 
 @router.post("/apply-template")
 async def apply_template(
-    body: ApplyTemplateRequest, request: Request, caller: CallerDep
+    request: Request,
+    caller: CallerDep,
+    lease: Annotated[Lease[ApplyTemplateRequest], leased(ApplyTemplateRequest, default_model=True)],
 ) -> dict[str, Any]:
     """The prompt a chat request renders to (llama-server's), without generating."""
-    _, plan = await render(request, body, caller)
+    _, plan = await render(request, lease.body, caller)
     return {"prompt": plan.prompt.text}

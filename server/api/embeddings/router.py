@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 
 from server.api.embeddings.protocol import EmbeddingRequest
-from server.http.deps import GatedRoute, resolve_engine
+from server.http.deps import resolve_engine
 from server.http.errors import BadRequest
+from server.models.lease import Lease, leased
 from server.serving.drive import until_disconnect
 from server.serving.prompts import prompt_token_lists
 
-router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
+router = APIRouter()
 
 
 @router.post("/v1/embeddings")
-async def create_embeddings(body: EmbeddingRequest, request: Request) -> Any:
+async def create_embeddings(
+    request: Request, lease: Annotated[Lease[EmbeddingRequest], leased(EmbeddingRequest)]
+) -> Any:
     """Embed text or token ids: mean-pooled over tokens, unit length."""
+    body = lease.body
     body.log_unknown("embeddings")
     engine = resolve_engine(request, body.model)
     n_embd = engine.info.n_embd

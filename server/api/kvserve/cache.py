@@ -18,12 +18,13 @@ from pydantic import Field, model_validator
 from chat.template import TemplateError
 from engine.client import GenerateRequest
 from server.api.common import RequestModel
-from server.http.deps import Caller, CallerDep, GatedRoute, registry, resolve_model
+from server.http.deps import Caller, CallerDep, registry, resolve_model
 from server.http.errors import BadRequest, generation_failure
+from server.models.lease import Lease, leased
 from server.models.served import ServedModel
 from server.serving.drive import tokenize
 
-router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
+router = APIRouter()
 
 
 class WarmMessage(RequestModel):
@@ -108,9 +109,14 @@ async def purge_cache(request: Request, caller: CallerDep) -> dict[str, Any]:
 
 
 @router.post("/v1/cache/warm")
-async def warm_cache(body: CacheWarmRequest, request: Request, caller: CallerDep) -> dict[str, Any]:
+async def warm_cache(
+    request: Request,
+    caller: CallerDep,
+    lease: Annotated[Lease[CacheWarmRequest], leased(CacheWarmRequest)],
+) -> dict[str, Any]:
     """Prefill a prompt (or a chat prefix, such as a shared system prompt or tool list)
     and store its KV, without generating."""
+    body = lease.body
     body.log_unknown("cache.warm")
     served = resolve_model(request, body.model)
     engine, template = served.engine, served.template

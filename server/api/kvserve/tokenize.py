@@ -10,7 +10,7 @@ model's vocabulary without one).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 
@@ -20,17 +20,17 @@ from server.http.deps import (
     Caller,
     CallerDep,
     EngineLike,
-    GatedRoute,
     claim,
     registry,
     resolve_model,
 )
 from server.http.errors import BadRequest
+from server.models.lease import Lease, leased
 from server.models.served import ServedModel
 from server.serving.drive import tokenize as tokenize_text
 from server.serving.prepare import prompt_tokens
 
-router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
+router = APIRouter()
 
 # server/api/chat/template.py's render_chat: the model and the chat plan of a chat body
 ChatRenderer = Callable[[Request, dict[str, Any], Caller], Awaitable[tuple[ServedModel, ChatPlan]]]
@@ -43,8 +43,13 @@ def _engine(request: Request, model: str | None) -> EngineLike:
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request, caller: CallerDep) -> dict[str, Any]:
+async def tokenize(
+    request: Request,
+    caller: CallerDep,
+    lease: Annotated[Lease[TokenizeRequest], leased(TokenizeRequest, default_model=True)],
+) -> dict[str, Any]:
     """Turn text, or a chat's prompt, into the model's token ids."""
+    body = lease.body
     if body.messages is not None:
         render: ChatRenderer = request.app.state.render_chat
         fields = {**(body.model_extra or {}), "messages": body.messages}
@@ -79,8 +84,12 @@ def piece(raw: bytes) -> str | list[int]:
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+async def detokenize(
+    request: Request,
+    lease: Annotated[Lease[DetokenizeRequest], leased(DetokenizeRequest, default_model=True)],
+) -> dict[str, Any]:
     """Turn token ids back into text (special tokens as their text, as llama-server)."""
+    body = lease.body
     body.log_unknown("detokenize")
     engine = _engine(request, body.model)
     n_vocab = engine.info.n_vocab

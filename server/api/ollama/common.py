@@ -7,7 +7,8 @@
 - options: parsed with the body by their own model (`OllamaOptions`, in
   server/api/ollama/protocol.py); `num_ctx` is checked here against the model's context.
 - Timings: the final object's durations, in nanoseconds, from the engine's own stage
-  times of the sequence (queued, prefilled, finished) and the model gate's load wait.
+  times of the sequence (queued, prefilled, finished) and the wait for a cold model's
+  load (server/models/lease.py).
 - Answers (`answer`): chat and generate differ only in how a piece of output is shaped
   (`message` or `response`) and what the final object adds (`context`), so both hand
   those to `answer`, which adds the model, the time and (at the end) the counts. A
@@ -32,7 +33,7 @@ from starlette.background import BackgroundTask
 from chat.callstream import Delta
 from engine.client import FinishReason, Generation
 from server.api.ollama.protocol import OllamaOptions
-from server.http.deps import claim, gated_model, ready_engine, registry
+from server.http.deps import claim, leased_model, ready_engine, registry
 from server.http.errors import (
     APIError,
     BadRequest,
@@ -62,7 +63,7 @@ def content_with_images(text: str, images: list[Any] | None, where: str = "") ->
 
 def ollama_model(request: Request, name: str, *, require_ready: bool = True) -> ServedModel:
     """The served model a request names: 404 in Ollama's words if none."""
-    served = gated_model(request, name) or resolve_ollama_model(registry(request), name)
+    served = leased_model(request, name) or resolve_ollama_model(registry(request), name)
     if served is None:
         raise NotFound(f'model "{name}" not found, try pulling it first', param="model")
     return claim(served, require_ready=require_ready)
@@ -115,7 +116,8 @@ def _ns(seconds: float) -> int:
 
 
 def load_wait_s(request: Request) -> float:
-    """How long the model gate waited for this request's model to load (0: it was)."""
+    """How long the request waited for its model to load (0: it was loaded;
+    server/models/lease.py)."""
     return float(request.scope.get("state", {}).get("load_wait_s", 0.0))
 
 
@@ -145,7 +147,7 @@ async def load_answer(
     request: Request, served: ServedModel, model: str, keep_alive: float | None,
     extra: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
-    """An empty prompt only loads the model (the model gate did that before the route
+    """An empty prompt only loads the model (its model dependency did that before the route
     ran) or, with keep_alive 0, unloads it before answering, as Ollama does. A model
     still busy with other requests goes once idle (its keep-alive is 0 now)."""
     apply_keep_alive(served, keep_alive)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 
@@ -18,36 +18,51 @@ from server.api.ollama.protocol import (
     OllamaShowRequest,
 )
 from server.api.ollama.show import serve_ollama_show
-from server.http.deps import CallerDep, GatedRoute
+from server.http.deps import CallerDep
+from server.models.lease import Lease, leased
 
-router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
+router = APIRouter()
 
 
 @router.post("/api/chat")
-async def ollama_chat(body: OllamaChatRequest, request: Request, caller: CallerDep) -> Any:
+async def ollama_chat(
+    request: Request,
+    caller: CallerDep,
+    lease: Annotated[Lease[OllamaChatRequest], leased(OllamaChatRequest)],
+) -> Any:
     """Chat with a model (Ollama): NDJSON unless `stream` is false."""
-    return await serve_ollama_chat(body, request, caller)
+    return await serve_ollama_chat(lease.body, request, caller)
 
 
 @router.post("/api/generate")
-async def ollama_generate(body: OllamaGenerateRequest, request: Request, caller: CallerDep) -> Any:
+async def ollama_generate(
+    request: Request,
+    caller: CallerDep,
+    lease: Annotated[Lease[OllamaGenerateRequest], leased(OllamaGenerateRequest)],
+) -> Any:
     """Complete a prompt (Ollama): templated, raw or fill-in-the-middle; `context` continues."""
-    return await serve_ollama_generate(body, request, caller)
+    return await serve_ollama_generate(lease.body, request, caller)
 
 
 @router.post("/api/embed")
-async def ollama_embed(body: OllamaEmbedRequest, request: Request) -> Any:
+async def ollama_embed(
+    request: Request, lease: Annotated[Lease[OllamaEmbedRequest], leased(OllamaEmbedRequest)]
+) -> Any:
     """Embed one input or several (Ollama)."""
-    return await serve_ollama_embed(body, request)
+    return await serve_ollama_embed(lease.body, request)
 
 
 @router.post("/api/embeddings")
-async def ollama_embeddings(body: OllamaEmbeddingsRequest, request: Request) -> Any:
+async def ollama_embeddings(
+    request: Request,
+    lease: Annotated[Lease[OllamaEmbeddingsRequest], leased(OllamaEmbeddingsRequest)],
+) -> Any:
     """Embed one prompt (Ollama's older endpoint)."""
-    return await serve_ollama_embeddings(body, request)
+    return await serve_ollama_embeddings(lease.body, request)
 
 
 @router.post("/api/show")
 async def ollama_show(body: OllamaShowRequest, request: Request) -> Any:
-    """A model's details from its GGUF metadata (Ollama)."""
+    """A model's details from its GGUF metadata (Ollama): what its file says; it needs no
+    engine, so no model is leased or loaded."""
     return await serve_ollama_show(body, request)

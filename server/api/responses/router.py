@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 
 from server.api.responses.mcp import serve_mcp_response
 from server.api.responses.protocol import ResponsesRequest
 from server.api.responses.serving import delete_response, get_response, serve_response
-from server.http.deps import CallerDep, GatedRoute
+from server.http.deps import CallerDep
+from server.models.lease import Lease, leased
 
-router = APIRouter(route_class=GatedRoute)  # reads the body the model gate parsed
+router = APIRouter()
 
 
 @router.post("/v1/responses")
-async def create_response(body: ResponsesRequest, request: Request, caller: CallerDep) -> Any:
+async def create_response(
+    request: Request,
+    caller: CallerDep,
+    lease: Annotated[Lease[ResponsesRequest], leased(ResponsesRequest, notices=True)],
+) -> Any:
     """Create a model response (text, function calls, MCP tools run by the server),
     optionally continuing a stored one."""
+    body = lease.body
     if body.has_mcp:
-        return await serve_mcp_response(body, request, caller)
-    return await serve_response(body, request, caller)
+        return await lease.respond(lambda: serve_mcp_response(body, request, caller))
+    return await lease.respond(lambda: serve_response(body, request, caller))
 
 
 @router.get("/v1/responses/{response_id}")
