@@ -1,5 +1,6 @@
-"""A gated request's JSON body is parsed once: by the model gate, whose result the route
-reads (server/http/deps.py, GatedRoute); what the gate could not parse the route still answers."""
+"""A request's JSON body is parsed once, by FastAPI for the route, whose model dependency
+(server/models/lease.py) reads the route's own request model rather than parse it again;
+what cannot be parsed is the route's 400."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
 @pytest.fixture
-def route_parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """The bodies a route parsed itself (Starlette's Request.json), in order."""
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The bodies parsed as JSON (Starlette's Request.json), in order."""
     parsed: list[bytes] = []
     json = Request.json
 
@@ -31,13 +32,11 @@ async def model_id(client: httpx.AsyncClient) -> str:
     return str((await client.get("/v1/models")).json()["data"][0]["id"])
 
 
-async def test_a_chat_body_is_parsed_once(
-    client: httpx.AsyncClient, route_parses: list[bytes]
-) -> None:
+async def test_a_chat_body_is_parsed_once(client: httpx.AsyncClient, parses: list[bytes]) -> None:
     body = {"model": await model_id(client), **CHAT}
     response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
-    assert route_parses == []
+    assert parses == [json.dumps(body, separators=(",", ":")).encode()]
 
 
 @pytest.mark.parametrize(
@@ -49,8 +48,8 @@ async def test_a_chat_body_is_parsed_once(
         ("/tokenize", None),
     ],
 )
-async def test_every_gated_api_reads_the_gates_parse(
-    client: httpx.AsyncClient, route_parses: list[bytes], path: str, extra: dict | None
+async def test_every_api_parses_its_body_once(
+    client: httpx.AsyncClient, parses: list[bytes], path: str, extra: dict | None
 ) -> None:
     model = await model_id(client)
     if path == "/v1/embeddings":
@@ -61,25 +60,25 @@ async def test_every_gated_api_reads_the_gates_parse(
         body = {"model": model, **CHAT, **(extra or {})}
     response = await client.post(path, json=body)
     assert response.status_code == 200, response.text
-    assert route_parses == []
+    assert len(parses) == 1 and json.loads(parses[0]) == body
 
 
-async def test_a_route_the_gate_passes_by_parses_its_own_body(
-    client: httpx.AsyncClient, route_parses: list[bytes]
+async def test_a_route_that_needs_no_model_parses_its_body_once(
+    client: httpx.AsyncClient, parses: list[bytes]
 ) -> None:
     response = await client.post("/v1/sessions", json={})
     assert response.status_code in (200, 201), response.text
-    assert route_parses == [b"{}"]
+    assert parses == [b"{}"]
 
 
 @pytest.mark.parametrize(
     "raw", [b"{not json", b"[" * 100_000, b"null", b"[]", b'"text"', b"3"]
 )
-async def test_what_the_gate_cannot_parse_or_use_is_still_the_routes_400(
+async def test_what_cannot_be_parsed_or_used_is_the_routes_400(
     client: httpx.AsyncClient, raw: bytes
 ) -> None:
-    """Bad JSON and a body too deep for the parser are not handed on; a parsed body that
-    is no object is, and the request model refuses it."""
+    """Bad JSON, a body too deep for the parser, and a parsed body that is no object (the
+    request model refuses it)."""
     response = await client.post(
         "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
     )
@@ -88,13 +87,13 @@ async def test_what_the_gate_cannot_parse_or_use_is_still_the_routes_400(
 
 
 async def test_a_json_body_sent_as_text_is_read_once_as_json(
-    client: httpx.AsyncClient, route_parses: list[bytes]
+    client: httpx.AsyncClient, parses: list[bytes]
 ) -> None:
-    """Every body is JSON whatever its Content-Type (server/http/middleware.py): the gate's
-    parse serves such a body too."""
+    """Every body is JSON whatever its Content-Type (server/http/middleware.py), parsed
+    once as any other."""
     body = json.dumps({"model": await model_id(client), **CHAT}).encode()
     response = await client.post(
         "/v1/chat/completions", content=body, headers={"content-type": "text/plain"}
     )
     assert response.status_code == 200, response.text
-    assert route_parses == []
+    assert parses == [body]
