@@ -57,5 +57,5 @@ class Apis:
 
 def model_names(request: Request) -> ModelNames:
     """The rule for model names of the API the request is for."""
-    spec = request.app.state.apis.owner(request.url.path)
+    spec = request.app.state.apis.owner(request.scope["path"])
     return spec.model_names if spec is not None else BY_ID

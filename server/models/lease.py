@@ -42,7 +42,7 @@ from starlette.types import Message, Receive, Scope, Send
 from engine.client import EngineError
 from server.http.apis import model_names
 from server.http.deps import LEASED_MODEL, registry
-from server.http.errors import APIError, ServerError, from_engine_error, render
+from server.http.errors import APIError, ServerError, from_engine_error, shape_of
 from server.models.keep_alive import check_keep_alive
 from server.models.served import ServedModel
 
@@ -81,7 +81,9 @@ def leased(model: type[Body], *, default_model: bool = False, notices: bool = Fa
         if served is None:  # the route answers its 404
             yield Lease(body, None, request)
             return
-        check_keep_alive(request, served, getattr(body, "keep_alive", None))
+        keep_alive = getattr(body, "keep_alive", None)  # Ollama's bodies have one
+        if keep_alive is not None:
+            check_keep_alive(request, served, keep_alive)
         served.in_flight += 1
         served.last_used = time.monotonic()
         try:
@@ -132,7 +134,10 @@ class _AfterLoad(Response):
         request: Request,
         answer: Callable[[], Awaitable[Any]],
     ):
-        super().__init__(media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        # Not Response.__init__: it would announce a body of 0 bytes (content-length).
+        self.status_code, self.background = 200, None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache")]  # fmt: skip
         self.served, self.loading, self.request, self.answer = served, loading, request, answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -162,7 +167,8 @@ class _AfterLoad(Response):
         else:
             log.exception("unhandled error on %s", self.request.url.path, exc_info=exc)
             mapped = ServerError(f"internal error: {type(exc).__name__}")
-        return json.loads(render(self.request, mapped).body).get("error")
+        shape = shape_of(self.request.scope["path"])
+        return (mapped.body() if shape is None else shape(mapped)).get("error")
 
 
 def _body_only(send: Send) -> Send:

@@ -76,10 +76,12 @@ async def test_a_cold_stream_refused_by_its_route_ends_in_one_error_event() -> N
         long = [{"role": "user", "content": "word " * 2000}]
         body = {"model": "a", "stream": True, "messages": long}
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            status = response.status_code
+            status, headers = response.status_code, response.headers
             text = "".join([chunk async for chunk in response.aiter_text()])
         direct = await client.post("/v1/chat/completions", json=body)  # now warm: a 4xx
     assert status == 200 and text.startswith(": loading model a (")
+    assert headers["content-type"].startswith("text/event-stream")
+    assert "content-length" not in headers  # the stream's length is not known
     events = [line for line in text.splitlines() if line.startswith("data: ")]
     assert direct.status_code >= 400, direct.text
     assert len(events) == 1 and '"error"' in events[0], text
