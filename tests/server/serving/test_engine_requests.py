@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from engine.types import ModelInfo, SamplingParams
 from server.api.chat.protocol import ChatCompletionRequest
+from server.api.common import SamplingExtras
 from server.serving.engine_requests import generate_requests, sampling_params
-from server.serving.request_sampling import RequestSampling
+from server.serving.request_sampling import SAMPLER_FIELDS, RequestSampling
 
 INFO = ModelInfo("m", "/m.gguf", 512, 512, 100, 8, 4, None, "", "", False)
 
@@ -53,3 +56,38 @@ def test_penalty_windows_are_bounded_by_the_context() -> None:
     params = sampling_params(body(repeat_last_n=10**9, dry_penalty_last_n=-1), INFO)
     assert params.repeat_last_n == 512
     assert params.dry_penalty_last_n == -1  # the engine reads -1 as "the whole context"
+
+
+def _changed(name: str, default: object) -> list[tuple[object, object]]:
+    """(value sent, value expected in SamplingParams) candidates that differ from the
+    engine's default, the first that the request model accepts is used."""
+    if name == "logit_bias":
+        return [({"5": 1.5}, ((5, 1.5),))]
+    if name == "dry_sequence_breakers":
+        return [(["x"], ("x",))]
+    if name == "grammar":
+        return [('root ::= "a"', 'root ::= "a"')]
+    if isinstance(default, bool):
+        return [(not default, not default)]
+    if isinstance(default, int) or default is None:
+        value = 7 if default is None else default + 1
+        return [(value, value)]
+    return [(v, v) for v in (0.5, 1.5, 0.25) if v != default]
+
+
+def test_every_sampler_field_a_request_names_reaches_the_engine() -> None:
+    """A request field named as the engine names it goes through with no mapping to
+    edit: adding a sampling option is SamplingParams, the sampler chain, SamplingExtras."""
+    defaults = SamplingParams()
+    names = set(SamplingExtras.model_fields) & SAMPLER_FIELDS
+    assert {"temperature", "top_k", "dry_multiplier", "xtc_threshold", "grammar"} <= names
+    for name in sorted(names):
+        for sent, expected in _changed(name, getattr(defaults, name)):
+            try:
+                record = body(**{name: sent})
+            except ValidationError:
+                continue
+            assert getattr(sampling_params(record, INFO), name) == expected, name
+            break
+        else:
+            raise AssertionError(f"no value of {name} to try")
