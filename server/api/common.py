@@ -117,7 +117,9 @@ class StreamOptions(RequestModel):
 
 
 class SamplingExtras(RequestModel):
-    """Sampling fields shared by chat and completions, OpenAI's and llama.cpp's."""
+    """Sampling fields shared by chat and completions, OpenAI's and llama.cpp's, each
+    declared once: those named as SamplingParams names them reach the sampler by that
+    name (`to_sampling_params`), the rest shape the engine requests (`sampling_record`)."""
 
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Probability | None = None
