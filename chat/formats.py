@@ -48,6 +48,7 @@ from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
 from chat.formats_granite import calls_as_content, detect_granite
 from chat.formats_hy3 import detect_hy3
+from chat.formats_kimi3 import detect_kimi3
 from chat.formats_lfm2 import detect_lfm2
 from chat.formats_minicpm5 import detect_minicpm5
 from chat.formats_minimax import detect_minimax
@@ -193,6 +194,9 @@ def detect_format(template_source: str) -> CallFormat:
     lfm2 = detect_lfm2(template_source)  # LFM2's Python-style call list
     if lfm2 is not None:
         return lfm2
+    kimi3 = detect_kimi3(template_source)  # `<|open|>` / `<|close|>` sections
+    if kimi3 is not None:
+        return kimi3
     minicpm5 = detect_minicpm5(template_source)  # `<function name=` with `<param name=`
     if minicpm5 is not None:
         return minicpm5

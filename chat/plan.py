@@ -253,8 +253,10 @@ def _plan_chat(
 
     prompt_text = render({}) if replay is None else render_replaying(render, messages, replay)
     grammar = None
+    # the format as it reads the turn after this prompt: its grammar, and its parser
+    # (Kimi K3's starts in whichever section the prompt opened)
+    calls = fmt.for_prompt(prompt_text.text) if isinstance(fmt, PromptBound) else fmt
     if offered:
-        calls = fmt.for_prompt(prompt_text.text) if isinstance(fmt, PromptBound) else fmt
         grammar = calls.grammar(offered, opts.tool_choice, opts.parallel_tool_calls,
                                 _document(opts))  # fmt: skip
     elif opts.response_format == "json_object":
@@ -269,7 +271,7 @@ def _plan_chat(
     return ChatPlan(
         prompt_text,
         grammar,
-        fmt if offered or fmt.owns_reasoning else None,
+        calls if offered or fmt.owns_reasoning else None,
         split,
         split and (thinking or THINK).starts_inside(prompt_text.text),
         tuple(offered),

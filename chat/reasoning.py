@@ -38,6 +38,8 @@ MINIMAX_THINKING = ThinkingSyntax("<mm:think>", "</mm:think>")  # chat/formats_m
 SEED_THINKING = ThinkingSyntax("<seed:think>", "</seed:think>")  # chat/formats_xml.py
 # Hy3's template writes its tokens as '<think{}>'.format(':opensource') (chat/formats_hy3.py)
 HY3_THINKING = ThinkingSyntax("<think:opensource>", "</think:opensource>")
+# Kimi K3's think section, its tags built by the template's open_tag/close_tag macros
+KIMI_K3_THINKING = ThinkingSyntax("<|open|>think<|sep|>", "<|close|>think<|sep|>")
 THINK = ThinkingSyntax(OPEN, CLOSE)
 
 
@@ -57,6 +59,8 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
         return SEED_THINKING
     if "'<think{}>'" in template_source and "':opensource'" in template_source:
         return HY3_THINKING
+    if "open_tag('think')" in template_source and "<|sep|>" in template_source:
+        return KIMI_K3_THINKING  # chat/formats_kimi3.py
     if OPEN in template_source and CLOSE in template_source:
         return THINK
     return None

@@ -28,7 +28,7 @@ EXPECTED = {
     "HuggingFaceTB-SmolLM3-3B.jinja": "generic",
     "Kimi-K2-Instruct.jinja": "kimi-k2",
     "Kimi-K2-Thinking.jinja": "kimi-k2",
-    "Kimi-K3.jinja": "generic",
+    "Kimi-K3.jinja": "kimi-k3",
     "LFM2-8B-A1B.jinja": "lfm2",
     "LFM2.5-8B-A1B.jinja": "lfm2.5",
     "LFM2.5-Instruct.jinja": "lfm2.5",
