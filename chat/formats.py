@@ -21,8 +21,9 @@ Gemma 4's calls and thought channel in chat/formats_gemma.py, Ministral 3's
 `[TOOL_CALLS]NAME[ARGS]` calls and `[THINK]` blocks in chat/formats_mistral.py,
 MiniMax-M3's namespaced `<invoke>` elements in chat/formats_minimax.py (M2's
 `<minimax:tool_call>` in chat/formats_minimax2.py), LFM2's Python-style lists in
-chat/formats_lfm2.py, Apertus's name-keyed list in chat/formats_apertus.py, gpt-oss's
-harmony channels in chat/harmony.py; `detect_format` chooses among them all.
+chat/formats_lfm2.py, Apertus's name-keyed list in chat/formats_apertus.py, Command R+'s
+fenced `Action:` list in chat/formats_command_r.py, gpt-oss's harmony channels in
+chat/harmony.py; `detect_format` chooses among them all.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from chat.callformat import (
 from chat.callstream import CallScanner, Delta, held_back
 from chat.formats_apertus import detect_apertus
 from chat.formats_cohere import detect_cohere
+from chat.formats_command_r import detect_command_r
 from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
 from chat.formats_granite import calls_as_content, detect_granite
@@ -218,6 +220,9 @@ def detect_format(template_source: str) -> CallFormat:
     cohere = detect_cohere(template_source)  # Command R7B's action blocks
     if cohere is not None:
         return cohere
+    command_r = detect_command_r(template_source)  # Command R+'s fenced `Action:` list
+    if command_r is not None:
+        return command_r
     if "<tool_call>" in template_source:
         return HERMES
     if detect_granite(template_source):  # Granite 3.3's `<|tool_call|>` list

@@ -4,7 +4,8 @@ templates in the wild expect (as transformers and llama.cpp render them).
 - A missing attribute or key is empty, also when chained (`a.b.c`) or added to a
   string: a tool parameter without a `description` must not fail the request.
 - A null written out (`{{ message.content }}` of a turn that only calls tools) is
-  empty too, not Python's "None" in the prompt.
+  empty too, not Python's "None" in the prompt; so is a trimmed one (Command R+'s
+  `message.content|trim`).
 - `{% break %}` / `{% continue %}` and transformers' `{% generation %}` block exist;
   `tojson` takes `indent`, `ensure_ascii`, `separators`, `sort_keys`; `strftime_now`.
 - The sandbox stays (a template is untrusted: no access to Python internals). It is
@@ -85,6 +86,10 @@ def _none_as_empty(value: Any) -> Any:
     return "" if value is None else value
 
 
+def _trim(value: Any, chars: str | None = None) -> str:
+    return "" if value is None else str(value).strip(chars)
+
+
 class _Sandbox(SandboxedEnvironment):
     def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
         # Fail loudly rather than render an empty value: the template is hostile.
@@ -102,4 +107,5 @@ def make_environment(raise_exception: Callable[[str], None]) -> jinja2.Environme
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson
+    env.filters["trim"] = _trim
     return env

@@ -19,7 +19,7 @@ EXPECTED = {
     "Bielik-11B-v3.0-Instruct.jinja": "hermes",
     "ByteDance-Seed-OSS.jinja": "seed-oss",
     "Cohere2MoE.jinja": "cohere2-moe",
-    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "generic",
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "command-r-plus",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command-r7b",
     "GLM-4.6.jinja": "glm-4.5",
     "GLM-4.7-Flash.jinja": "glm-4.7",
