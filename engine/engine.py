@@ -6,8 +6,10 @@ samplers built here, then handed to the engine thread through its command queue;
 outputs come back through `loop.call_soon_threadsafe`, once per engine step.
 
 This module holds the lifecycle (load, rebuild after a crash, unload, close) and the
-model's facts; its mixins the rest: submission.py (generate, embed), session_ops.py,
-cache_ops.py.
+model's facts; its mixins the rest: engine/loop/submission.py (generate, embed),
+session_ops.py, cache_ops.py. It is the wiring of the engine's two sides: it starts the
+engine thread (engine/thread/: loading, worker, watchdog) and gives the loop side's mixins
+the worker, which they see only as `commands.EngineThread`.
 """
 
 from __future__ import annotations
