@@ -56,6 +56,7 @@ from chat.formats_minicpm5 import detect_minicpm5
 from chat.formats_minimax import detect_minimax
 from chat.formats_minimax2 import detect_minimax2
 from chat.formats_mistral import detect_ministral
+from chat.formats_muse import detect_muse
 from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
 from chat.gbnf import RuleSet, literal
@@ -196,6 +197,9 @@ def detect_format(template_source: str) -> CallFormat:
     lfm2 = detect_lfm2(template_source)  # LFM2's Python-style call list
     if lfm2 is not None:
         return lfm2
+    muse = detect_muse(template_source)  # Muse Glimmer's `to=` messages, ATEM blocks
+    if muse is not None:
+        return muse
     kimi3 = detect_kimi3(template_source)  # `<|open|>` / `<|close|>` sections
     if kimi3 is not None:
         return kimi3

@@ -40,6 +40,8 @@ SEED_THINKING = ThinkingSyntax("<seed:think>", "</seed:think>")  # chat/formats_
 HY3_THINKING = ThinkingSyntax("<think:opensource>", "</think:opensource>")
 # Kimi K3's think section, its tags built by the template's open_tag/close_tag macros
 KIMI_K3_THINKING = ThinkingSyntax("<|open|>think<|sep|>", "<|close|>think<|sep|>")
+# Muse Glimmer's messages to `self` (chat/formats_muse.py)
+MUSE_THINKING = ThinkingSyntax(" to=self<|message|>", "<|eom|>")
 THINK = ThinkingSyntax(OPEN, CLOSE)
 
 
@@ -59,6 +61,8 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
         return SEED_THINKING
     if "'<think{}>'" in template_source and "':opensource'" in template_source:
         return HY3_THINKING
+    if "to=self<|message|>" in template_source and MUSE_THINKING.close in template_source:
+        return MUSE_THINKING
     if "open_tag('think')" in template_source and "<|sep|>" in template_source:
         return KIMI_K3_THINKING  # chat/formats_kimi3.py
     if OPEN in template_source and CLOSE in template_source:

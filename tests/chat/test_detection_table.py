@@ -74,7 +74,7 @@ EXPECTED = {
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": "ministral-3",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
     "moonshotai-Kimi-K2.jinja": "kimi-k2",
-    "muse-glimmer.jinja": "generic",
+    "muse-glimmer.jinja": "muse-glimmer",
     "openai-gpt-oss-120b.jinja": "harmony",
     "openbmb-MiniCPM5-1B.jinja": "minicpm5",
     "poolside-Laguna-S-2.1.jinja": "glm-4.7",
