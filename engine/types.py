@@ -115,7 +115,7 @@ class GenerateRequest:
     # Prefixes are shared only between requests with the same salt (slots and the cache).
     cache_salt: str = ""
     # LoRA adapters applied, as (adapter id, scale) sorted by id, no zero scales: the
-    # effective set (see lora_set in server/http/sampling.py). Part of the prefix
+    # effective set (see lora_set in server/serving/engine_requests.py). Part of the prefix
     # namespace (`prefix_salt`).
     lora: tuple[tuple[str, float], ...] = ()
     # Speculative decoding by prompt lookup; None: the model's default.
