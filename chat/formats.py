@@ -8,7 +8,8 @@ ones, and the incremental parser that turns its output back into calls.
 - Granite 3.3: `<|tool_call|>[{"name": .., "arguments": {..}}, ..]` (chat/formats_granite.py).
 - The same objects in other wrappers, as llama.cpp's autoparser derives them from their
   templates: Nemotron Nano v2's `<TOOLCALL>[..]</TOOLCALL>` (after `<think>`, which the
-  prompt opens), MiniMax-M1's `<tool_calls>` lines, FireFunction v2's ` functools[..]`.
+  prompt opens), Apriel 1.6's `<tool_calls>[..]</tool_calls>` after its thinking,
+  MiniMax-M1's `<tool_calls>` lines, FireFunction v2's ` functools[..]`.
 - Generic: for templates without tool support, the tools are described in the system
   prompt and a call is the envelope `{"tool_calls": [{"name": .., "arguments": {..}}]}`
   as the whole answer. In `auto` mode the lazy grammar arms when the answer starts with
@@ -61,7 +62,7 @@ from chat.formats_sections import detect_sections
 from chat.formats_xml import detect_xml
 from chat.gbnf import RuleSet, literal
 from chat.harmony import HARMONY
-from chat.reasoning import starts_inside
+from chat.reasoning import APRIEL_THINKING, THINK, ThinkingSyntax
 from chat.tools import Tool, ToolChoice
 
 __all__ = ["FIREFUNCTION_V2", "GENERIC", "GRANITE", "HERMES", "LLAMA3", "LLAMA3_2", "MINIMAX_M1",
@@ -84,14 +85,15 @@ class ToolFormat(MemoizedGrammar):
     trigger_word: str = ""
     owns_reasoning: bool = False  # `<think>` (if any) is split before the calls
     single_call: bool = False  # the template renders one call a turn (Llama 3.2 raises)
-    thinks: bool = False  # `<think>` first: a forced grammar lets it come before the calls
-    opened: bool = False  # set by for_prompt: the prompt opened `<think>`, which must close
+    # the model's thinking block (`<think>`, Apriel's): a forced grammar lets it come first
+    think: ThinkingSyntax | None = None
+    opened: bool = False  # set by for_prompt: the prompt opened the thinking, which must close
 
     def for_prompt(self, prompt: str) -> ToolFormat:
-        """A thinking format's grammar for a prompt that opened `<think>`: the block must
+        """A thinking format's grammar for a prompt that opened its thinking: the block must
         close before a forced call, or the `<think>` split would read the call as
         reasoning (a PromptBound format; its own name keys its grammars apart)."""
-        if not self.thinks or not starts_inside(prompt):
+        if self.think is None or not self.think.starts_inside(prompt):
             return self
         return replace(self, name=self.name + "|opened", opened=True)
 
@@ -120,7 +122,13 @@ LLAMA3_2 = ToolFormat(
 NEMOTRON_V2 = ToolFormat(
     "nemotron-v2", True, "<TOOLCALL>", (), True, "arguments",
     '"<TOOLCALL>[" ws', 'ws "," ws', 'ws "]</TOOLCALL>"',
-    r"[\s\S]*?(<TOOLCALL>)[\s\S]*", "<TOOLCALL>", thinks=True,
+    r"[\s\S]*?(<TOOLCALL>)[\s\S]*", "<TOOLCALL>", think=THINK,
+)  # fmt: skip
+# Apriel 1.6: its prompt opens the thinking, `[BEGIN FINAL RESPONSE]` ends it
+APRIEL = ToolFormat(
+    "apriel-1.6", True, "<tool_calls>", (), True, "arguments",
+    '"<tool_calls>[" ws', 'ws "," ws', 'ws "]</tool_calls>"',
+    r"[\s\S]*?(<tool_calls>)[\s\S]*", think=APRIEL_THINKING,
 )  # fmt: skip
 MINIMAX_M1 = ToolFormat(
     "minimax-m1", True, "<tool_calls>", (), True, "arguments",
@@ -239,6 +247,8 @@ def detect_format(template_source: str) -> CallFormat:
         return NEMOTRON_V2
     if "<tool_calls>" in template_source and "<beginning_of_sentence>" in template_source:
         return MINIMAX_M1
+    if "<tool_calls>[" in template_source and APRIEL_THINKING.close in template_source:
+        return APRIEL
     if "functools[" in template_source:
         return FIREFUNCTION_V2
     if "<|role_sep|>" in template_source and "<|message_sep|>" in template_source:  # GigaChat 3
@@ -272,8 +282,9 @@ def _grammar(
     if doc_key:  # calls | the document: no longer free text, so not lazy
         value = document_rule(rules, doc_key)
         root, lazy = f"({root}) | {value}", False
-    if fmt.thinks and not lazy:  # a forced answer: the thinking first
-        think = thinking_block(rules, "</think>", "" if fmt.opened else '"<think>"', ws)
+    if fmt.think is not None and not lazy:  # a forced answer: the thinking first
+        opening = "" if fmt.opened else literal(fmt.think.open)
+        think = thinking_block(rules, fmt.think.close, opening, ws)
         root = f"{think} ({root})" if fmt.opened else f"({think})? ({root})"
     return GrammarSpec(
         rules.text(root),

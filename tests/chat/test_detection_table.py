@@ -15,7 +15,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 
 EXPECTED = {
     "Apertus-8B-Instruct.jinja": "apertus",
-    "Apriel-1.6-15b-Thinker-fixed.jinja": "generic",
+    "Apriel-1.6-15b-Thinker-fixed.jinja": "apriel-1.6",
     "Bielik-11B-v3.0-Instruct.jinja": "hermes",
     "ByteDance-Seed-OSS.jinja": "seed-oss",
     "Cohere2MoE.jinja": "cohere2-moe",

@@ -1,8 +1,9 @@
 """The JSON call objects in the wrappers llama.cpp's autoparser derives from their
 templates: Llama 3.2's bare object (one call a turn), Nemotron Nano v2's
-`<TOOLCALL>[..]</TOOLCALL>` after `<think>`, MiniMax-M1's `<tool_calls>` lines and
-FireFunction v2's ` functools[..]`. The cases of llama.cpp's tests/test-chat.cpp (its
-Llama 3.2, NVIDIA-Nemotron-Nano-v2 and FireFunction blocks; it has none for MiniMax-M1)
+`<TOOLCALL>[..]</TOOLCALL>` after `<think>`, Apriel 1.6's `<tool_calls>[..]</tool_calls>`
+after its thinking, MiniMax-M1's `<tool_calls>` lines and FireFunction v2's
+` functools[..]`. The cases of llama.cpp's tests/test-chat.cpp (its Llama 3.2,
+NVIDIA-Nemotron-Nano-v2, Apriel 1.6 and FireFunction blocks; none for MiniMax-M1)
 through each template's whole plan, fed whole and in pieces, plus kvserve's own; the
 grammars checked by llama.cpp's own grammar engine; past calls rendered through the
 templates as the grammars write them. Not ported: the continuation cases (an assistant
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from chat.callformat import PromptBound
-from chat.formats import FIREFUNCTION_V2, LLAMA3_2, MINIMAX_M1, NEMOTRON_V2, ToolFormat
+from chat.formats import APRIEL, FIREFUNCTION_V2, LLAMA3_2, MINIMAX_M1, NEMOTRON_V2, ToolFormat
 from chat.plan import ChatOptions, plan_chat
 from chat.template import TemplateRefusal
 from chat.tools import ToolChoice
@@ -37,6 +38,8 @@ LLAMA32 = "meta-llama-Llama-3.2-3B-Instruct.jinja"
 NEMOTRON = "NVIDIA-Nemotron-Nano-v2.jinja"
 M1 = "MiniMax-M1.jinja"
 FIRE = "fireworks-ai-llama-3-firefunction-v2.jinja"
+APRIEL_T = "Apriel-1.6-15b-Thinker-fixed.jinja"
+FINAL = "\n[BEGIN FINAL RESPONSE]\n"
 
 SPECIAL_JSON = '{"name": "special_function", "arguments": {"arg1": 1}}'
 PARIS_JSON = '{"name": "get_time", "arguments": {"city": "Paris"}}'
@@ -55,6 +58,13 @@ ROWS: list[tuple[Any, ...]] = [
     ("firefunction content", FIRE, [], HELLO, "", HELLO, []),
     ("firefunction a call", FIRE, [T.special_function_tool], f" functools[{SPECIAL_JSON}]", "",
      "", SPECIAL),
+    # llama.cpp's reasoning also holds the prompt's "Here are my reasoning steps:\n" line,
+    # which it parses with the output; kvserve's parser reads the output alone
+    ("apriel 1.6 thinking and content", APRIEL_T, [], f"I'm\nthinking{FINAL}{HELLO}",
+     "I'm\nthinking", HELLO, []),
+    ("apriel 1.6 thinking and a call", APRIEL_T, [T.special_function_tool],
+     f"I'm\nthinking{FINAL}<tool_calls>[{SPECIAL_JSON}]</tool_calls>", "I'm\nthinking", "",
+     SPECIAL),
     # kvserve's own
     ("llama 3.2 a call", LLAMA32, [T.special_function_tool],
      '{"name": "special_function", "parameters": {"arg1": 1}}', "", "", SPECIAL),
@@ -84,6 +94,8 @@ def test_detection() -> None:
     assert detected(NEMOTRON) is NEMOTRON_V2
     assert detected(M1) is MINIMAX_M1
     assert detected(FIRE) is FIREFUNCTION_V2
+    assert detected(APRIEL_T) is APRIEL
+    assert detected("unsloth-Apriel-1.5.jinja") is not APRIEL
     assert detected("meta-llama-Llama-3.3-70B-Instruct.jinja").name == "llama3"
     assert detected("Apriel-1.6-15b-Thinker-fixed.jinja") is not MINIMAX_M1  # <tool_calls>[
 
@@ -95,6 +107,7 @@ FORCED = [
     (NEMOTRON_V2, f"<think>hm</think>\n<TOOLCALL>[{PARIS_JSON}]</TOOLCALL>"),
     (MINIMAX_M1, f"<tool_calls>\n{SPECIAL_JSON}\n{PARIS_JSON}\n</tool_calls>"),
     (FIREFUNCTION_V2, f"functools[{SPECIAL_JSON}, {PARIS_JSON}]"),
+    (APRIEL, f"<tool_calls>[{SPECIAL_JSON}, {PARIS_JSON}]</tool_calls>"),
 ]
 
 
@@ -154,6 +167,16 @@ def test_past_calls_render_as_the_grammar_writes_them(
     calls = [("special_function", '{"arg1": 1}', "r1"), ("get_time", '{"city": "Paris"}', "r2")]
     messages = past_calls(calls[:1] if fmt is LLAMA3_2 else calls)
     assert_renders(name, messages, tuple(BOTH), rendered, fmt)
+
+
+def test_apriel_thinking_the_prompt_opened_closes_before_a_forced_call() -> None:
+    """Its prompt always opens the thinking (`Here are my reasoning steps:`)."""
+    opts = ChatOptions(tools=tuple(BOTH), tool_choice=ToolChoice("required"))
+    plan = plan_chat(template(APRIEL_T), USER, opts)
+    assert plan.reasoning_inside and plan.grammar is not None
+    call = f"<tool_calls>[{PARIS_JSON}]</tool_calls>"
+    assert accepts(plan.grammar.gbnf, f"hm{FINAL}{call}")
+    assert not accepts(plan.grammar.gbnf, call)
 
 
 def test_llama32_refuses_two_calls_in_a_turn() -> None:
