@@ -119,7 +119,7 @@ async def test_a_request_arriving_during_the_delete_loads_nothing(app: Any) -> N
         delete = asyncio.create_task(c.request("DELETE", "/api/delete", json={"model": NAME}))
         await until(lambda: engine.state is EngineState.UNLOADED)
         chat = asyncio.create_task(c.post("/v1/chat/completions", json=CHAT))
-        await until(lambda: served.in_flight == 1)  # in the gate, waiting for its model
+        await until(lambda: served.in_flight == 1)  # leased, waiting for the load
         engine.closing.clear()
         engine.stopped.set()
         await until(lambda: app.state.models.get(NAME) is None)  # dropped, file still there

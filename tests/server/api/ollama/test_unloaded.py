@@ -1,7 +1,7 @@
 """Models that are not loaded, as Ollama's routes see them: /api/ps says when a model
 goes (its keep_alive included), /api/show loads nothing (a never-loaded model's facts
-come from its GGUF header), the model gate loads nothing for a body the route refuses,
-and /api/tags reads each file once however many ask at once."""
+come from its GGUF header), a route's model dependency loads nothing for a body the
+route refuses, and /api/tags reads each file once however many ask at once."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ async def test_ps_expires_at_follows_keep_alive(setup: Any) -> None:
         ("/v1/cache/warm", {}),
     ],
 )  # fmt: skip
-async def test_the_gate_loads_nothing_for_a_body_the_route_refuses(
+async def test_nothing_loads_for_a_body_the_route_refuses(
     setup: Any, path: str, body: dict[str, Any]
 ) -> None:
     client, engine, _ = setup
