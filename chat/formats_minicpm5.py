@@ -17,12 +17,10 @@ follow the thinking. Arguments: required ones first in any order, then optional 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from chat.callformat import (
-    CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     excluding,
     keyed_tools,
     lazy_or_forced,
@@ -41,23 +39,7 @@ _TEXT_RULE = "cpm-text"  # the rule of a raw-text value (tagged_arguments names 
 DETECT = ("Tool usage guidelines:", FUNCTION, PARAM)
 
 
-@dataclass(frozen=True, slots=True)
-class MiniCpm5Format(MemoizedGrammar):
-    name: str = "minicpm5"
-    native: bool = True
-    owns_reasoning: bool = False  # `<think>`: the plan's split
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return MiniCpm5Parser(tools)
-
-
-MINICPM5 = MiniCpm5Format()
-
-
-def detect_minicpm5(source: str) -> MiniCpm5Format | None:
+def detect_minicpm5(source: str) -> OwnFormat | None:
     return MINICPM5 if all(word in source for word in DETECT) else None
 
 
@@ -89,7 +71,8 @@ class MiniCpm5Parser(BufferedParser):
     """Splits (reasoning-free) output into content and calls, incrementally; text that
     may still open a call is held back, each value is typed once it closes."""
 
-    def __init__(self, tools: Sequence[Tool]):
+    def __init__(self, tools: Sequence[Tool], reasoning: bool = True):
+        """`reasoning`: the plan's `<think>` split has it (the format owns none)."""
         super().__init__()
         self._calls = bool(tools)
         self._args = TypedArgs(tools, text_if_string=True)
@@ -157,3 +140,7 @@ class MiniCpm5Parser(BufferedParser):
         elif self._buf:
             self._buf = self._buf[1:]  # stray text inside a call (no grammar held it)
         return True
+
+
+# `<think>` is the plan's split (chat/reasoning.py): the format owns no thinking
+MINICPM5 = OwnFormat("minicpm5", _grammar, MiniCpm5Parser, owns_reasoning=False)

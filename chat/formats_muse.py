@@ -21,12 +21,10 @@ JSON. Parallel calls are messages in a row, each its own block.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from chat.callformat import (
-    CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     document_rule,
     excluding,
     keyed_tools,
@@ -49,23 +47,7 @@ TRIGGER = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class MuseFormat(MemoizedGrammar):
-    name: str = "muse-glimmer"
-    native: bool = True
-    owns_reasoning: bool = True  # the messages to `self`
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return MuseParser(tools, reasoning)
-
-
-MUSE_GLIMMER = MuseFormat()
-
-
-def detect_muse(source: str) -> MuseFormat | None:
+def detect_muse(source: str) -> OwnFormat | None:
     """llama.cpp's rule (common/chat.cpp)."""
     return MUSE_GLIMMER if CALLS in source and EOM in source else None
 
@@ -216,3 +198,8 @@ class MuseParser(BufferedParser):
             out.append(Delta("content", self._buf))
         self._buf = ""
         return out
+
+
+MUSE_GLIMMER = OwnFormat(
+    "muse-glimmer", _grammar, MuseParser
+)  # its thinking: the messages to `self`
