@@ -23,6 +23,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from chat.callformat import (
     CallParser,
@@ -65,11 +66,53 @@ class HarmonyFormat(MemoizedGrammar):
     def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
         return HarmonyParser(calls=bool(tools), reasoning=reasoning)
 
+    def adapt_messages(self, source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A turn with text and no calls followed by results is a replayed turn
+        (chat/replay.py: its text is a mark the sampled call replaces). The template
+        writes such a turn in the final channel and refuses the results after it (it
+        names a result by the call before it), so the turn becomes a call to the
+        function the result names, its text in the arguments and `_AS_TEXT` as the
+        content type, which `adapt_prompt` unwraps: `<|start|>assistant`, the text
+        (the sampled turn, from the prompt's own header on), then the template's
+        `<|call|>` and results as it writes them after a call."""
+        out = []
+        for i, message in enumerate(messages):
+            after = messages[i + 1] if i + 1 < len(messages) else {}
+            content = message.get("content")
+            if (message.get("role") == "assistant" and not message.get("tool_calls")
+                    and after.get("role") == "tool" and isinstance(content, str)):  # fmt: skip
+                function = {"name": after.get("name") or "", "arguments": content,
+                            "content_type": _AS_TEXT}  # fmt: skip
+                message = {"role": "assistant", "tool_calls": [{"type": "function",
+                                                                "function": function}]}  # fmt: skip
+            out.append(message)
+        return out
+
+    def adapt_prompt(self, text: str, generation: bool) -> str:
+        return _AS_TEXT_CALL.sub(lambda m: START + "assistant" + json.loads(m[1]), text)
+
 
 HARMONY = HarmonyFormat()
+# The content type a replayed text turn's call is written with (never a real one), and
+# how the template writes that call: `tool_call.arguments|tojson` is the text as JSON.
+_AS_TEXT = "kvserve-text"
+_AS_TEXT_CALL = re.compile(
+    r"<\|start\|>assistant to=functions\.[^<]*<\|channel\|>commentary "
+    + re.escape(_AS_TEXT)
+    + r"<\|message\|>(\"(?:[^\"\\]|\\.)*\")(?=<\|call\|>)"
+)
 
 
 def _grammar(key: str, mode: str, doc_key: str) -> GrammarSpec:
+    """Under required / named the grammar starts at the call's header: no analysis or
+    commentary message may come first. llama.cpp's required grammar admits any number
+    of both (`zero_or_more(start + (preamble | analysis)) + start + tool_call`), each
+    ended only by the model's own `<|end|>`; a model that does not close one (SmolLM2
+    served with this template: tests/integration/test_family_dialects.py) writes until
+    max_tokens and no call comes back, and a bound on a message's length short enough to
+    help it would cut a real gpt-oss's reasoning anyway. The cost: gpt-oss does not
+    reason before a forced call (it does in auto, the agents' mode); the call itself
+    may still be written in the analysis channel (`<|channel|>analysis to=functions.X`)."""
     rules = RuleSet()
     channel = rules.add("channel", f'{literal(CHANNEL)} ("commentary" | "analysis")')
     constrain = literal("<|constrain|>")
@@ -87,17 +130,17 @@ def _grammar(key: str, mode: str, doc_key: str) -> GrammarSpec:
     call = rules.add("call", " | ".join(alternatives))
     if mode == "auto" and not doc_key:
         return GrammarSpec(rules.text(call), lazy=True, trigger_patterns=TRIGGERS)
+    if not doc_key:  # required / named: the reply is the call, from its header on
+        return GrammarSpec(rules.text(call))
+    # auto with a response schema: analysis messages, then a call or a final message
+    # matching the schema (llama.cpp's response-format grammar: analysis only before it)
     text = excluding(rules, "message-text", END)
     stray = f"({literal(CHANNEL + 'commentary')} {literal(' to=assistant')}?)?"
     analysis = f"{stray} {literal(CHANNEL + 'analysis' + MESSAGE)} {text} {literal(END)}"
-    preamble = f"{literal(CHANNEL + 'commentary' + MESSAGE)} {text} {literal(END)}"
-    earlier = rules.add("earlier", f"({analysis} | {preamble}) {literal(START + 'assistant')}")
-    answer = call
-    if doc_key:  # auto with a response schema: a call or a final message matching it
-        value = document_rule(rules, doc_key)
-        final = f"{literal(CHANNEL + 'final')} {constraint} {literal(MESSAGE)} {value}"
-        answer = f"({call} | {final})"
-    return GrammarSpec(rules.text(f"{earlier}* {answer}"))
+    earlier = rules.add("earlier", f"{analysis} {literal(START + 'assistant')}")
+    value = document_rule(rules, doc_key)
+    final = f"{literal(CHANNEL + 'final')} {constraint} {literal(MESSAGE)} {value}"
+    return GrammarSpec(rules.text(f"{earlier}* ({call} | {final})"))
 
 
 class HarmonyParser(BufferedParser):

@@ -32,14 +32,15 @@ SAMPLED = {
     # as <think>\n\n</think>\n\n (the header is read back as the generation's).
     "Qwen3.5-4B": "Paris it is.\n</think>\n\n<tool_call>\n<function=get_weather>\n"
     "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+    # gpt-oss writes a past call in the commentary channel (the recipient in the role
+    # header), content in the final one: chat/harmony.py adapts the replayed turn
+    "openai-gpt-oss-120b": "<|channel|>analysis<|message|>Paris.<|end|><|start|>assistant"
+    '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}',
 }
 # Mistral's templates count an assistant turn without calls in their user/assistant
 # alternation and refuse two of them between tool results: from the second tool turn
 # after a user turn on, the template renders the calls (as before replay existed).
 REFUSE_TWO = {"Mistral-Small-3.2-24B-Instruct-2506"}
-GPT_OSS_SAMPLED = (
-    '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}'
-)
 
 
 def template(name: str) -> ChatTemplate:
@@ -103,17 +104,6 @@ def test_a_turn_after_another_prompt_renders_from_the_template(name: str) -> Non
     memory.remember("abcDEF123", plan_chat(tpl, [USER], other).prompt.text, SAMPLED[name])
     history = [USER, call_turn("abcDEF123"), result("abcDEF123")]
     replayed = plan_chat(tpl, history, OPTIONS, memory).prompt.text
-    assert replayed == plan_chat(tpl, history, OPTIONS).prompt.text
-
-
-def test_gpt_oss_frames_a_past_call_otherwise_and_renders_it_from_the_template() -> None:
-    """gpt-oss writes a past call in the commentary channel and content in the final
-    one: no content stands where the call did, so the template renders the call."""
-    tpl, memory = template("openai-gpt-oss-120b"), Memory()
-    memory.remember("abcDEF123", plan_chat(tpl, [USER], OPTIONS).prompt.text, GPT_OSS_SAMPLED)
-    history = [USER, call_turn("abcDEF123"), result("abcDEF123")]
-    replayed = plan_chat(tpl, history, OPTIONS, memory).prompt.text
-    assert memory.asked == 1
     assert replayed == plan_chat(tpl, history, OPTIONS).prompt.text
 
 

@@ -38,7 +38,7 @@ TOOL = {"type": "function", "function": {
                    "required": ["city"], "additionalProperties": False}}}  # fmt: skip
 USER = {"role": "user", "content": "What is the weather in Paris?"}
 # A tool result of 64+ tokens: a warm start of fewer new rows is padded to a whole flash
-# tile, computing up to 63 cached tokens again (engine/plan.py pad_from), which would
+# tile, computing up to 63 cached tokens again (engine/thread/plan.py pad_from), which would
 # hide how far the reuse reaches.
 RESULT = json.dumps({"city": "Paris", "hours": [{"hour": h, "sky": "sunny", "celsius": 20 + h % 5}
                                                 for h in range(8, 16)]})  # fmt: skip
@@ -66,20 +66,14 @@ FAMILIES = {
     "qwen3": Family("Qwen-Qwen3-0.6B", HERMES_CALL),
     "qwen3-coder": Family("Qwen3-Coder", r"<tool_call>\s*<function=get_weather>\s*"
                           r"<parameter=city>\s*[^<]*</parameter>\s*</function>\s*</tool_call>\s*"),
-    # analysis or commentary messages may come first (llama.cpp's grammar allows them),
-    # then the recipient in the channel or before it, an optional constraint, the JSON
+    # analysis messages may come first (chat/harmony.py: no free commentary preamble
+    # before a forced call), then the recipient in the channel or before it, an optional
+    # constraint, the JSON
     "gpt-oss": Family("openai-gpt-oss-120b",
-                      r"(?:<\|channel\|>.*?<\|end\|><\|start\|>assistant)*"
+                      r"(?:<\|channel\|>analysis<\|message\|>.*?<\|end\|><\|start\|>assistant)*"
                       r"(?:<\|channel\|>(?:commentary|analysis) to=functions\.get_weather"
                       r"| to=functions\.get_weather<\|channel\|>(?:commentary|analysis))"
-                      rf"(?: ?(?:<\|constrain\|>)?[\w-]+)?<\|message\|>{CITY}(?:<\|call\|>)?",
-                      call_fails=(
-        "the required grammar admits any number of commentary preambles before the call "
-        "(as llama.cpp's parsers/gpt-oss.cpp: zero_or_more(start + any) + start + tool_call); "
-        "SmolLM2 writes '<|channel|>commentary<|message|>What is the weather in Paris?' then "
-        "'}\\n\\n' until max_tokens, never '<|end|>': it loops inside its first preamble, "
-        "so at most one preamble would not help, and bounding a preamble's length goes past "
-        "llama.cpp's grammar and would cut a real gpt-oss's preambles"), reuse_fails=NO_CALL),
+                      rf"(?: ?(?:<\|constrain\|>)?[\w-]+)?<\|message\|>{CITY}(?:<\|call\|>)?"),
     # thinking is off (the prompt ends '<think></think>'): a block may still come first
     # if it opens with a literal '<think>' (llama.cpp's grammar); SmolLM2 writes one
     "deepseek-v3.1": Family("deepseek-ai-DeepSeek-V3.1",
