@@ -23,8 +23,9 @@ Gemma 4's calls and thought channel in chat/formats_gemma.py, Ministral 3's
 MiniMax-M3's namespaced `<invoke>` elements in chat/formats_minimax.py (M2's
 `<minimax:tool_call>` in chat/formats_minimax2.py), LFM2's Python-style lists in
 chat/formats_lfm2.py, Apertus's name-keyed list in chat/formats_apertus.py, Command R+'s
-fenced `Action:` list in chat/formats_command_r.py, gpt-oss's harmony channels in
-chat/harmony.py; `detect_format` chooses among them all.
+fenced `Action:` list in chat/formats_command_r.py, Solar Open's messages in
+chat/formats_solar.py, gpt-oss's harmony channels in chat/harmony.py; `detect_format`
+chooses among them all.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from chat.formats_minimax2 import detect_minimax2
 from chat.formats_mistral import detect_ministral
 from chat.formats_muse import detect_muse
 from chat.formats_sections import detect_sections
+from chat.formats_solar import detect_solar
 from chat.formats_xml import detect_xml
 from chat.gbnf import RuleSet, literal
 from chat.harmony import HARMONY
@@ -235,6 +237,9 @@ def detect_format(template_source: str) -> CallFormat:
     command_r = detect_command_r(template_source)  # Command R+'s fenced `Action:` list
     if command_r is not None:
         return command_r
+    solar = detect_solar(template_source)  # Solar Open's `<|tool_calls|>` messages
+    if solar is not None:
+        return solar
     if "<tool_call>" in template_source:
         return HERMES
     if detect_granite(template_source):  # Granite 3.3's `<|tool_call|>` list

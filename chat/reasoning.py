@@ -38,6 +38,8 @@ MINIMAX_THINKING = ThinkingSyntax("<mm:think>", "</mm:think>")  # chat/formats_m
 SEED_THINKING = ThinkingSyntax("<seed:think>", "</seed:think>")  # chat/formats_xml.py
 # Apriel 1.6's prompt opens its thinking with a line of text; its answer follows a marker
 APRIEL_THINKING = ThinkingSyntax("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]")
+# Solar Open's thinking message: its prompt writes the header, the model the rest
+SOLAR_THINKING = ThinkingSyntax("<|think|>", "<|end|>")  # chat/formats_solar.py
 # Hy3's template writes its tokens as '<think{}>'.format(':opensource') (chat/formats_hy3.py)
 HY3_THINKING = ThinkingSyntax("<think:opensource>", "</think:opensource>")
 # Kimi K3's think section, its tags built by the template's open_tag/close_tag macros
@@ -61,6 +63,8 @@ def thinking_syntax(template_source: str) -> ThinkingSyntax | None:
         return MINIMAX_THINKING
     if "'Here are my reasoning steps:\\n'" in template_source:  # Apriel 1.6
         return APRIEL_THINKING
+    if '"<|begin|>assistant<|think|>"' in template_source:  # Solar Open
+        return SOLAR_THINKING
     if SEED_THINKING.open in template_source:  # its template also names </think>
         return SEED_THINKING
     if "'<think{}>'" in template_source and "':opensource'" in template_source:

@@ -83,7 +83,7 @@ EXPECTED = {
     "tencent-Hy3.jinja": "hy3",
     "unsloth-Apriel-1.5.jinja": "hermes",
     "unsloth-mistral-Devstral-Small-2507.jinja": "ministral-3",
-    "upstage-Solar-Open-100B.jinja": "generic",
+    "upstage-Solar-Open-100B.jinja": "solar-open",
 }
 
 
