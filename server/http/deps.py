@@ -184,4 +184,10 @@ def get_caller(request: Request) -> Caller:
 
 
 EngineDep = Annotated[EngineLike, Depends(get_engine)]
-CallerDep = Annotated[Caller, Depends(get_caller)]
+async def _caller(request: Request) -> Caller:
+    """`get_caller` as a dependency: FastAPI runs a plain `def` dependency in a worker
+    thread, a hop per request for what reads a few headers."""
+    return get_caller(request)
+
+
+CallerDep = Annotated[Caller, Depends(_caller)]
