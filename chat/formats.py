@@ -31,7 +31,7 @@ chooses among them all.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,6 +48,7 @@ from chat.callstream import CallScanner, Delta, held_back
 from chat.formats_apertus import detect_apertus
 from chat.formats_cohere import detect_cohere
 from chat.formats_command_r import detect_command_r
+from chat.formats_deepseek_dsml import detect_dsml
 from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
 from chat.formats_granite import calls_as_content, detect_granite
@@ -186,6 +187,28 @@ GENERIC = ToolFormat(
 )  # fmt: skip
 
 
+# The families with modules of their own, asked in this order after Ministral 3 and
+# harmony (llama.cpp's order where it has a rule for them; their markers are disjoint).
+_DETECTORS: tuple[Callable[[str], CallFormat | None], ...] = (
+    detect_gemma,  # Gemma 4's `<|tool_call>call:`
+    detect_minimax,  # MiniMax-M3's namespaced `<invoke>`s
+    detect_dsml,  # DeepSeek V3.2 / V4's DSML `<invoke>`s
+    detect_minimax2,  # MiniMax-M2's `<minimax:tool_call>`
+    detect_lfm2,  # LFM2's Python-style call list
+    detect_muse,  # Muse Glimmer's `to=` messages, ATEM blocks
+    detect_kimi3,  # `<|open|>` / `<|close|>` sections
+    detect_minicpm5,  # `<function name=` with `<param name=`
+    detect_xml,  # Qwen3-Coder's XML (Seed-OSS's too)
+    detect_sections,  # DeepSeek V3.1 / R1, Kimi K2
+    detect_glm,  # <tool_call> with <arg_key> tags, before Hermes
+    detect_hy3,  # GLM's tags as Hy3's own `:opensource` tokens
+    detect_apertus,  # `{"NAME": {..}}` in <|tools_prefix|>
+    detect_cohere,  # Command R7B's action blocks
+    detect_command_r,  # Command R+'s fenced `Action:` list
+    detect_solar,  # Solar Open's `<|tool_calls|>` messages
+)
+
+
 def detect_format(template_source: str) -> CallFormat:
     """The family a template belongs to, from what its text mentions (the order is
     llama.cpp's, common/chat.cpp: Ministral 3, harmony, then Qwen3-Coder's XML, then
@@ -195,51 +218,10 @@ def detect_format(template_source: str) -> CallFormat:
         return ministral
     if "<|channel|>" in template_source:
         return HARMONY
-    gemma = detect_gemma(template_source)  # Gemma 4's `<|tool_call>call:`
-    if gemma is not None:
-        return gemma
-    minimax = detect_minimax(template_source)  # MiniMax-M3's namespaced `<invoke>`s
-    if minimax is not None:
-        return minimax
-    minimax2 = detect_minimax2(template_source)  # MiniMax-M2's `<minimax:tool_call>`
-    if minimax2 is not None:
-        return minimax2
-    lfm2 = detect_lfm2(template_source)  # LFM2's Python-style call list
-    if lfm2 is not None:
-        return lfm2
-    muse = detect_muse(template_source)  # Muse Glimmer's `to=` messages, ATEM blocks
-    if muse is not None:
-        return muse
-    kimi3 = detect_kimi3(template_source)  # `<|open|>` / `<|close|>` sections
-    if kimi3 is not None:
-        return kimi3
-    minicpm5 = detect_minicpm5(template_source)  # `<function name=` with `<param name=`
-    if minicpm5 is not None:
-        return minicpm5
-    xml = detect_xml(template_source)
-    if xml is not None:
-        return xml
-    sections = detect_sections(template_source)  # DeepSeek V3.1 / R1, Kimi K2
-    if sections is not None:
-        return sections
-    glm = detect_glm(template_source)  # <tool_call> with <arg_key> tags, before Hermes
-    if glm is not None:
-        return glm
-    hy3 = detect_hy3(template_source)  # GLM's tags as Hy3's own `:opensource` tokens
-    if hy3 is not None:
-        return hy3
-    apertus = detect_apertus(template_source)  # `{"NAME": {..}}` in <|tools_prefix|>
-    if apertus is not None:
-        return apertus
-    cohere = detect_cohere(template_source)  # Command R7B's action blocks
-    if cohere is not None:
-        return cohere
-    command_r = detect_command_r(template_source)  # Command R+'s fenced `Action:` list
-    if command_r is not None:
-        return command_r
-    solar = detect_solar(template_source)  # Solar Open's `<|tool_calls|>` messages
-    if solar is not None:
-        return solar
+    for detect in _DETECTORS:
+        fmt = detect(template_source)
+        if fmt is not None:
+            return fmt
     if "<tool_call>" in template_source:
         return HERMES
     if detect_granite(template_source):  # Granite 3.3's `<|tool_call|>` list
