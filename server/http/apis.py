@@ -1,8 +1,9 @@
 """One registration per API: each package under server/api/ exports one `ApiSpec` (its
 `API`), and server/app.py lists them (`APIS`); the app mounts what each spec names, the
 error handler answers in each one's shape, and a route's model dependency
-(server/models/lease.py) reads a model's name by its API's rule. Adding an API is its
-package and one line in that list (docs/architecture.md, "Where things go")."""
+(server/models/lease.py) reads a model's name by the rule of the API the route is of.
+Adding an API is its package and one line in that list (docs/architecture.md, "Where
+things go")."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
 from server.http.errors import ErrorBody, ErrorShape
@@ -28,10 +30,11 @@ class ApiSpec:
 
     name: str
     routers: tuple[APIRouter, ...] = ()  # its routes; each takes the API key (KeyFirst)
-    # The paths that are this API's (their prefixes), for what differs by API below.
+    # Its error shape on the paths that start with `prefixes` (middleware answers before
+    # any route is found: by path); None: OpenAI's.
     prefixes: tuple[str, ...] = ()
-    error_body: ErrorBody | None = None  # its error shape there; None: OpenAI's
-    model_names: ModelNames = BY_ID  # how its bodies name a model there
+    error_body: ErrorBody | None = None
+    model_names: ModelNames = BY_ID  # how its routes' bodies name a model
     # What it mounts beyond its routers (pages, files, the routes open without a key):
     # returns the open routes, which KeyFirst lets through without one.
     mount: Callable[[FastAPI], Sequence[BaseRoute]] | None = None
@@ -42,20 +45,17 @@ class Apis:
 
     def __init__(self, specs: Sequence[ApiSpec]):
         self.specs = tuple(specs)
-        self._owned = [s for s in self.specs if s.prefixes]
-
-    def owner(self, path: str) -> ApiSpec | None:
-        """The API whose prefixes `path` starts with (None: the OpenAI-shaped rest)."""
-        for spec in self._owned:
-            if path.startswith(spec.prefixes):
-                return spec
-        return None
+        # route path -> its API's rule for model names, where it is not BY_ID: looked up
+        # once per request by the route's model dependency (app.py mounts the routers as
+        # they are, so a route's path in the app is its path here).
+        self.model_names: dict[str, ModelNames] = {
+            route.path: spec.model_names
+            for spec in self.specs
+            if spec.model_names is not BY_ID
+            for router in spec.routers
+            for route in router.routes
+            if isinstance(route, APIRoute)
+        }
 
     def error_shapes(self) -> list[ErrorShape]:
-        return [ErrorShape(s.prefixes, s.error_body) for s in self._owned if s.error_body]
-
-
-def model_names(request: Request) -> ModelNames:
-    """The rule for model names of the API the request is for."""
-    spec = request.app.state.apis.owner(request.scope["path"])
-    return spec.model_names if spec is not None else BY_ID
+        return [ErrorShape(s.prefixes, s.error_body) for s in self.specs if s.error_body]

@@ -3,7 +3,7 @@
 Every route that uses a model's engine (generation, embeddings, token counting, cache
 warming, tokenize) takes its body through `leased(TheRequestModel)` rather than as a
 parameter of its own: FastAPI parses and validates the body once, and the dependency then
-finds the model it names (by its API's rule for names, server/http/apis.py; the default
+finds the model it names (by the rule of the route's API, server/http/apis.py; the default
 model for the token-level routes when the body names none), refuses a `keep_alive` this
 caller may not set (403, before anything loads: server/models/keep_alive.py), counts the
 request as in flight on the model for the request's whole life, a stream's included (an
@@ -40,7 +40,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from engine.client import EngineError
-from server.http.apis import model_names
+from server.http.apis import BY_ID
 from server.http.deps import LEASED_MODEL, registry
 from server.http.errors import APIError, ServerError, from_engine_error, shape_of
 from server.models.keep_alive import check_keep_alive
@@ -117,7 +117,9 @@ def _served(request: Request, body: Any, default_model: bool) -> ServedModel | N
         return models.default
     if not isinstance(name, str):
         return None
-    served = model_names(request)(models, name)
+    route = request.scope.get("route")  # FastAPI's, for the path it was declared with
+    names = request.app.state.apis.model_names.get(getattr(route, "path", None), BY_ID)
+    served = names(models, name)
     if served is not None:  # the route reads it (deps.leased_model) rather than look again
         setattr(request.state, LEASED_MODEL, (name, served))
     return served

@@ -17,7 +17,7 @@ from server.api.common import RequestModel
 from server.app import APIS, create_app
 from server.config.tree import AuthSection, ModelNamesSection, Settings
 from server.http import errors
-from server.http.apis import Apis, ApiSpec
+from server.http.apis import BY_ID, Apis, ApiSpec
 from server.http.errors import BadRequest
 from server.models.lease import Lease, leased
 from server.models.served import ModelRegistry, ServedModel
@@ -32,11 +32,12 @@ def test_every_api_package_exports_one_spec_and_the_app_lists_each_once() -> Non
     assert {id(spec) for spec in APIS.specs} == {id(spec) for spec in specs}
 
 
-def test_the_owner_of_a_path_is_the_api_with_that_prefix() -> None:
-    owner = APIS.owner
-    assert owner("/v1/messages/count_tokens").name == "messages"  # type: ignore[union-attr]
-    assert owner("/api/chat").name == "ollama"  # type: ignore[union-attr]
-    assert owner("/v1/chat/completions") is None  # OpenAI's shape and names
+def test_the_specs_name_the_shapes_and_the_model_names_that_differ() -> None:
+    shapes = {shape.prefixes for shape in APIS.error_shapes()}
+    assert shapes == {("/v1/messages",), ("/api/",)}  # Anthropic's and Ollama's; OpenAI's else
+    ollama = {path for path, names in APIS.model_names.items() if names is not BY_ID}
+    assert {"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"} <= ollama
+    assert "/v1/chat/completions" not in APIS.model_names  # by id or alias
 
 
 class ToyRequest(RequestModel):
