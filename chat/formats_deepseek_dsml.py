@@ -60,6 +60,7 @@ INVOKE, INVOKE_END = f'<{DSML}invoke name="', f"</{DSML}invoke>"
 PARAM, PARAM_END = f'<{DSML}parameter name="', f"</{DSML}parameter>"
 SEPARATOR = "\n\n"  # what the template writes between the content and the block
 _TEXT_RULE = "dsml-text"
+_STRING_RULE = "dsml-string"
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +152,12 @@ def _grammar(fmt: DsmlFormat, key: str, mode: str, parallel: bool, doc_key: str)
     text_rule = f"{_TEXT_RULE}-0"  # tagged_args' raw-text rule: a value that may be a string
 
     def param(name: str, value: str, string: bool = False) -> str:
-        flag = "true" if string or value == text_rule else "false"
+        string = string or value == text_rule or value.startswith(_STRING_RULE)
+        flag = "true" if string else "false"
         head = literal(f'{PARAM}{name}" string="{flag}">')
         return f"{head} {value} {literal(PARAM_END)} {ws}"
 
-    tags = Tags(param, PARAM_END, _TEXT_RULE)
+    tags = Tags(param, PARAM_END, _TEXT_RULE, _bounded_string)
     alternatives = []
     for i, tool in enumerate(keyed_tools(key)):
         if tool.grammar is not None:  # a custom tool: its one input, raw text (a string)
@@ -178,6 +180,21 @@ def _grammar(fmt: DsmlFormat, key: str, mode: str, parallel: bool, doc_key: str)
     if doc_key:
         return thinking_then(rules, '""', answer, doc_key)
     return GrammarSpec(rules.text(answer))
+
+
+def _bounded_string(rules: RuleSet, schema: Any) -> str | None:
+    """A string parameter with length bounds: that many characters without `<`, as the
+    schema asks. llama.cpp takes any text up to the close whatever the schema, and a
+    model may go on past a close-like tag (SmolLM2 wrote `</｜DSML｜parameter name=..`
+    inside the value until max_tokens). None: the raw text up to the close (no bounds,
+    or a schema that admits other types as well)."""
+    if not isinstance(schema, dict) or schema.get("type") != "string":
+        return None
+    low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+    if not low and high is None:
+        return None
+    chars = rules.repeat(f"{_STRING_RULE}-chars", "[^<]", low, None if high is None else int(high))
+    return rules.add(_STRING_RULE, chars)
 
 
 class DsmlParser(ThinkingParser):

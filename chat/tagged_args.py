@@ -107,11 +107,14 @@ def value_json(text: str, types: frozenset[str]) -> str:
 class Tags:
     """How a format writes one argument: `param(key, value)` its tags around the GBNF
     `value`; a value written as raw text ends at `value_end`, which the text cannot hold
-    (`text_rule`: the name of those rules, one set per grammar)."""
+    (`text_rule`: the name of those rules, one set per grammar). `string_text`, where
+    a format has one: its rule for a value whose schema admits a string, given that
+    schema (None: the raw-text rule)."""
 
     param: Callable[[str, str], str]
     value_end: str
     text_rule: str
+    string_text: Callable[[RuleSet, Any], str | None] | None = None
 
 
 def tagged_arguments(rules: RuleSet, i: int, tool: KeyedTool, tags: Tags) -> str:
@@ -137,7 +140,8 @@ def _parameters(rules: RuleSet, parameters: Any, prefix: str, tags: Tags) -> str
     opt: list[str] = []
     for key, schema in props.items():
         if "string" in value_types(schema, parameters):
-            value = _raw_text(rules, tags)
+            own = tags.string_text(rules, schema) if tags.string_text else None
+            value = own or _raw_text(rules, tags)
         else:
             value = converter.convert(schema, f"arg-{key}")
         (req if key in required else opt).append(rules.add(f"{prefix}arg", tags.param(key, value)))

@@ -14,7 +14,7 @@ import pytest
 
 from chat.formats_deepseek_dsml import DEEPSEEK_V4, DEEPSEEK_V32, DsmlFormat, sort_results
 from chat.plan import ChatOptions, plan_chat
-from chat.tools import ToolChoice
+from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
@@ -206,3 +206,18 @@ def test_v4_writes_the_results_in_the_order_of_the_calls() -> None:
     text = plan_chat(template(V4), swapped, ChatOptions(tools=(T.get_weather_tool,))).prompt.text
     assert text.index(">sunny</") < text.index(">ok</")
     assert DEEPSEEK_V32.adapt_messages("", swapped) == swapped  # V3.2 writes them as they come
+
+
+def test_a_bounded_string_parameter_keeps_its_length() -> None:
+    """A string with maxLength / minLength: that many characters, none of them `<`
+    (llama.cpp's grammar takes any text up to the close: a kvserve bound)."""
+    schema = {"type": "object", "required": ["city"],
+              "properties": {"city": {"type": "string", "minLength": 2, "maxLength": 5}}}  # fmt: skip
+    spec = DEEPSEEK_V32.grammar([Tool("get_time", "", schema)], ToolChoice("required"), False)
+
+    def call(city: str) -> str:
+        return block(DEEPSEEK_V32, invoke("get_time", ("city", True, city)))
+
+    assert accepts(spec.gbnf, call("Paris")) and accepts(spec.gbnf, call("Oz"))
+    assert not accepts(spec.gbnf, call("Parisx")) and not accepts(spec.gbnf, call("P"))
+    assert not accepts(spec.gbnf, call("a<b"))

@@ -79,6 +79,12 @@ FAMILIES = {
     "deepseek-v3.1": Family("deepseek-ai-DeepSeek-V3.1",
                             r"(?:<think>[^<]*</think>)?<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
                             rf"{CITY}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    # DSML: a string parameter as raw text between its tags (thinking off: the prompt
+    # closed it, and a forced call takes no text before it)
+    "deepseek-v3.2": Family("deepseek-ai-DeepSeek-V3.2",
+                            r'\s*<｜DSML｜function_calls>\s*<｜DSML｜invoke name="get_weather">\n'
+                            r'<｜DSML｜parameter name="city" string="true">[^<]*</｜DSML｜parameter>'
+                            r"\s*</｜DSML｜invoke>\s*</｜DSML｜function_calls>"),
     "llama3.3": Family("meta-llama-Llama-3.3-70B-Instruct",
                        r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"get_weather"\s*,'
                        rf'\s*"parameters"\s*:\s*{CITY}\s*\}}\s*'),
