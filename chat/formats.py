@@ -49,6 +49,7 @@ from chat.formats_apertus import detect_apertus
 from chat.formats_cohere import detect_cohere
 from chat.formats_command_r import detect_command_r
 from chat.formats_deepseek_dsml import detect_dsml
+from chat.formats_functionary import detect_functionary
 from chat.formats_gemma import detect_gemma
 from chat.formats_glm import detect_glm
 from chat.formats_granite import calls_as_content, detect_granite
@@ -196,6 +197,7 @@ _DETECTORS: tuple[Callable[[str], CallFormat | None], ...] = (
     detect_minimax2,  # MiniMax-M2's `<minimax:tool_call>`
     detect_lfm2,  # LFM2's Python-style call list
     detect_muse,  # Muse Glimmer's `to=` messages, ATEM blocks
+    detect_functionary,  # Functionary v3.2's `>>>NAME` recipients
     detect_kimi3,  # `<|open|>` / `<|close|>` sections
     detect_minicpm5,  # `<function name=` with `<param name=`
     detect_xml,  # Qwen3-Coder's XML (Seed-OSS's too)

@@ -66,7 +66,7 @@ EXPECTED = {
     "llama-cpp-deepseek-r1.jinja": "deepseek-r1",
     "llama-cpp-rwkv-world.jinja": "generic",
     "meetkai-functionary-medium-v3.1.jinja": "llama3",
-    "meetkai-functionary-medium-v3.2.jinja": "generic",
+    "meetkai-functionary-medium-v3.2.jinja": "functionary-v3.2",
     "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3",
     "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3.2",
     "meta-llama-Llama-3.3-70B-Instruct.jinja": "llama3",
