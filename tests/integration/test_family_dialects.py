@@ -85,6 +85,8 @@ FAMILIES = {
                             r'\s*<｜DSML｜function_calls>\s*<｜DSML｜invoke name="get_weather">\n'
                             r'<｜DSML｜parameter name="city" string="true">[^<]*</｜DSML｜parameter>'
                             r"\s*</｜DSML｜invoke>\s*</｜DSML｜function_calls>"),
+    # the prompt ends with the first `>>>`: the recipient, its line break, the JSON
+    "functionary-v3.2": Family("meetkai-functionary-medium-v3.2", rf"get_weather\n\s*{CITY}"),
     "llama3.3": Family("meta-llama-Llama-3.3-70B-Instruct",
                        r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*"get_weather"\s*,'
                        rf'\s*"parameters"\s*:\s*{CITY}\s*\}}\s*'),
