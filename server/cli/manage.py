@@ -115,6 +115,7 @@ def _pull_here(name: str, console: Console) -> int:
     """No server: into the local hub cache (a server serves it from its next start)."""
     # Here, not at the top: the other commands start without the server's modules
     # (server.models.hub_models loads FastAPI and the engine).
+    from server.config.hub import HubError, HubSource
     from server.models import hub
     from server.models.hub_models import HubName
 
@@ -123,12 +124,12 @@ def _pull_here(name: str, console: Console) -> int:
         raise CommandError(f"{name}: expected org/repo[:QUANT]")
     console.print("no server is listening: downloading into the local hub cache")
     try:
-        source = hub.HubSource.parse("model", wanted.spec)
+        source = HubSource.parse("model", wanted.spec)
         with Progress(TextColumn("{task.description}", markup=False), BarColumn(),
                       console=console) as bar:  # fmt: skip
             task = bar.add_task(printable(f"pulling {wanted.name}"), total=1.0)
             path = hub.fetch(source, lambda f: bar.update(task, completed=f))
-    except hub.HubError as exc:
+    except HubError as exc:
         raise CommandError(str(exc)) from None
     console.print(plain(f"{path}\nsuccess"))
     return 0

@@ -16,8 +16,8 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from engine.client import EngineSettings
+from server.config.hub import HubError, HubSection, HubSource
 from server.config.values import ConfigError
-from server.models.hub import HubError, HubSource
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
@@ -33,19 +33,6 @@ def default_model_path() -> str:
         if candidate.is_file():
             return str(candidate)
     return ""
-
-
-@dataclass(frozen=True)
-class HubSection:
-    """Downloads from a Hugging Face-compatible hub (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE
-    are read from the environment by huggingface_hub itself)."""
-
-    cache_dir: str = ""  # empty: huggingface_hub's cache (HF_HUB_CACHE, ~/.cache/huggingface)
-    # POST /api/pull: downloads at once (each holds a thread of its own); more: 429
-    max_concurrent_pulls: Annotated[int, Field(ge=1)] = 2
-    # what the hub cache may hold after a pull; a file that would pass it is refused
-    # before its first byte (507), as is one larger than the disk's free space; 0: no budget
-    max_cache_bytes: Annotated[int, Field(ge=0)] = 0
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,11 @@ the engine's own `EngineSettings`, `[cache]` the cache's own `CacheConfig` and
 `[sessions]` the engine's `SessionLimits`: declared and checked once, there. The
 server's own sections state their ranges as pydantic field constraints.
 Adding a section: a dataclass, a field on `Settings`, an entry in `SECTIONS`.
+
+Settings flow downwards: a section that one package reads lives here all the same, in a
+module of its own named after its concept (`[mcp]` in server/config/mcp.py, `[tracing]`,
+`[media]`, `[replay]`, `[hub]`), and that package imports it from here. server/config/
+imports no other server package, so every one of them may read it.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from engine.client import CacheConfig, EngineSettings, SessionLimits
+from server.config.hub import HubSection
 from server.config.mask import masked
+from server.config.mcp import McpSection, McpServerSection, mcp_servers, validate_mcp
+from server.config.media import MediaSection
 from server.config.model_entries import (
-    HubSection,
     LoraSection,
     ModelNamesSection,
     ModelSection,
@@ -42,12 +49,10 @@ from server.config.model_entries import (
     hub_source,
     lora_source,
 )
+from server.config.replay import ReplaySection
 from server.config.sources import hints, later_values, model_entries, read_toml, table
+from server.config.tracing import TracingSection
 from server.config.values import ConfigError
-from server.mcp.config import McpSection, McpServerSection, mcp_servers, validate_mcp
-from server.serving.media import MediaSection
-from server.serving.replay import ReplaySection
-from server.telemetry.tracing import TracingSection
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 AUTO_DISK_DIR = "auto"  # [cache] disk_dir: the user's cache directory (cache/types.py)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 import typing
 from typing import Any
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
 
 
 class ConfigError(ValueError):

@@ -13,8 +13,8 @@ from fastapi import Depends, Request
 
 from chat.template import ChatTemplate
 from engine.client import EngineLike, EngineState, check_session_id, salt_of_prefix
+from server.config.tenant import tenant_of
 from server.http.errors import BadRequest, NotFound, ServerError, ServiceUnavailable, Unauthorized
-from server.http.tenant import tenant_of
 from server.models.served import ModelRegistry, ServedModel
 from server.telemetry.access import current_record
 

@@ -27,7 +27,7 @@ from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from server.mcp.config import McpServerSection
+from server.config.mcp import McpServerSection
 from server.mcp.outcome import CallOutcome, McpTool, McpUnavailable
 from server.telemetry import tracing
 

@@ -30,7 +30,7 @@ from chat.callstream import Delta
 from chat.plan import ChatOptions
 from chat.tools import Tool, ToolChoice
 from engine.client import FinishReason, GenerateRequest, Generation
-from server.mcp.config import McpSection
+from server.config.mcp import McpSection
 from server.mcp.outcome import CallOutcome
 from server.mcp.toolset import Toolset
 from server.serving.drive import steps

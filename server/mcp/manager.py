@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from server.mcp.config import McpSection, McpServerSection
+from server.config.mcp import McpSection, McpServerSection
 from server.mcp.outcome import McpBusy
 
 if TYPE_CHECKING:

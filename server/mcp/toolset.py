@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from chat.tools import Tool
-from server.mcp.config import McpServerSection
+from server.config.mcp import McpServerSection
 from server.mcp.manager import McpManager
 from server.mcp.outcome import CallOutcome, McpTool, McpUnavailable
 from server.telemetry import tracing

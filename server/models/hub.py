@@ -6,7 +6,8 @@ HF_HUB_OFFLINE all apply as they do for every other tool of that ecosystem. A fi
 only handed to llama.cpp once the library has renamed it complete, and a freshly
 downloaded file is checked against the sha256 the hub lists for it.
 
-Every failure is a `HubError` whose text is one line naming the config key.
+Every failure is a `HubError` whose text is one line naming the config key (the error and
+`HubSource`, which the config's checks parse too, are server/config/hub.py's).
 """
 
 from __future__ import annotations
@@ -22,16 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from server.config.hub import HubError, HubSource
+
 log = logging.getLogger("kvserve.server")
 
 Progress = Callable[[float], None]
 
 # A split GGUF's shards: model-00001-of-00003.gguf
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
-
-
-class HubError(Exception):
-    """A model could not be fetched; the message is one line naming the key."""
 
 
 class NoRoom(HubError):
@@ -45,30 +44,6 @@ class RemoteFile:
 
     sha256: str  # "" when the hub lists none (not an LFS file)
     size: int  # bytes; 0 when not listed
-
-
-@dataclass(frozen=True, slots=True)
-class HubSource:
-    """Where a model's GGUF lives on the hub. `quant` picks the file when `file` is empty."""
-
-    key: str  # the config key, for messages: "models[0].hf_repo"
-    repo: str
-    file: str = ""
-    quant: str = ""
-    revision: str = ""  # empty: the default branch
-    cache_dir: str = ""  # empty: huggingface_hub's own (HF_HUB_CACHE)
-
-    @classmethod
-    def parse(
-        cls, key: str, spec: str, file: str = "", revision: str = "", cache_dir: str = ""
-    ) -> HubSource:
-        """From `org/name[:QUANT]` (llama-server's -hf syntax)."""
-        repo, _, quant = spec.partition(":")
-        if repo.count("/") != 1 or not all(repo.split("/")):
-            raise HubError(f"{key}: expected org/name[:QUANT], got {spec!r}")
-        if quant and file:
-            raise HubError(f"{key}: give either a quant tag or hf_file, not both")
-        return cls(key, repo, file, quant, revision, cache_dir)
 
 
 def choose_file(source: HubSource, names: list[str]) -> str:

@@ -33,7 +33,7 @@ from server.models.hub_models import HubName
 from server.models.served import ServedModel
 
 if TYPE_CHECKING:
-    from server.config.model_entries import HubSection
+    from server.config.hub import HubSection
 
 RETRY_AFTER_S = 30  # a model download takes minutes: a client should not spin
 

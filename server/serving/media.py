@@ -24,13 +24,12 @@ import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import Request
-from pydantic import Field
-from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from engine.client import EngineLike, InvalidRequestError, Media, ModelInfo
+from server.config.media import MediaSection
 from server.http.errors import BadRequest
 from server.serving.media_fetch import fetch_image
 
@@ -40,18 +39,6 @@ log = logging.getLogger("kvserve.server")
 # stb_image (PNG, JPEG, GIF, BMP, ...); WebP is Anthropic's fourth type, accepted here
 # and refused by the engine's decoder with the part named, if the build cannot read it.
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/jpg", "image/gif", "image/webp", "image/bmp")
-
-
-@pydantic_dataclass(frozen=True)
-class MediaSection:
-    """`[media]`: what one request may send as images."""
-
-    max_images: Annotated[int, Field(ge=0)] = 16  # per request; 0: no images at all
-    max_image_bytes: Annotated[int, Field(ge=1024)] = 10 * 1024 * 1024  # decoded or fetched
-    # Fetch http(s) image URLs. Off by default: a client could make the server read any
-    # address it can reach (internal ones included). Data URLs and base64 need nothing.
-    allow_urls: bool = False
-    url_timeout_s: Annotated[float, Field(gt=0)] = 10.0  # a whole fetch, redirects included
 
 
 @dataclass(frozen=True, slots=True)

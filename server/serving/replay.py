@@ -22,14 +22,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
+from typing import Any
 
 from fastapi import Request
-from pydantic import Field
-from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from chat.replay import SampledTurn, prompt_digest
 from engine.client import FinishReason
+from server.http.deps import Caller
 from server.serving.state import ChoiceState, ParsedCall
 
 Key = tuple[Any, ...]
@@ -85,14 +84,6 @@ class ReplayMemory:
                 return []
             self._entries.move_to_end(key)
             return list(found)
-
-
-@pydantic_dataclass(frozen=True)
-class ReplaySection:
-    """`[replay]`: sampled tool turns kept so that a call sent back renders as the tokens
-    the model sampled, not as the template writes it again."""
-
-    max_bytes: Annotated[int, Field(ge=0)] = 32 * 1024 * 1024  # per model, an LRU; 0: off
 
 
 @dataclass(slots=True)
@@ -192,18 +183,10 @@ def _bytes(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-class _Caller(Protocol):
-    """server.http.deps.Caller, by what is read of it (that module imports the config
-    tree, which imports this one)."""
-
-    @property
-    def tenant(self) -> str: ...
-
-
 def request_replay(
     request: Request,
     model_id: str,
-    caller: _Caller,
+    caller: Caller,
     *,
     id_of: Callable[[str], str] = _same_id,
     by_calls: bool = False,

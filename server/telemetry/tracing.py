@@ -1,4 +1,5 @@
-"""OpenTelemetry traces: the `[tracing]` settings and the helpers any server code may call.
+"""OpenTelemetry traces: the helpers any server code may call (their `[tracing]` settings:
+server/config/tracing.py).
 
 Off unless `[tracing] otlp_endpoint` is set, and then free: nothing here imports
 OpenTelemetry before `start()` runs (the packages are the optional `kvserve[tracing]`
@@ -17,66 +18,11 @@ One tracer provider per process (OpenTelemetry's own rule): `start()` at the app
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path for traces, added to a bare collector URL
-_PACKAGES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
-
-
-@dataclass(frozen=True)
-class TracingSection:
-    """`[tracing]`: where the spans go and how many requests are traced. Checked here,
-    where it is made, so every way of setting it (file, environment) is checked once."""
-
-    otlp_endpoint: str = ""  # OTLP/HTTP collector, e.g. http://127.0.0.1:4318; empty: off
-    service_name: str = "kvserve"
-    sample_ratio: float = 1.0  # of the requests that arrive without a sampled traceparent
-    headers: tuple[str, ...] = ()  # "name=value" sent with each export (auth tokens)
-
-    def __post_init__(self) -> None:
-        if self.otlp_endpoint:
-            url = urlsplit(self.otlp_endpoint)
-            if url.scheme not in ("http", "https") or not url.hostname:
-                raise ValueError(
-                    "otlp_endpoint: an http:// or https:// URL of an OTLP/HTTP "
-                    f"collector (e.g. http://127.0.0.1:4318), got {self.otlp_endpoint!r}"
-                )
-        if not self.service_name.strip():
-            raise ValueError("service_name: must not be empty")
-        if not 0.0 <= self.sample_ratio <= 1.0:
-            raise ValueError(f"sample_ratio: between 0 and 1, got {self.sample_ratio}")
-        for entry in self.headers:
-            name, sep, value = entry.partition("=")
-            if not sep or not _HEADER_NAME.match(name.strip()):
-                raise ValueError(f"headers: {entry!r} is not name=value")
-            if any(c in value for c in "\r\n\0"):
-                raise ValueError(f"headers: the value of {name!r} has a line break")
-        if self.enabled and not all(map(importlib.util.find_spec, _PACKAGES)):
-            raise ValueError(
-                "otlp_endpoint: tracing needs the OpenTelemetry packages: "
-                "pip install 'kvserve[tracing]'"
-            )
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.otlp_endpoint)
-
-    @property
-    def traces_url(self) -> str:
-        """Where spans are posted: the endpoint as given, or with /v1/traces added when it
-        has no path (a collector's base URL, as OTEL_EXPORTER_OTLP_ENDPOINT is)."""
-        url = self.otlp_endpoint.rstrip("/")
-        return url if urlsplit(url).path else url + TRACES_PATH
-
-    def header_map(self) -> dict[str, str]:
-        return {k.strip(): v.strip() for k, v in (e.partition("=")[::2] for e in self.headers)}
+from server.config.tracing import TracingSection
 
 
 class _Active:
@@ -181,7 +127,6 @@ def started(section: TracingSection) -> Iterator[None]:
 
 
 __all__ = [
-    "TracingSection",
     "failed",
     "open_span",
     "outgoing_headers",

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from server.app import create_app
+from server.config.mcp import mcp_servers
 from server.config.tree import AuthSection, McpSection, Settings, TracingSection
-from server.mcp.config import mcp_servers
 from tests.fakes import FakeEngine
 from tests.helpers.mcp.servers import HttpMcp, http_mcp, stdio_command
 from tests.kvserve_process import free_port

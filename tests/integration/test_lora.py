@@ -105,7 +105,8 @@ async def test_a_broken_adapter_fails_the_load(tmp_path: Path) -> None:
 async def test_an_adapter_from_the_hub(adapters: tuple[LoraAdapter, ...], tmp_path: Path) -> None:
     from functools import partial
 
-    from server.models.hub import HubSource, fetch
+    from server.config.hub import HubSource
+    from server.models.hub import fetch
     from tests.helpers.hub_standin import HubFile, StandIn
     from tests.helpers.hub_standin import start as start_hub
 

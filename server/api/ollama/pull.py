@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from server.api.ollama.models import name_field, ollama_name, read_object
+from server.config.hub import HubError, HubSource
 from server.http.errors import (
     APIError,
     BadGateway,
@@ -66,14 +67,14 @@ async def pull(request: Request) -> Any:
             param="model",
         )
     try:
-        hub.HubSource.parse("model", wanted.spec)
-    except hub.HubError as exc:
+        HubSource.parse("model", wanted.spec)
+    except HubError as exc:
         raise BadRequest(str(exc), param="model") from None
     job = _start(request, wanted)
     if stream is False:
         try:
             await asyncio.shield(job.task)
-        except hub.HubError as exc:
+        except HubError as exc:
             raise _error_of(exc) from None
         except HubModelError as exc:
             raise BadRequest(str(exc), param="model") from None
@@ -90,7 +91,7 @@ def _start(request: Request, wanted: HubName) -> Pull:
 
 
 async def _run(job: Pull, pulls: Pulls, hub_models: HubModels, cache_dir: str) -> ServedModel:
-    source = hub.HubSource.parse("model", job.name.spec, cache_dir=cache_dir)
+    source = HubSource.parse("model", job.name.spec, cache_dir=cache_dir)
     # The pulls' own threads (server/models/pulls.py), never asyncio's default pool.
     loop = asyncio.get_running_loop()
     room = pulls.room_check(job.name.name)
@@ -99,7 +100,7 @@ async def _run(job: Pull, pulls: Pulls, hub_models: HubModels, cache_dir: str) -
     return hub_models.register(source.repo, path, also=requested)
 
 
-def _download(job: Pull, source: hub.HubSource, room: Callable[[str, int], None]) -> str:
+def _download(job: Pull, source: HubSource, room: Callable[[str, int], None]) -> str:
     """On a pull thread: the listing (for the digest and size), then the file (once
     `room` has found space for it)."""
     with contextlib.suppress(Exception):  # the hub out of reach: fetch decides (cache)
@@ -112,7 +113,7 @@ def _download(job: Pull, source: hub.HubSource, room: Callable[[str, int], None]
     return hub.fetch(source, report, before_download=room)
 
 
-def _manifest(source: hub.HubSource) -> tuple[str, int]:
+def _manifest(source: HubSource) -> tuple[str, int]:
     from huggingface_hub import HfApi
 
     info = HfApi().model_info(source.repo, revision=source.revision or None,
@@ -136,7 +137,7 @@ async def _stream(job: Pull) -> AsyncIterator[bytes]:
         await asyncio.wait({job.task}, timeout=_POLL_S)
     error = job.task.exception()
     if error is not None:
-        message = str(error) if isinstance(error, hub.HubError | HubModelError) else (
+        message = str(error) if isinstance(error, HubError | HubModelError) else (
             f"pull failed: {type(error).__name__}")  # fmt: skip
         yield _line({"error": message})
         return
@@ -149,7 +150,7 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj) + "\n").encode()
 
 
-def _error_of(exc: hub.HubError) -> APIError:
+def _error_of(exc: HubError) -> APIError:
     """A hub failure's status: 404 when the repository or file is not there, 400 when
     the name does not pick one file, 507 when it does not fit, 502 when the download
     failed."""

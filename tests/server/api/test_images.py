@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from server.config.media import MediaSection
 from server.config.tree import Settings
-from server.serving.media import MediaSection
 from tests.conftest import ClientFactory
 from tests.fakes import FAKE_IMAGE_TOKENS, FakeEngine
 from tests.server.api.test_openai_api import MODEL

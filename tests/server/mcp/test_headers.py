@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from server.config.mcp import mcp_servers
 from server.config.tree import ConfigError, load_settings
-from server.mcp.config import mcp_servers
 from tests.fakes import FakeEngine
 from tests.helpers.mcp.servers import HttpMcp, http_mcp
 from tests.helpers.mcp_app import call, mcp_client

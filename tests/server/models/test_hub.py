@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server.models.hub import HubError, HubSource, choose_file, fetch
+from server.config.hub import HubError, HubSource
+from server.models.hub import choose_file, fetch
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.helpers.hub_standin import HubFile, StandIn, fake_gguf, serving, start

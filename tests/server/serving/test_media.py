@@ -17,11 +17,11 @@ import pytest
 from chat.content import with_media_markers
 from chat.tools import ChatInputError
 from engine.client import Media
+from server.config.media import MediaSection
 from server.http.errors import BadRequest
 from server.serving.media import (
     Image,
     ImagePart,
-    MediaSection,
     chat_part,
     image_from_base64,
     image_from_url,

@@ -11,11 +11,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.config.values import ConfigError, coerce
-from server.http.tenant import tenant_of
+from server.config.tenant import tenant_of
+from server.config.values import HEADER_NAME, ConfigError, coerce
 
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
 TRANSPORTS = ("streamable_http", "sse", "stdio")
 
 
@@ -71,7 +70,7 @@ _SCALARS = {"label": str, "url": str, "transport": str, "command": str, "args": 
 
 def header_problem(name: str, value: str) -> str | None:
     """Why a header cannot be sent (None: it can). Shared with the request's `headers`."""
-    if not _HEADER_NAME.match(name):
+    if not HEADER_NAME.match(name):
         return f"{name!r} is not a valid header name"
     if any(c in value for c in "\r\n\0"):
         return f"the value of {name!r} has a line break or NUL"

@@ -1,7 +1,8 @@
 """A caller's tenant: the digest of their API key, which sessions, stored responses,
 cached prefixes and MCP servers' key lists are kept under. One function, so the key a
-request presents (server/http/deps.py) and the keys a config lists (server/mcp/config.py)
-always name the same tenant."""
+request presents (server/http/deps.py) and the keys a config lists (server/config/mcp.py)
+always name the same tenant; here, with the configured keys, because the config is the
+leaf every server package reads (it imports none of them)."""
 
 from __future__ import annotations
 
