@@ -42,6 +42,7 @@ from server.http import errors
 from server.http.apis import Apis
 from server.http.bodies import BodyBudget, BodyLimit
 from server.http.deps import EngineLike
+from server.http.drain import Lifecycle
 from server.http.key_first import KeyFirst
 from server.http.middleware import AccessMiddleware, OriginGuard
 from server.mcp.manager import McpManager
@@ -50,7 +51,6 @@ from server.models.hub_models import Configured, HubModels
 from server.models.loader import ModelLoader
 from server.models.pulls import Pulls
 from server.models.served import ModelRegistry, ServedModel
-from server.process.drain import Lifecycle
 from server.telemetry import tracing
 from server.telemetry.metrics import make_registry
 

@@ -244,9 +244,6 @@ KNOWN_SERVER_BACK_EDGES = {
     # The model registry raises http's errors and uses its dependencies while http/deps
     # resolves models: h48g's (the gate's replacement, issue 48 item 2).
     ("models", "http"),
-    # process/serve.py builds the app it serves while the app installs process/drain.py:
-    # not assigned yet (the lead: serve out of process/, or drain out of it).
-    ("process", "app"),
 }
 
 

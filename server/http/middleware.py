@@ -16,7 +16,7 @@ from server.http.errors import Forbidden, ServiceUnavailable, shaped
 from server.telemetry.access import AccessRecord, activate, deactivate, request_id_from
 
 if TYPE_CHECKING:
-    from server.process.drain import Lifecycle
+    from server.http.drain import Lifecycle
     from server.telemetry.metrics import ServerMetrics
 
 

@@ -1,3 +1,4 @@
-"""The running process: uvicorn (`serve`), graceful shutdown (`graceful`: the server;
-`drain`: the app's shutdown state and requests in flight), and connection limits
-(`connections`)."""
+"""The running process: uvicorn (`serve`), graceful shutdown (`graceful`), and connection
+limits (`connections`). It sits above the app it runs: the app's own shutdown state and
+requests in flight (`Lifecycle`) are server/http/drain.py's, so the app never imports
+this package."""

@@ -26,8 +26,8 @@ from types import FrameType
 
 import uvicorn
 
+from server.http.drain import Lifecycle
 from server.process.connections import AcceptErrorLog
-from server.process.drain import Lifecycle
 
 log = logging.getLogger("kvserve.server")
 

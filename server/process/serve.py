@@ -10,8 +10,8 @@ from fastapi import FastAPI
 
 from server.app import create_app
 from server.config.tree import Settings
+from server.http.drain import ABORT_WAIT_S
 from server.process.connections import connection_limit, protocol_class
-from server.process.drain import ABORT_WAIT_S
 from server.process.graceful import GracefulServer
 
 log = logging.getLogger("kvserve.server")

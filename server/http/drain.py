@@ -1,8 +1,10 @@
 """The app's shutdown state (`Lifecycle`): whether it drains, and the requests in flight.
 
-Apart from server/process/serve.py and server/process/graceful.py, which run the app, so
-that the app and its middleware can hold it without importing what runs them (see
-server/process/graceful.py for the drain)."""
+With the app's other request plumbing: the app makes it and its middleware
+(server/http/middleware.py) gates and counts requests on it, while server/process/,
+which runs the app (serve.py builds it, graceful.py drains it on a signal), sits above
+the app and reaches it from there. Kept in process/, it made the app import the package
+that imports the app (see server/process/graceful.py for the drain)."""
 
 from __future__ import annotations
 
