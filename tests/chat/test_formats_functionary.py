@@ -21,6 +21,7 @@ from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
     USER,
+    ParseCase,
     assert_renders,
     cases,
     detected,
@@ -50,8 +51,8 @@ ROWS = [
 
 
 @each_case(cases(NAME, ROWS), steps=(1, 3, 100_000))
-def test_parser_matches_llama_cpp(case: object, step: int) -> None:
-    case.check(step)  # type: ignore[attr-defined]
+def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
+    case.check(step)
 
 
 def test_detection() -> None:
