@@ -85,6 +85,12 @@ FAMILIES = {
                             r'\s*<｜DSML｜function_calls>\s*<｜DSML｜invoke name="get_weather">\n'
                             r'<｜DSML｜parameter name="city" string="true">[^<]*</｜DSML｜parameter>'
                             r"\s*</｜DSML｜invoke>\s*</｜DSML｜function_calls>"),
+    # V4: the same markup, the block named tool_calls (its prompt closes the thinking
+    # with a bare </think>)
+    "deepseek-v4": Family("deepseek-ai-DeepSeek-V4",
+                          r'\s*<｜DSML｜tool_calls>\s*<｜DSML｜invoke name="get_weather">\n'
+                          r'<｜DSML｜parameter name="city" string="true">[^<]*</｜DSML｜parameter>'
+                          r"\s*</｜DSML｜invoke>\s*</｜DSML｜tool_calls>"),
     # the prompt ends with the first `>>>`: the recipient, its line break, the JSON
     "functionary-v3.2": Family("meetkai-functionary-medium-v3.2", rf"get_weather\n\s*{CITY}"),
     "llama3.3": Family("meta-llama-Llama-3.3-70B-Instruct",
