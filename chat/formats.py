@@ -42,6 +42,7 @@ from chat.callformat import (
     document_rule,
     json_arguments,
     keyed_tools,
+    starts_at,
     thinking_block,
 )
 from chat.callstream import CallScanner, Delta, held_back
@@ -112,7 +113,7 @@ class ToolFormat(MemoizedGrammar):
 HERMES = ToolFormat(
     "hermes", True, "<tool_call>", (), True, "arguments",
     '"<tool_call>" ws', 'ws "</tool_call>" ws "<tool_call>" ws', 'ws "</tool_call>"',
-    r"[\s\S]*?(<tool_call>)[\s\S]*",
+    starts_at("<tool_call>"),
 )  # fmt: skip
 LLAMA3 = ToolFormat(
     "llama3", True, None, ("{", '"name"'), False, "parameters",
@@ -126,28 +127,28 @@ LLAMA3_2 = ToolFormat(
 NEMOTRON_V2 = ToolFormat(
     "nemotron-v2", True, "<TOOLCALL>", (), True, "arguments",
     '"<TOOLCALL>[" ws', 'ws "," ws', 'ws "]</TOOLCALL>"',
-    r"[\s\S]*?(<TOOLCALL>)[\s\S]*", "<TOOLCALL>", think=THINK,
+    starts_at("<TOOLCALL>"), "<TOOLCALL>", think=THINK,
 )  # fmt: skip
 # Apriel 1.6: its prompt opens the thinking, `[BEGIN FINAL RESPONSE]` ends it
 APRIEL = ToolFormat(
     "apriel-1.6", True, "<tool_calls>", (), True, "arguments",
     '"<tool_calls>[" ws', 'ws "," ws', 'ws "]</tool_calls>"',
-    r"[\s\S]*?(<tool_calls>)[\s\S]*", think=APRIEL_THINKING,
+    starts_at("<tool_calls>"), think=APRIEL_THINKING,
 )  # fmt: skip
 MINIMAX_M1 = ToolFormat(
     "minimax-m1", True, "<tool_calls>", (), True, "arguments",
     '"<tool_calls>\\n"', '"\\n"', '"\\n</tool_calls>"',
-    r"[\s\S]*?(<tool_calls>)[\s\S]*",
+    starts_at("<tool_calls>"),
 )  # fmt: skip
 FIREFUNCTION_V2 = ToolFormat(
     "firefunction-v2", True, "functools[", (), True, "arguments",
     '"functools[" ws', 'ws "," ws', 'ws "]"',
-    r"[\s\S]*?(functools\[)[\s\S]*",
+    starts_at("functools["),
 )  # fmt: skip
 MISTRAL = ToolFormat(
     "mistral", True, "[TOOL_CALLS]", (), True, "arguments",
     '"[TOOL_CALLS]" ws "[" ws', 'ws "," ws', 'ws "]"',
-    r"[\s\S]*?(\[TOOL_CALLS\])[\s\S]*", "[TOOL_CALLS]",
+    starts_at("[TOOL_CALLS]"), "[TOOL_CALLS]",
 )  # fmt: skip
 
 
@@ -160,7 +161,7 @@ GIGACHAT3 = ToolFormat(
 )  # fmt: skip
 GIGACHAT3_1 = ToolFormat(
     "gigachat3.1", True, "<|function_call|>", (), True, "arguments", '"<|function_call|>"', "",
-    "", r"[\s\S]*?(<\|function_call\|>)[\s\S]*", "<|function_call|>", single_call=True,
+    "", starts_at("<|function_call|>"), "<|function_call|>", single_call=True,
 )  # fmt: skip
 
 
@@ -179,7 +180,7 @@ class GraniteFormat(ToolFormat):
 GRANITE = GraniteFormat(
     "granite", True, "<|tool_call|>", (), True, "arguments",
     '"<|tool_call|>" ws "[" ws', 'ws "," ws', 'ws "]"',
-    r"[\s\S]*?(<\|tool_call\|>)[\s\S]*", "<|tool_call|>",
+    starts_at("<|tool_call|>"), "<|tool_call|>",
 )  # fmt: skip
 GENERIC = ToolFormat(
     "generic", False, None, ("{", '"tool_calls"', ":", "["), True, "arguments",
