@@ -10,11 +10,14 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from cache import CacheHit
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,4 +91,9 @@ class EngineThread(Protocol):
 
     def lookup_reach(self, num_tokens: int) -> int:
         """How much of a prompt of `num_tokens` a cache lookup should match."""
+        ...
+
+    def lookup_again(self, hit: CacheHit, num_tokens: int) -> int:
+        """0, or how far a second lookup should reach (the first found a state the
+        prompt cannot start from, where a shorter one may serve)."""
         ...

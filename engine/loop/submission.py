@@ -178,7 +178,11 @@ class Submitting:
 
         def lookup() -> tuple[CacheHit | None, tuple[StoreCall, ...]]:
             with recording_calls() as calls:
-                return cache.lookup(prompt[:reach], request.prefix_salt), tuple(calls)
+                hit = cache.lookup(prompt[:reach], request.prefix_salt)
+                again = worker.lookup_again(hit, len(prompt)) if hit and worker else 0
+                if again:  # a state that cannot be cut back to where the prompt needs
+                    hit = cache.lookup(prompt[:again], request.prefix_salt)
+                return hit, tuple(calls)
 
         started = time.monotonic()
         # On the engine's own threads, not asyncio's default pool: that one also runs

@@ -32,11 +32,14 @@ class KvExecutor:
         cache: PrefixCache | None,
         counters: StepCounters,
         num_slots: int,
+        recut: int = 0,
     ):
         self.ctx = ctx
         # Every KV op goes through the ledger; under exact reuse a window's blob is laid
-        # out as a cold sequence's cells (engine/thread/window_blob.py).
-        self.kv = KvLedger(ctx, num_slots, counters, slots.n_swa, slots.exact and slots.n_swa > 0)
+        # out as a cold sequence's cells (engine/thread/window_blob.py), and saved with
+        # `recut` (SchedulerConfig.window_recut) window cells more (window_keep.py).
+        self.kv = KvLedger(ctx, num_slots, counters, slots.n_swa, slots.exact and slots.n_swa > 0,
+                           recut)  # fmt: skip
         self.slots = slots
         self.cache = cache
         self.counters = counters
@@ -80,7 +83,7 @@ class KvExecutor:
             if self.check_kv:
                 raise KvMismatch(f"save of slot {slot} under tokens it does not hold")
             return False
-        return cache.save(tokens, self.ctx.get_seq_state(slot), salt, wait=wait)
+        return cache.save(tokens, self.kv.saved_state(slot), salt, wait=wait)
 
     def restore(self, op: Restore) -> bool:
         seq, slot = op.seq, op.slot

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from engine.llama import Context
 from engine.thread.stats import StepCounters
 from engine.thread.window_blob import at_cold_cells
+from engine.thread.window_keep import Window, merge, split
 
 if TYPE_CHECKING:
     from engine.thread.scheduler import Chunk, Scheduler
@@ -40,12 +41,22 @@ class KvLedger:
         counters: StepCounters | None = None,
         n_swa: int = 0,
         cold_cells: bool = False,
+        recut: int = 0,
     ):
         self.ctx = ctx
         self.counters = counters if counters is not None else StepCounters()
         self.n_swa = n_swa  # the model's sliding window; 0: none
         # A window's blob goes in laid out as a cold sequence's cells (exact reuse).
         self.cold_cells = cold_cells
+        # SchedulerConfig.window_recut: saved states carry this many window cells more
+        # (window_keep.merge), from the window an earlier blob of the slot held and the
+        # positions below which the slot still holds those cells as they were.
+        self.recut = recut
+        self.windows: dict[int, tuple[Window, int]] = {}
+        # Under cold_cells, where a slot's real window cells start (below: the zero cells
+        # window_blob put there, which llama.cpp counts as held): a cut must keep them out
+        # of the next token's window (`cut`).
+        self.window_first: dict[int, int] = {}
         self.slots: list[list[int]] = [[] for _ in range(num_slots)]
         self.num_refused_saves = 0
 
@@ -60,9 +71,11 @@ class KvLedger:
         engine/thread/placement.py)."""
         if self.ctx.remove_seq(slot, start):
             del self.slots[slot][start:]
+            self._cut_windows(slot, start)
             return True
         self.ctx.remove_seq(slot)
         self.slots[slot].clear()
+        self._cut_windows(slot, 0)
         self.counters.num_refused_drops += 1
         if self.counters.num_refused_drops == 1:
             log.warning(
@@ -84,7 +97,8 @@ class KvLedger:
         if whole:  # (a recurrent memory's smallest position is its last: no window check)
             return True
         window_start = max(0, keep - self.n_swa + 1)  # the first position keep attends to
-        if self.n_swa <= 0 or keep == 0 or self.ctx.seq_pos_min(slot) <= window_start:
+        held_from = max(self.ctx.seq_pos_min(slot), self.window_first.get(slot, 0))
+        if self.n_swa <= 0 or keep == 0 or held_from <= window_start:
             return True
         self.remove_seq(slot)
         self.counters.num_refused_drops += 1
@@ -92,6 +106,7 @@ class KvLedger:
         return False
 
     def copy_seq(self, src: int, dst: int) -> bool:
+        self._cut_windows(dst, 0)
         if self.cold_cells and self.slots[src]:
             ok = self._set_state(dst, self.ctx.get_seq_state(src))
         else:
@@ -107,15 +122,46 @@ class KvLedger:
         self.slots[slot] = list(tokens) if ok else []
         return ok
 
+    def saved_state(self, slot: int) -> bytes:
+        """The slot's state for the prefix cache: under `recut`, with the window cells
+        of the slot's last blob that join its window in front of it (window_keep)."""
+        state = self.ctx.get_seq_state(slot)
+        if not self.recut:
+            return state
+        kept = self.windows.get(slot)
+        state, window = merge(state, kept[0] if kept else None, kept[1] if kept else 0,
+                              self.recut)  # fmt: skip
+        if window is None:
+            self.windows.pop(slot, None)
+        else:
+            self.windows[slot] = (window.owned(), len(self.slots[slot]))
+        return state
+
+    def _cut_windows(self, slot: int, start: int) -> None:
+        """The slot's cells from `start` on are gone (all of them: start 0)."""
+        if start == 0:
+            self.windows.pop(slot, None)
+            self.window_first.pop(slot, None)
+        elif slot in self.windows:
+            window, valid = self.windows[slot]
+            self.windows[slot] = (window, min(valid, start))
+
     def _set_state(self, slot: int, state: bytes) -> bool:
         """False where llama.cpp refuses the blob, or a window's blob is of a layout
         window_blob does not know (a restore that would not be exact: none)."""
         if self.cold_cells:
-            padded = at_cold_cells(state)
-            if padded is None:
+            padded, parts = at_cold_cells(state), split(state)
+            if padded is None or parts is None:
                 log.warning("a sliding-window state of an unknown layout was not restored")
                 return False
-            state = padded
+            self._cut_windows(slot, 0)
+            if not self.ctx.set_seq_state(slot, padded):
+                return False
+            window = parts[1]
+            self.window_first[slot] = window.first
+            if self.recut:  # its window cells, for the next save's merge
+                self.windows[slot] = (window.owned(), window.first + window.count)
+            return True
         return self.ctx.set_seq_state(slot, state)
 
     def decoded(self, chunks: list[Chunk]) -> None:
@@ -136,6 +182,8 @@ class KvLedger:
         self.ctx.clear()
         for held in self.slots:
             held.clear()
+        self.windows.clear()
+        self.window_first.clear()
 
     # -- questions -------------------------------------------------------------------------
 

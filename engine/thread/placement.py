@@ -13,12 +13,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.exact_rules import FLASH_TILE_ROWS
 from engine.media import whole_image_keep
 from engine.sequence import Sequence
 from engine.thread.plan import SchedulerConfig, common_prefix
 from engine.thread.slots import Copy, Drop, KvOp, Restore, SlotTable, window_floor
+from engine.thread.window_keep import window_start
+
+if TYPE_CHECKING:
+    from cache import CacheHit
 
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
 # ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
@@ -55,16 +60,44 @@ def reuse_limit(num_tokens: int, config: SchedulerConfig) -> int:
     return config.block_floor(num_tokens - config.tail_rows)
 
 
-def lookup_reach(num_tokens: int, config: SchedulerConfig) -> int:
+def lookup_reach(num_tokens: int, config: SchedulerConfig, recut: bool = True) -> int:
     """How many of a prompt's tokens a cache lookup matches against. A blob-bound cache
     (PrefixCache.whole_states) returns the longest entry that is a proper prefix of what
     it is given, and such a state is usable only up to `reuse_limit`: under exact reuse
     the lookup is given one token past that limit, so that it returns the longest state
     this prompt can start from (a checkpoint, a shorter entry), not a longer one that
-    placement must refuse. Otherwise the whole prompt."""
+    placement must refuse. Where saved windows can be cut back over the recomputed rows
+    (`window_recut`), the whole prompt: its longest stored prefix (a previous turn's
+    end) serves, cut back to the limit, and where it cannot, `lookup_again`. Otherwise
+    the whole prompt."""
     if not config.exact or not (config.whole_state or config.n_swa > 0):
         return num_tokens
+    if recut and config.window_recut:
+        return num_tokens
     return max(0, min(num_tokens, reuse_limit(num_tokens, config) + 1))
+
+
+def lookup_again(hit: CacheHit, num_tokens: int, config: SchedulerConfig) -> int:
+    """0, or how far a second lookup should reach: the first one reached past the
+    prompt's reuse limit (`lookup_reach`) and found a state that cannot be cut back to
+    it, where a shorter one may serve."""
+    plain = lookup_reach(num_tokens, config, recut=False)
+    if not config.window_recut or len(hit.tokens) < plain:
+        return 0
+    reach = config.block_floor(min(len(hit.tokens), reuse_limit(num_tokens, config)))
+    return plain if hit_floor(hit, config) > reach else 0
+
+
+def hit_floor(hit: CacheHit, config: SchedulerConfig) -> int:
+    """The shortest prefix a cached state may be cut back to: slots.window_floor, or
+    where saved states carry window cells further back (`window_recut`), the first
+    position whose window the blob holds whole (engine/thread/window_keep.py)."""
+    floor = window_floor(len(hit.tokens), config.n_swa)
+    if config.window_recut and floor:
+        first = window_start(hit.state)
+        if first is not None:
+            floor = min(floor, first + config.n_swa - 1)
+    return floor
 
 
 def padded_keep(num_tokens: int, keep: int, config: SchedulerConfig) -> int:
@@ -201,7 +234,7 @@ class Placer:
                     threshold = length
         hit = seq.cache_hit
         if hit is not None:
-            floor = window_floor(len(hit.tokens), n_swa)
+            floor = hit_floor(hit, config)
             length = usable(hit.tokens, floor)
             if length >= best.length + COPY_MIN_TOKENS:
                 best.length, best.copy_from, best.restore, best.floor = length, None, True, floor

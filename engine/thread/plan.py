@@ -138,6 +138,19 @@ class SchedulerConfig:
         return tail if tail > 1 and self.keeps_prefixes else 0
 
     @property
+    def window_recut(self) -> int:
+        """Exact mode, a sliding window at least as long as the recomputed tail (and not a
+        whole state): how many positions before its own window a saved state's blob also
+        carries window cells for (engine/thread/window_keep.py), so that the state saved
+        at a prompt's end can be cut back to a later turn's reuse limit, which lies at most
+        tail_rows + EXACT_ROW_BLOCK - 1 before it. 0: states are saved as llama.cpp writes
+        them (a shorter window: the tail checkpoint's cells do not reach the end's)."""
+        reach = self.tail_rows + EXACT_ROW_BLOCK
+        if not self.exact or self.whole_state or self.n_swa < reach:
+            return 0
+        return reach
+
+    @property
     def saves_checkpoints(self) -> bool:
         """States are saved on the way through a prompt (placement.py `_checkpoints`)
         where a state from a blob serves only prompts that extend it: a whole state, a

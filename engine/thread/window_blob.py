@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import struct
 
-_HEAD = 8  # io magic (u32) and sequence id (i32)
+HEAD = 8  # io magic (u32) and sequence id (i32)
 
 
-class _Unknown(ValueError):
+class Unknown(ValueError):
     """The blob is not laid out as this module reads it."""
 
 
@@ -38,11 +38,11 @@ def at_cold_cells(state: bytes) -> bytes | None:
     """`state` with its window cache's cells preceded by zero cells for the positions
     below its window (None: a layout this does not know; never a half-written blob)."""
     data = memoryview(state)
-    out = bytearray(data[:_HEAD])
+    out = bytearray(data[:HEAD])
     try:
-        end = _section(data, _HEAD, out, pad=False)  # full attention: as it is
+        end = _section(data, HEAD, out, pad=False)  # full attention: as it is
         end = _section(data, end, out, pad=True)
-    except (_Unknown, struct.error):
+    except (Unknown, struct.error):
         return None
     out += data[end:]  # a hybrid's recurrent state
     return bytes(out)
@@ -57,7 +57,7 @@ def _section(data: memoryview, at: int, out: bytearray, *, pad: bool) -> int:
     positions under its window, in front); returns where the section ends."""
     (n_stream,) = _read("<I", data, at)
     if not 0 < n_stream <= 4096:
-        raise _Unknown("stream count")
+        raise Unknown("stream count")
     out += data[at : at + 4]
     at += 4
     for _ in range(n_stream):
@@ -69,7 +69,7 @@ def _section(data: memoryview, at: int, out: bytearray, *, pad: bool) -> int:
         cells, first, at = _cells(data, at, count)
         extra = first if pad else 0
         if not pad and first != 0:
-            raise _Unknown("full attention cells start past position 0")
+            raise Unknown("full attention cells start past position 0")
         out += struct.pack("<I", count + extra)
         seq_ids = bytes(cells[8:12])  # the first cell's one sequence id
         for pos in range(extra):
@@ -79,6 +79,13 @@ def _section(data: memoryview, at: int, out: bytearray, *, pad: bool) -> int:
     return at
 
 
+def read_cells(data: memoryview, at: int, count: int) -> tuple[int, int]:
+    """A stream's cell list read (each of one sequence, positions consecutive): the first
+    position, and where the list ends."""
+    _, first, end = _cells(data, at, count)
+    return first, end
+
+
 def _cells(data: memoryview, at: int, count: int) -> tuple[memoryview, int, int]:
     """A stream's cell list (each of one sequence, positions consecutive), the first
     position, and where the list ends."""
@@ -86,7 +93,7 @@ def _cells(data: memoryview, at: int, count: int) -> tuple[memoryview, int, int]
     for index in range(count):
         pos, n_seq = _read("<iI", data, at + 12 * index)
         if n_seq != 1 or pos != first + index:
-            raise _Unknown("cells")
+            raise Unknown("cells")
     return data[at : at + 12 * count], first, at + 12 * count
 
 
@@ -95,7 +102,7 @@ def _rows(data: memoryview, at: int, out: bytearray, count: int, extra: int) -> 
     transposed V row's) data."""
     v_trans, n_layer = _read("<II", data, at)
     if v_trans > 1 or n_layer > 4096:
-        raise _Unknown("layers")
+        raise Unknown("layers")
     out += data[at : at + 8]
     at += 8
     for _ in range(2 if not v_trans else 1):  # K, then V laid out as K
@@ -120,5 +127,5 @@ def _rows(data: memoryview, at: int, out: bytearray, count: int, extra: int) -> 
 
 def _take(data: memoryview, at: int, size: int) -> memoryview:
     if at + size > len(data):
-        raise _Unknown("short")
+        raise Unknown("short")
     return data[at : at + size]

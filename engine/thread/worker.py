@@ -19,14 +19,14 @@ import queue
 import time
 from collections.abc import Callable, Mapping
 
-from cache import PrefixCache
+from cache import CacheHit, PrefixCache
 from engine.commands import Abort, Command, Embed, Fork, ReleaseSession, Stop, Submit
 from engine.llama import Context, Model
 from engine.sequence import SeqStatus, Sequence
 from engine.thread import recovery
 from engine.thread.embedder import Embedder
 from engine.thread.kvexec import KvExecutor
-from engine.thread.placement import lookup_reach
+from engine.thread.placement import lookup_again, lookup_reach
 from engine.thread.postprocess import Emit, End, Force, StepRules, postprocess
 from engine.thread.runner import DecodeError, Runner, StepResult
 from engine.thread.scheduler import Chunk, Scheduler
@@ -72,7 +72,8 @@ class Worker:
         # For stats(): the scheduler's, so one object counts everything and outlives
         # this worker (engine/thread/stats.py). Written by this thread only.
         self.counters = scheduler.counters
-        self.ops = KvExecutor(ctx, scheduler.slots, cache, self.counters, config.num_slots)
+        self.ops = KvExecutor(ctx, scheduler.slots, cache, self.counters, config.num_slots,
+                              config.window_recut)  # fmt: skip
         self.kv = self.ops.kv  # the KV ledger
         self.last_batch_size = 0  # a gauge: not carried over
 
@@ -340,6 +341,11 @@ class Worker:
         """How much of a prompt a cache lookup should match (placement.lookup_reach) under
         this worker's scheduler settings, which are fixed at load: any thread may ask."""
         return lookup_reach(num_tokens, self.scheduler.config)
+
+    def lookup_again(self, hit: CacheHit, num_tokens: int) -> int:
+        """0, or how far a second lookup should reach (placement.lookup_again): any
+        thread may ask."""
+        return lookup_again(hit, num_tokens, self.scheduler.config)
 
     def stats(self) -> EngineStats:
         """Safe to call from another thread (see `engine.stats.snapshot`)."""

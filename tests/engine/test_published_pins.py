@@ -43,6 +43,9 @@ class Published:
     def lookup_reach(self, num_tokens: int) -> int:
         return num_tokens
 
+    def lookup_again(self, hit: object, num_tokens: int) -> int:
+        return 0
+
 
 class Loop(SessionOps):
     def __init__(self, worker: Published | None) -> None:
