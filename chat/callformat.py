@@ -122,9 +122,10 @@ class MemoizedGrammar(ABC):
 @dataclass(frozen=True, slots=True)
 class OwnFormat(MemoizedGrammar):
     """A format with a syntax of its own (the template renders `tools` and `tool_calls`
-    itself) whose parser splits the thinking itself: its grammar built by
-    `build_grammar` (`MemoizedGrammar.build`'s arguments), its parser made by
-    `new_parser` from the tools offered and whether to split the thinking."""
+    itself) whose parser splits the thinking itself (unless `owns_reasoning` is off: the
+    plan's `<think>` split has it): its grammar built by `build_grammar`
+    (`MemoizedGrammar.build`'s arguments), its parser made by `new_parser` from the
+    tools offered and whether to split the thinking."""
 
     name: str
     build_grammar: Callable[[str, str, bool, str], GrammarSpec]

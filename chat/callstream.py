@@ -102,6 +102,42 @@ class BufferedParser(ABC):
         return True
 
 
+class BlockParser(BufferedParser):
+    """The frame of a parser for a format that splits no thinking of its own (the plan's
+    `<think>` split has it): content (state "text") up to where the calls open, held back
+    while the text may still open them (`_text`: by default at `OPEN`, in state "block"),
+    then the format's own states (`_block_step`) until they come back to "text". An output
+    that ends in them (a call cut off) was reported as started, never complete."""
+
+    OPEN: str
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = "text"
+
+    def finish(self) -> list[Delta]:
+        out = [Delta("content", self._buf)] if self._state == "text" and self._buf else []
+        self._buf = ""
+        return out
+
+    def _step(self, out: list[Delta]) -> bool:
+        if self._state == "text":
+            return self._text(out)
+        return self._block_step(out)
+
+    def _text(self, out: list[Delta]) -> bool:
+        text, word = self._until((self.OPEN,))
+        out.append(Delta("content", text))
+        if word is None:
+            return False
+        self._state = "block"
+        return True
+
+    @abstractmethod
+    def _block_step(self, out: list[Delta]) -> bool:
+        """One move in the format's own states (after the text)."""
+
+
 class ThinkingParser(BufferedParser):
     """The frame of a parser for a format that splits its own thinking and writes it
     first: a thinking block may open the answer (`LEAD`: the marks that may stand first

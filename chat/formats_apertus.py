@@ -14,41 +14,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from chat.callformat import (
     CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     document_rule,
     json_arguments,
     keyed_tools,
     lazy_at,
 )
-from chat.callstream import BufferedParser, Delta, JsonNesting
+from chat.callstream import BlockParser, Delta, JsonNesting
 from chat.gbnf import RuleSet, literal
 from chat.tools import Tool
 
 OPEN, CLOSE = "<|tools_prefix|>", "<|tools_suffix|>"
 
 
-@dataclass(frozen=True, slots=True)
-class ApertusFormat(MemoizedGrammar):
-    name: str = "apertus"
-    native: bool = True
-    owns_reasoning: bool = False
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return ApertusParser()
-
-
-APERTUS = ApertusFormat()
-
-
-def detect_apertus(source: str) -> ApertusFormat | None:
+def detect_apertus(source: str) -> OwnFormat | None:
     return APERTUS if f"'{OPEN}'" in source and f"'{CLOSE}'" in source else None
 
 
@@ -71,36 +54,25 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     return GrammarSpec(rules.text(root))
 
 
-class ApertusParser(BufferedParser):
+class ApertusParser(BlockParser):
     """Splits output into content and calls, incrementally: text that may still open the
     list is held back; a call starts once its name key is read, its arguments go out as
     they arrive (the plan releases a call when it is complete)."""
 
+    OPEN = OPEN
+
     def __init__(self) -> None:
-        super().__init__()
-        self._state = "text"  # text | list | key | colon | args | end
+        super().__init__()  # states: text | block (in the list) | key | colon | args | end
         self._json = JsonNesting()
 
-    def finish(self) -> list[Delta]:
-        out = [Delta("content", self._buf)] if self._state == "text" and self._buf else []
-        self._buf = ""
-        return out
-
-    def _step(self, out: list[Delta]) -> bool:
-        if self._state == "text":
-            text, word = self._until((OPEN,))
-            out.append(Delta("content", text))
-            if word is None:
-                return False
-            self._state = "list"
-            return True
+    def _block_step(self, out: list[Delta]) -> bool:
         if self._state == "args":
             return self._args(out)
         self._buf = self._buf.lstrip()
         if not self._buf:
             return False
         if self._state == "key" and self._buf[0] != '"':
-            self._state = "list"  # not a call object (no grammar held it): skipped
+            self._state = "block"  # not a call object (no grammar held it): skipped
         elif self._state == "key":
             end = _string_end(self._buf)
             if end < 0:
@@ -115,10 +87,10 @@ class ApertusParser(BufferedParser):
             return False
         elif self._take(CLOSE):
             self._state = "text"
-        elif self._buf[0] == "{" and self._state == "list":
+        elif self._buf[0] == "{" and self._state == "block":
             self._buf, self._state = self._buf[1:], "key"
         elif self._buf[0] == "}" and self._state == "end":
-            self._buf, self._state = self._buf[1:], "list"
+            self._buf, self._state = self._buf[1:], "block"
             self.num_calls += 1
         else:
             self._buf = self._buf[1:]  # `[`, `,`, `]` and stray text between calls
@@ -137,6 +109,14 @@ class ApertusParser(BufferedParser):
         out.append(Delta("args", self._buf, self.num_calls))
         self._buf = ""
         return False
+
+
+def _new_parser(tools: Sequence[Tool], reasoning: bool) -> CallParser:
+    """Neither matters: every call names itself, and there is no thinking to split."""
+    return ApertusParser()
+
+
+APERTUS = OwnFormat("apertus", _grammar, _new_parser, owns_reasoning=False)
 
 
 def _string_end(text: str) -> int:

@@ -28,7 +28,7 @@ from chat.callformat import (
     thinking_block,
     thinking_then,
 )
-from chat.callstream import BufferedParser, Delta
+from chat.callstream import BlockParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.tagged_args import Tags, TypedArgs, tagged_arguments
 from chat.tools import Tool
@@ -86,25 +86,17 @@ def _grammar(fmt: GlmFormat, key: str, mode: str, parallel: bool, doc_key: str) 
     return thinking_then(rules, think, rules.add("calls", calls), doc_key)
 
 
-class GlmParser(BufferedParser):
+class GlmParser(BlockParser):
     """Splits output into content and calls, incrementally; text that may still open a
     call is held back, each argument's value is typed once it closes."""
 
     def __init__(self, tools: Sequence[Tool]):
-        super().__init__()
+        super().__init__()  # states: text | name | args | key | value
         self._args = TypedArgs(tools)
-        self._state = "text"  # text | name | args | key | value
         self._key = ""
         self._between = False
 
-    def finish(self) -> list[Delta]:
-        out = [Delta("content", self._buf)] if self._state == "text" and self._buf else []
-        self._buf = ""
-        return out
-
-    def _step(self, out: list[Delta]) -> bool:
-        if self._state == "text":
-            return self._text(out)
+    def _block_step(self, out: list[Delta]) -> bool:
         if self._state == "name":
             ends = [at for at in (self._buf.find(c) for c in ("\n", KEY, CLOSE)) if at >= 0]
             if not ends:

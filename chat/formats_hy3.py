@@ -30,7 +30,7 @@ from chat.callformat import (
     thinking_block,
     thinking_then,
 )
-from chat.callstream import BufferedParser, Delta
+from chat.callstream import BlockParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.reasoning import HY3_THINKING
 from chat.tagged_args import Tags, TypedArgs, tagged_arguments
@@ -97,30 +97,19 @@ def _grammar(opened: bool, key: str, mode: str, parallel: bool, doc_key: str) ->
     return GrammarSpec(rules.text(f"{think} {answer}"))
 
 
-class Hy3Parser(BufferedParser):
+class Hy3Parser(BlockParser):
     """Splits (reasoning-free) output into content and calls, incrementally; text that
     may still open the block is held back, each value is typed once it closes."""
 
+    OPEN = OPEN
+
     def __init__(self, tools: Sequence[Tool]):
-        super().__init__()
+        super().__init__()  # states: text | block | name | args | key | value
         self._args = TypedArgs(tools)
-        self._state = "text"  # text | block | name | args | key | value
         self._key = ""
 
-    def finish(self) -> list[Delta]:
-        out = [Delta("content", self._buf)] if self._state == "text" and self._buf else []
-        self._buf = ""
-        return out
-
-    def _step(self, out: list[Delta]) -> bool:
+    def _block_step(self, out: list[Delta]) -> bool:
         state = self._state
-        if state == "text":
-            text, word = self._until((OPEN,))
-            out.append(Delta("content", text))
-            if word is None:
-                return False
-            self._state = "block"
-            return True
         if state in ("name", "key", "value"):
             end = {"name": SEP, "key": KEY_END, "value": VALUE_END}[state]
             at = self._buf.find(end)

@@ -25,7 +25,7 @@ from chat.callformat import (
     keyed_tools,
     lazy_or_forced,
 )
-from chat.callstream import BufferedParser, Delta
+from chat.callstream import BlockParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.tagged_args import Tags, TypedArgs, tagged_arguments
 from chat.tools import Tool
@@ -67,44 +67,38 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
                           think_tail="[ \\n]*")  # fmt: skip
 
 
-class MiniCpm5Parser(BufferedParser):
+class MiniCpm5Parser(BlockParser):
     """Splits (reasoning-free) output into content and calls, incrementally; text that
     may still open a call is held back, each value is typed once it closes."""
 
     def __init__(self, tools: Sequence[Tool], reasoning: bool = True):
         """`reasoning`: the plan's `<think>` split has it (the format owns none)."""
-        super().__init__()
+        super().__init__()  # states: text | call | value | raw | cdata
         self._calls = bool(tools)
         self._args = TypedArgs(tools, text_if_string=True)
-        self._state = "text"  # text | call | value | raw | cdata
         self._key = ""
-        self._text = ""  # the value's text so far
+        self._value = ""  # the value's text so far
 
-    def finish(self) -> list[Delta]:
-        """A call cut off was reported as started: it counts as truncated."""
-        out = [Delta("content", self._buf)] if self._state == "text" and self._buf else []
-        self._buf = ""
-        return out
+    def _text(self, out: list[Delta]) -> bool:
+        if not self._calls:
+            out.append(Delta("content", self._buf))
+            self._buf = ""
+            return False
+        text, word = self._until((FUNCTION,))
+        out.append(Delta("content", text))
+        if word is None:
+            return False
+        end = self._buf.find('">')
+        if end < 0:
+            self._buf = word + self._buf  # the name not complete yet: read it again
+            return False
+        name, self._buf = self._buf[:end], self._buf[end + 2 :]
+        self._start_call(name, out)
+        out.append(Delta("args", self._args.open(name), self.num_calls))
+        self._state = "call"
+        return True
 
-    def _step(self, out: list[Delta]) -> bool:
-        if self._state == "text":
-            if not self._calls:
-                out.append(Delta("content", self._buf))
-                self._buf = ""
-                return False
-            text, word = self._until((FUNCTION,))
-            out.append(Delta("content", text))
-            if word is None:
-                return False
-            end = self._buf.find('">')
-            if end < 0:
-                self._buf = word + self._buf  # the name not complete yet: read it again
-                return False
-            name, self._buf = self._buf[:end], self._buf[end + 2 :]
-            self._start_call(name, out)
-            out.append(Delta("args", self._args.open(name), self.num_calls))
-            self._state = "call"
-            return True
+    def _block_step(self, out: list[Delta]) -> bool:
         if self._state == "value":  # a CDATA block, or raw text
             if self._may_become(CDATA):
                 return False
@@ -114,10 +108,10 @@ class MiniCpm5Parser(BufferedParser):
             text, word = self._until(
                 (CDATA_END + PARAM_END if self._state == "cdata" else PARAM_END,)
             )
-            self._text += text
+            self._value += text
             if word is None:
                 return False
-            out.append(Delta("args", self._args.add(self._key, self._text), self.num_calls))
+            out.append(Delta("args", self._args.add(self._key, self._value), self.num_calls))
             self._state = "call"
             return True
         return self._in_call(out)
@@ -136,7 +130,7 @@ class MiniCpm5Parser(BufferedParser):
             if end < 0:
                 return False
             self._key, self._buf = self._buf[len(PARAM) : end], self._buf[end + 2 :]
-            self._text, self._state = "", "value"
+            self._value, self._state = "", "value"
         elif self._buf:
             self._buf = self._buf[1:]  # stray text inside a call (no grammar held it)
         return True

@@ -16,18 +16,16 @@ template writes them (`v | tojson if v is not string`) and typed back as Qwen3-C
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from chat.callformat import (
-    CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     keyed_tools,
     starts_at,
     thinking_block,
     thinking_then,
 )
-from chat.callstream import BufferedParser, Delta
+from chat.callstream import BlockParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.tagged_args import Tags, TypedArgs, tagged_arguments
 from chat.tools import Tool
@@ -37,23 +35,7 @@ INVOKE, INVOKE_END = '<invoke name="', "</invoke>"
 PARAM, PARAM_END = '<parameter name="', "</parameter>"
 
 
-@dataclass(frozen=True, slots=True)
-class Minimax2Format(MemoizedGrammar):
-    name: str = "minimax-m2"
-    native: bool = True
-    owns_reasoning: bool = False
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return Minimax2Parser(tools)
-
-
-MINIMAX_M2 = Minimax2Format()
-
-
-def detect_minimax2(source: str) -> Minimax2Format | None:
+def detect_minimax2(source: str) -> OwnFormat | None:
     return MINIMAX_M2 if OPEN in source and INVOKE in source else None
 
 
@@ -82,29 +64,19 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     return thinking_then(rules, think, block, doc_key)
 
 
-class Minimax2Parser(BufferedParser):
+class Minimax2Parser(BlockParser):
     """Splits (reasoning-free) output into content and calls, incrementally; text that
     may still open the block is held back, each value is typed once it closes."""
 
-    def __init__(self, tools: Sequence[Tool]):
-        super().__init__()
+    OPEN = OPEN
+
+    def __init__(self, tools: Sequence[Tool], reasoning: bool = True):
+        """`reasoning`: the plan's `<think>` split has it (the format owns none)."""
+        super().__init__()  # states: text | block | args | value
         self._args = TypedArgs(tools)
-        self._state = "text"  # text | block | args | value
         self._key = ""
 
-    def finish(self) -> list[Delta]:
-        out = [Delta("content", self._buf)] if self._state == "text" and self._buf else []
-        self._buf = ""
-        return out
-
-    def _step(self, out: list[Delta]) -> bool:
-        if self._state == "text":
-            text, word = self._until((OPEN,))
-            out.append(Delta("content", text))
-            if word is None:
-                return False
-            self._state = "block"
-            return True
+    def _block_step(self, out: list[Delta]) -> bool:
         if self._state == "value":
             at = self._buf.find(PARAM_END)
             if at < 0:
@@ -138,3 +110,7 @@ class Minimax2Parser(BufferedParser):
         elif self._buf:
             self._buf = self._buf[1:]  # stray text inside a call (no grammar held it)
         return True
+
+
+# `<think>` is the plan's split (chat/reasoning.py): the format owns no thinking
+MINIMAX_M2 = OwnFormat("minimax-m2", _grammar, Minimax2Parser, owns_reasoning=False)

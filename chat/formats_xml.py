@@ -37,7 +37,7 @@ from chat.callformat import (
     thinking_block,
     thinking_then,
 )
-from chat.callstream import BufferedParser, Delta
+from chat.callstream import BlockParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.reasoning import SEED_THINKING, ThinkingSyntax, ThinkingThenCalls
 from chat.tagged_args import Tags, TypedArgs, tagged_arguments
@@ -125,30 +125,20 @@ def _grammar(fmt: XmlFormat, key: str, mode: str, parallel: bool, doc_key: str) 
     return GrammarSpec(rules.text(root), lazy=lazy, trigger_patterns=patterns if lazy else ())
 
 
-class XmlCallParser(BufferedParser):
+class XmlCallParser(BlockParser):
     """Splits output into content and XML calls, incrementally. Text that may still
     open a call is held back; each parameter's value is typed once it closes."""
 
     def __init__(self, fmt: XmlFormat, tools: Sequence[Tool]):
-        super().__init__()
+        super().__init__()  # states: text | open | params | value | close
         self._fmt = fmt
         self._args = TypedArgs(tools)
         self._starts = [fmt.open] + (
             [f"{FUNCTION}{t.name}>" for t in tools] if fmt.bare_first else [])  # fmt: skip
-        self._state = "text"  # text | open | params | value | close
         self._param = ""
         self._between = False
 
-    def finish(self) -> list[Delta]:
-        out: list[Delta] = []
-        if self._state == "text" and self._buf:
-            out.append(Delta("content", self._buf))
-        self._buf = ""
-        return out
-
-    def _step(self, out: list[Delta]) -> bool:
-        if self._state == "text":
-            return self._scan_text(out)
+    def _block_step(self, out: list[Delta]) -> bool:
         if self._state in ("open", "params", "close"):
             self._buf = self._buf.lstrip()
             if not self._buf:
@@ -174,7 +164,7 @@ class XmlCallParser(BufferedParser):
         self._state = "text"  # no </tool_call>: what follows is text again
         return True
 
-    def _scan_text(self, out: list[Delta]) -> bool:
+    def _text(self, out: list[Delta]) -> bool:
         if self._between:  # the blank after a call (the grammar's `ws`) is no content
             self._buf = self._buf.lstrip()
             if not self._buf:
