@@ -31,9 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chat.callformat import (
-    CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     document_rule,
     json_arguments,
     keyed_tools,
@@ -47,18 +46,10 @@ ALL = "all\n"  # the recipient of content
 
 
 @dataclass(frozen=True, slots=True)
-class FunctionaryFormat(MemoizedGrammar):
-    name: str = "functionary-v3.2"
-    native: bool = True
-    # no thinking to split, but its parser reads every output (the `all` recipient before
-    # the content), tools offered or not: what `owns_reasoning` asks of the plan
-    owns_reasoning: bool = True
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return FunctionaryParser(tools)
+class FunctionaryFormat(OwnFormat):
+    """Its past calls adapted (`TurnAdapter`). No thinking to split, but its parser reads
+    every output (the `all` recipient before the content), tools offered or not: what
+    `owns_reasoning` (on) asks of the plan."""
 
     def adapt_messages(self, source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Past calls' arguments as JSON text: the template writes `'\\n' + arguments`."""
@@ -74,9 +65,6 @@ class FunctionaryFormat(MemoizedGrammar):
 
     def adapt_prompt(self, text: str, generation: bool) -> str:
         return text
-
-
-FUNCTIONARY_V3_2 = FunctionaryFormat()
 
 
 def detect_functionary(source: str) -> FunctionaryFormat | None:
@@ -113,7 +101,8 @@ class FunctionaryParser(BufferedParser):
     line ends; content streams, holding back a possible partial `>>>`; arguments stream
     until their object closes."""
 
-    def __init__(self, tools: Sequence[Tool]):
+    def __init__(self, tools: Sequence[Tool], reasoning: bool = True):
+        """`reasoning`: the format has no thinking to split."""
         super().__init__()
         self._names = tuple(t.name + "\n" for t in tools)
         self._state = "recipient"  # recipient | content | args | after | plain
@@ -206,3 +195,6 @@ class FunctionaryParser(BufferedParser):
         else:
             self._state = "content"
         return True
+
+
+FUNCTIONARY_V3_2 = FunctionaryFormat("functionary-v3.2", _grammar, FunctionaryParser)

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chat.callformat import (
-    CallParser,
     GrammarSpec,
-    MemoizedGrammar,
+    OwnFormat,
     keyed_tools,
     lazy_at,
     thinking_block,
@@ -47,16 +46,8 @@ _JSON_WORDS = {"true": True, "false": False, "null": None}
 
 
 @dataclass(frozen=True, slots=True)
-class Lfm2Format(MemoizedGrammar):
-    name: str
-    native: bool = True
-    owns_reasoning: bool = False
-
-    def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
-        return _grammar(key, mode, parallel, doc_key)
-
-    def parser(self, tools: Sequence[Tool] = (), reasoning: bool = True) -> CallParser:
-        return Lfm2Parser()
+class Lfm2Format(OwnFormat):
+    """Its past turns adapted (`TurnAdapter`); `<think>` is the plan's split."""
 
     def adapt_messages(self, source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         writes_calls = "tool_calls" in source
@@ -64,10 +55,6 @@ class Lfm2Format(MemoizedGrammar):
 
     def adapt_prompt(self, text: str, generation: bool) -> str:
         return text
-
-
-LFM2 = Lfm2Format("lfm2")
-LFM25 = Lfm2Format("lfm2.5")
 
 
 def detect_lfm2(source: str) -> Lfm2Format | None:
@@ -145,7 +132,8 @@ class Lfm2Parser(BufferedParser):
     """Content, then each call list read when it closes; a list that is not one (no
     grammar held it) stays content, as written."""
 
-    def __init__(self) -> None:
+    def __init__(self, tools: Sequence[Tool] = (), reasoning: bool = True):
+        """Neither matters: every call names itself, the plan splits the thinking."""
         super().__init__()
         self._in_list = False
         self._list = ""
@@ -237,3 +225,7 @@ def _key(node: ast.expr | None) -> str:
     if not isinstance(value, str):
         raise ValueError("a dict key that is not a string")
     return value
+
+
+LFM2 = Lfm2Format("lfm2", _grammar, Lfm2Parser, owns_reasoning=False)
+LFM25 = Lfm2Format("lfm2.5", _grammar, Lfm2Parser, owns_reasoning=False)
