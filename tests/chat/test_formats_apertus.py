@@ -14,7 +14,6 @@ import pytest
 from chat.formats_apertus import APERTUS
 from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
-from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
@@ -23,6 +22,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
 )
 
 APERTUS_T = "Apertus-8B-Instruct.jinja"
@@ -60,9 +60,7 @@ def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
     calls('{"magic_int": {"ref": 1, "name": "x"}}', TIME),
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = APERTUS.grammar(BOTH, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(APERTUS, BOTH, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -72,7 +70,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     HELLO + calls(TIME),  # text before a forced call
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    assert not accepts(APERTUS.grammar(BOTH, ToolChoice("required"), parallel=True).gbnf, text)
+    assert not required_accepts(APERTUS, BOTH, text)
 
 
 def test_lazy_grammar_and_detection() -> None:

@@ -21,6 +21,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
 )
 
@@ -77,9 +78,7 @@ PYTHON = '{"tool_call_id": "1", "tool_name": "python", "parameters": {"code": "p
     ],
 )
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = COMMAND_R7B.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(COMMAND_R7B, TWO, text)
 
 
 @pytest.mark.parametrize(
@@ -92,8 +91,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     ],
 )
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = COMMAND_R7B.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(COMMAND_R7B, TWO, text)
 
 
 def test_lazy_grammar_and_parallel_off() -> None:

@@ -16,7 +16,6 @@ from chat.formats_command_r import COMMAND_R_PLUS
 from chat.plan import ChatOptions, plan_chat
 from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
-from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
@@ -24,6 +23,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
 )
 
@@ -64,9 +64,7 @@ def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
     "Action:\n```json\n[" + TIME + "]```",  # the template's own close
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = COMMAND_R_PLUS.grammar(BOTH, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(COMMAND_R_PLUS, BOTH, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -76,8 +74,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     HELLO + action(TIME),  # text before a forced call
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = COMMAND_R_PLUS.grammar(BOTH, ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(COMMAND_R_PLUS, BOTH, text)
 
 
 def test_lazy_grammar_and_detection() -> None:

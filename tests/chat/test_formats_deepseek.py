@@ -26,6 +26,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
 )
 from tests.chat.parse_run import run
@@ -110,9 +111,7 @@ def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
     ],
 )
 def test_required_grammar_accepts_calls(fmt: Any, text: str) -> None:
-    spec = fmt.grammar([T.get_time_tool, T.get_weather_tool], ToolChoice("required"), True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(fmt, [T.get_time_tool, T.get_weather_tool], text)
 
 
 @pytest.mark.parametrize(
@@ -127,8 +126,7 @@ def test_required_grammar_accepts_calls(fmt: Any, text: str) -> None:
     ],
 )
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = DEEPSEEK_V3.grammar([T.get_time_tool], ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(DEEPSEEK_V3, [T.get_time_tool], text)
 
 
 def test_parallel_false_allows_one_call() -> None:

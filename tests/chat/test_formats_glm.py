@@ -23,6 +23,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
 )
 
@@ -91,9 +92,7 @@ def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
     ],
 )
 def test_required_grammar_accepts_calls(fmt: Any, text: str) -> None:
-    spec = fmt.grammar([T.edit_tool, T.python_tool], ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(fmt, [T.edit_tool, T.python_tool], text)
 
 
 @pytest.mark.parametrize(
@@ -107,8 +106,7 @@ def test_required_grammar_accepts_calls(fmt: Any, text: str) -> None:
     ],
 )
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = GLM_45.grammar([T.special_function_tool], ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(GLM_45, [T.special_function_tool], text)
 
 
 def test_a_string_value_cannot_contain_its_closing_tag() -> None:

@@ -20,6 +20,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
 )
 
 G33 = "ibm-granite-granite-3.3-2B-Instruct.jinja"
@@ -45,8 +46,7 @@ def test_parser(case: ParseCase, step: int) -> None:
 
 @pytest.mark.parametrize("text", [CALL, TWO, CALL.replace(", ", ",")])
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = GRANITE.grammar([T.special_function_tool, T.python_tool], ToolChoice("required"), True)
-    assert not spec.lazy and accepts(spec.gbnf, text)
+    assert required_accepts(GRANITE, [T.special_function_tool, T.python_tool], text)
 
 
 @pytest.mark.parametrize("text", [
@@ -54,8 +54,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     CALL.replace("special_function", "other"), HELLO,
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = GRANITE.grammar([T.special_function_tool, T.python_tool], ToolChoice("required"), True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(GRANITE, [T.special_function_tool, T.python_tool], text)
 
 
 def test_lazy_grammar() -> None:

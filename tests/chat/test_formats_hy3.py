@@ -25,6 +25,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
 )
 
@@ -78,9 +79,7 @@ def test_parser(case: ParseCase, step: int) -> None:
     block(call("magic_int", ("ref", "1"), ("name", "x")), call("get_time", ("city", "a\nb"))),
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = HY3.grammar(BOTH, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(HY3, BOTH, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -90,7 +89,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     HELLO + block(call("get_time", ("city", "Paris"))),  # text before a forced call
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    assert not accepts(HY3.grammar(BOTH, ToolChoice("required"), parallel=True).gbnf, text)
+    assert not required_accepts(HY3, BOTH, text)
 
 
 def test_lazy_grammar_detection_and_thinking_tags() -> None:

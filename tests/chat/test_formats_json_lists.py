@@ -31,6 +31,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
 )
 
@@ -113,9 +114,7 @@ FORCED = [
 
 @pytest.mark.parametrize(("fmt", "text"), FORCED, ids=lambda v: getattr(v, "name", "text"))
 def test_required_grammar_accepts_calls(fmt: ToolFormat, text: str) -> None:
-    spec = fmt.grammar(BOTH, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(fmt, BOTH, text)
 
 
 @pytest.mark.parametrize(("fmt", "text"), [
@@ -128,7 +127,7 @@ def test_required_grammar_accepts_calls(fmt: ToolFormat, text: str) -> None:
     (FIREFUNCTION_V2, '[{"name": "special_function", "arguments": {"arg1": "x"}}]'),
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(fmt: ToolFormat, text: str) -> None:
-    assert not accepts(fmt.grammar(BOTH, ToolChoice("required"), parallel=True).gbnf, text)
+    assert not required_accepts(fmt, BOTH, text)
 
 
 def test_lazy_grammars_start_at_the_opening() -> None:

@@ -25,6 +25,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
 )
 from tests.chat.parse_run import run
@@ -136,9 +137,7 @@ def test_reasoning_format_none_keeps_the_thinking_in_the_content() -> None:
     ],
 )
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = KIMI_K2.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(KIMI_K2, TWO, text)
 
 
 @pytest.mark.parametrize(
@@ -151,8 +150,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     ],
 )
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = KIMI_K2.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(KIMI_K2, TWO, text)
 
 
 def test_lazy_grammar_starts_at_a_call_as_llama_cpp_triggers_it() -> None:

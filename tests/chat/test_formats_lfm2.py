@@ -25,6 +25,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
     template,
 )
 
@@ -132,9 +133,7 @@ TOOLS = [T.get_time_tool, T.special_function_tool_with_optional_param, T.config_
     calls('set_config(config={"a": [1, -2.5, "x", True, null]})'),
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = LFM2.grammar(TOOLS, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(LFM2, TOOLS, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -145,8 +144,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     HELLO + calls('get_time(city="x")'),  # text before a forced call
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = LFM2.grammar(TOOLS, ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(LFM2, TOOLS, text)
 
 
 def test_lazy_grammar_and_detection() -> None:

@@ -13,7 +13,6 @@ import pytest
 from chat.formats_minimax2 import MINIMAX_M2
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
-from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
@@ -22,6 +21,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
 )
 
 M2 = "MiniMax-M2.jinja"
@@ -79,9 +79,7 @@ TWO = [T.get_time_tool, T.magic_int_tool]
     "</minimax:tool_call>",
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = MINIMAX_M2.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(MINIMAX_M2, TWO, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -91,8 +89,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     HELLO + block(invoke("get_time", ("city", "Paris"))),  # text before a forced call
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = MINIMAX_M2.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(MINIMAX_M2, TWO, text)
 
 
 def test_lazy_grammar_and_detection() -> None:

@@ -13,7 +13,6 @@ import pytest
 from chat.formats_xml import SEED_OSS
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
-from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
@@ -22,6 +21,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
 )
 
 SEED = "ByteDance-Seed-OSS.jinja"
@@ -91,9 +91,7 @@ TWO = [T.get_time_tool, T.magic_int_tool]
     call("magic_int", ("ref", "1"), ("name", "x")) + "\n" + call("get_time", ("city", "a\nb")),
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = SEED_OSS.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(SEED_OSS, TWO, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -105,8 +103,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     "</tool_call>",  # Qwen3-Coder's tags
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    spec = SEED_OSS.grammar(TWO, ToolChoice("required"), parallel=True)
-    assert not accepts(spec.gbnf, text)
+    assert not required_accepts(SEED_OSS, TWO, text)
 
 
 def test_lazy_grammar_and_detection() -> None:

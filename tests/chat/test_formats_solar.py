@@ -14,7 +14,6 @@ import pytest
 from chat.formats_solar import SOLAR_OPEN
 from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
-from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
@@ -23,6 +22,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    required_accepts,
 )
 
 SOLAR = "upstage-Solar-Open-100B.jinja"
@@ -69,9 +69,7 @@ def test_parser(case: ParseCase, step: int) -> None:
     f"{THOUGHT}" + calls(("a", "magic_int", '{"ref": 1, "name": "x"}'), TIME),
 ])  # fmt: skip
 def test_required_grammar_accepts_calls(text: str) -> None:
-    spec = SOLAR_OPEN.grammar(BOTH, ToolChoice("required"), parallel=True)
-    assert not spec.lazy
-    assert accepts(spec.gbnf, text)
+    assert required_accepts(SOLAR_OPEN, BOTH, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -81,7 +79,7 @@ def test_required_grammar_accepts_calls(text: str) -> None:
     f"<|content|>{HELLO}<|end|><|begin|>assistant" + calls(TIME),  # an answer before a forced call
 ])  # fmt: skip
 def test_required_grammar_rejects_malformed_calls(text: str) -> None:
-    assert not accepts(SOLAR_OPEN.grammar(BOTH, ToolChoice("required"), parallel=True).gbnf, text)
+    assert not required_accepts(SOLAR_OPEN, BOTH, text)
 
 
 def test_lazy_grammar_and_detection() -> None:
