@@ -26,6 +26,7 @@ from engine.client import (
     SessionBusyError,
     SessionNotFoundError,
 )
+from server import errors
 from server.api import chat, completions, embeddings, kvserve, messages, ollama, responses
 from server.api.chat.template import render_chat
 from server.api.responses.shared_store import RedisResponses
@@ -38,7 +39,6 @@ from server.config.tree import (
     hub_source,
     lora_source,
 )
-from server.http import errors
 from server.http.apis import Apis
 from server.http.bodies import BodyBudget, BodyLimit
 from server.http.deps import EngineLike

@@ -35,7 +35,7 @@ from chat.gbnf_read import GbnfError, parse_gbnf
 from chat.regex import PatternError, regex_to_gbnf
 from chat.schema import SchemaError, check_schema, json_object_gbnf, schema_to_gbnf
 from server.api.common import RequestModel
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 
 log = logging.getLogger("kvserve.server")
 

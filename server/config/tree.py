@@ -121,7 +121,7 @@ class ServerSection:
     session_headers: Annotated[tuple[str, ...], AfterValidator(_header_names)] = (
         "X-Kvserve-Session",
     )
-    # Who may pull, delete, copy, load and unload models (server/models/management.py): "auto"
+    # Who may pull, delete, copy, load and unload models (server/http/management.py): "auto"
     # (with keys: an admin key; without: only on a loopback-bound server), "on" (without
     # keys: anyone), "off" (no one).
     model_management: Literal["auto", "on", "off"] = "auto"

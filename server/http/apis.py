@@ -1,7 +1,7 @@
 """One registration per API: each package under server/api/ exports one `ApiSpec` (its
 `API`), and server/app.py lists them (`APIS`); the app mounts what each spec names, the
 error handler answers in each one's shape, and a route's model dependency
-(server/models/lease.py) reads a model's name by the rule of the API the route is of.
+(server/http/lease.py) reads a model's name by the rule of the API the route is of.
 Adding an API is its package and one line in that list (docs/architecture.md, "Where
 things go")."""
 
@@ -15,7 +15,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
-from server.http.errors import ErrorBody, ErrorShape
+from server.errors import ErrorBody, ErrorShape
 from server.models.served import ModelRegistry, ServedModel, requested_model
 
 # The model a request's `model` names, by an API's rule; None: a 404.

@@ -8,7 +8,7 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.http.errors import PayloadTooLarge, RequestTimeout, ServiceUnavailable, shaped
+from server.errors import PayloadTooLarge, RequestTimeout, ServiceUnavailable, shaped
 
 
 class BodyBudget:

@@ -1,5 +1,5 @@
 """Request-scoped dependencies: the model a request names (its engine and template, as the
-route's model dependency resolved it: server/models/lease.py), the API-key check, and the
+route's model dependency resolved it: server/http/lease.py), the API-key check, and the
 caller."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 from chat.template import ChatTemplate
 from engine.client import EngineLike, EngineState, check_session_id, salt_of_prefix
 from server.config.tenant import tenant_of
-from server.http.errors import BadRequest, NotFound, ServerError, ServiceUnavailable, Unauthorized
+from server.errors import BadRequest, NotFound, ServerError, ServiceUnavailable, Unauthorized
 from server.models.served import ModelRegistry, ServedModel
 from server.telemetry.access import current_record
 
@@ -43,7 +43,7 @@ def ready_engine(engine: EngineLike) -> EngineLike:
     return engine
 
 
-# Where a route's model dependency (server/models/lease.py) leaves the model it resolved:
+# Where a route's model dependency (server/http/lease.py) leaves the model it resolved:
 # (the name as the body gave it, the model).
 LEASED_MODEL = "leased_model"
 

@@ -26,8 +26,8 @@ from starlette.datastructures import Headers
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from server.errors import Unauthorized, shaped
 from server.http.deps import key_accepted
-from server.http.errors import Unauthorized, shaped
 
 
 class KeyFirst:

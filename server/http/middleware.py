@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.http.errors import Forbidden, ServiceUnavailable, shaped
+from server.errors import Forbidden, ServiceUnavailable, shaped
 from server.telemetry.access import AccessRecord, activate, deactivate, request_id_from
 
 if TYPE_CHECKING:

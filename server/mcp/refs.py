@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.config.mcp import header_problem
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 from server.mcp.toolset import McpRef
 
 # OpenAI fields for hosted connectors and deferred tool search: nothing of the kind here.

@@ -17,8 +17,8 @@ from sse_starlette import EventSourceResponse
 
 from chat.plan import ChatOptions
 from engine.client import SessionBusyError, SessionPool, check_session_id
+from server.errors import BadRequest, TooManyRequests, params_renamed
 from server.http.deps import Caller, EngineLike
-from server.http.errors import BadRequest, TooManyRequests, params_renamed
 from server.mcp.loop import Prepare
 from server.mcp.manager import McpManager
 from server.mcp.outcome import McpBusy

@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.client import EngineState
+from engine.client import EngineLike, EngineState
 from server.models.served import ModelRegistry, ServedModel
 
 if TYPE_CHECKING:
     from server.config.model_entries import ModelSection
-    from server.http.deps import EngineLike
     from server.models.loader import ModelLoader
 
 log = logging.getLogger("kvserve.server")

@@ -6,14 +6,15 @@ the model loaded for good, 0 unloads it once idle. It is parsed with the request
 
 A model is loaded once for every caller, so how long it stays is server-wide: the
 operator's `idle_unload_s` (0: never unloaded), or what a manager set. Setting it is
-model management (server/models/management.py): a caller who may manage models sets it with
-any request (until a manager sets it again; 0 lasts until the unload it asks for, then
-the configured value is back). Any other caller's keep_alive must ask for what the model
-does now (a client that always sends the server's own value works); one that would
-change it is a 403 naming the field, so one tenant's `0` cannot make every tenant reload
-and a negative value cannot outlast the operator's `idle_unload_s`. A request without
-keep_alive changes nothing (Ollama would restore its default: on a shared server one
-tenant's request must not undo the operator's or an admin's choice).
+model management (server/http/management.py, which checks it with the caller's other
+rights): a caller who may manage models sets it with any request (until a manager sets
+it again; 0 lasts until the unload it asks for, then the configured value is back). Any
+other caller's keep_alive must ask for what the model does now (a client that always
+sends the server's own value works); one that would change it is a 403 naming the field,
+so one tenant's `0` cannot make every tenant reload and a negative value cannot outlast
+the operator's `idle_unload_s`. A request without keep_alive changes nothing (Ollama
+would restore its default: on a shared server one tenant's request must not undo the
+operator's or an admin's choice).
 """
 
 from __future__ import annotations
@@ -24,12 +25,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import PlainValidator
 
-from server.http.errors import BadRequest, Forbidden
-from server.models.management import refusal
+from server.errors import BadRequest
 
 if TYPE_CHECKING:
-    from fastapi import Request
-
     from server.models.served import ServedModel
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
@@ -96,42 +94,17 @@ KeepAlive = Annotated[
 ]
 
 
-def _residency(seconds: float) -> float | None:
+def residency(seconds: float) -> float | None:
     """A keep_alive as the model's `unload_after_s` (None: never unloaded)."""
     return None if math.isinf(seconds) else seconds
 
 
-def _describe(after_s: float | None) -> str:
+def describe(after_s: float | None) -> str:
     if after_s is None:
         return "kept loaded"
     if after_s == 0:
         return "unloaded once idle"
     return f"unloaded after {after_s:g} s idle"
-
-
-def keep_alive_refusal(
-    request: Request, served: ServedModel, seconds: float | None
-) -> Forbidden | None:
-    """The 403 for a keep_alive this caller may not set on `served`; None when it may
-    (or sent none, or asked for what the model does now)."""
-    if seconds is None or _residency(seconds) == served.unload_after_s:
-        return None
-    refused = refusal(request)
-    if refused is None:
-        return None
-    wanted, now = _describe(_residency(seconds)), _describe(served.unload_after_s)
-    return Forbidden(
-        f"'keep_alive' asks for '{served.id}' to be {wanted}, for every caller (it is "
-        f"{now}): {refused.message}",
-        param="keep_alive",
-        code=refused.code,
-    )
-
-
-def check_keep_alive(request: Request, served: ServedModel, seconds: float | None) -> None:
-    refused = keep_alive_refusal(request, served, seconds)
-    if refused is not None:
-        raise refused
 
 
 def apply_keep_alive(served: ServedModel, seconds: float | None) -> None:

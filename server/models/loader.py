@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from engine.client import EngineState
-from server.http.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
+from server.errors import BadRequest, Conflict, NotFound, ServiceUnavailable
 
 if TYPE_CHECKING:
     from server.config.tree import LoadingSection

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from server.http.errors import TooManyRequests
+from server.errors import TooManyRequests
 from server.models.hub import NoRoom
 from server.models.hub_models import HubName
 from server.models.served import ServedModel

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chat.template import ChatTemplate, TemplateError
-from server.http.errors import ServerError
+from server.errors import ServerError
 
 if TYPE_CHECKING:
     from engine.client import EngineLike, ModelInfo
@@ -28,7 +28,7 @@ class ServedModel:
     idle_unload_s: float = 0.0  # unloaded after this long without requests; 0: never
     path: str = ""  # the configured GGUF ("" for a hub model until it is fetched)
     pulled: bool = False  # a hub-cache model (pulled, or found in the cache): deletable
-    in_flight: int = 0  # requests using it now (see server/models/lease.py)
+    in_flight: int = 0  # requests using it now (see server/http/lease.py)
     last_used: float = 0.0  # time.monotonic() of its last request's start or end
     # Set by the keep_alive of a caller who may manage models (server/models/keep_alive.py):
     # idle seconds before an unload, inf for never; None: `idle_unload_s` as configured.
@@ -179,7 +179,7 @@ def family_of(info: ModelInfo) -> dict[str, Any]:
 # Which served model a request's name means, in each API's way of naming one. OpenAI's and
 # Anthropic's APIs name a configured id or alias exactly (`ModelRegistry.find`); Ollama's
 # clients write `name:tag`, lower case. Each API's spec names its rule
-# (server/http/apis.py), and a route's model dependency applies it (server/models/lease.py).
+# (server/http/apis.py), and a route's model dependency applies it (server/http/lease.py).
 
 
 def matching_names(models: ModelRegistry, name: str) -> list[str]:
@@ -211,6 +211,6 @@ def requested_model(models: ModelRegistry, name: str, *, ollama: bool) -> Served
     """The model that answers a request for a generation (or embeddings, tokens...)
     naming `name`: the one so named (in Ollama's way on its routes), else its stand-in
     (`ModelRegistry.stand_in`); None: a 404. The one rule for every API (the model
-    dependency of each route, server/models/lease.py, resolves the name here)."""
+    dependency of each route, server/http/lease.py, resolves the name here)."""
     served = resolve_ollama_model(models, name) if ollama else models.find(name)
     return served if served is not None else models.stand_in(name)

@@ -3,7 +3,7 @@
 - `prepare`: chat messages and options -> the plan (prompt, grammar, parser) and the
   engine requests; template and tool errors become 400s naming the field.
 - `drive`: run a `Generation` to its end or as increments; disconnect -> abort, then
-  ClientDisconnected, which server/http/errors.py answers once for every API (499).
+  ClientDisconnected, which server/errors.py answers once for every API (499).
 - `state`: one choice's accumulated result and its incremental parse state, and the
   parsed output (content, reasoning, tool calls) every API reads its answer from.
 - `request_sampling`: a request's sampling as a plain frozen record: the engine's

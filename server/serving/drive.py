@@ -17,7 +17,7 @@ from typing import TypeVar
 from fastapi import Request
 
 from engine.client import EngineLike, FinishReason, Generation, SeqOutput
-from server.http.errors import APIError, BadRequest, ClientDisconnected, generation_failure
+from server.errors import APIError, BadRequest, ClientDisconnected, generation_failure
 from server.serving.state import Choice, ChoiceState, Step
 from server.telemetry.access import current_record
 
@@ -57,7 +57,7 @@ async def _watch_disconnect(request: Request) -> None:
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`; cancel it (aborting its sequences) if the client disconnects, then
-    raise ClientDisconnected (server/http/errors.py answers it, for every API)."""
+    raise ClientDisconnected (server/errors.py answers it, for every API)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_watch_disconnect(request))
     try:
@@ -77,7 +77,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 def engine_failure(error: str | None) -> APIError:
     """The error for a sequence the engine failed: 504 naming a time limit, else 500
-    naming the cause (server/http/errors.py decides which)."""
+    naming the cause (server/errors.py decides which)."""
     return generation_failure(error)
 
 

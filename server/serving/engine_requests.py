@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from engine.client import GenerateRequest, Media, ModelInfo, SamplingParams, ThinkingSpec
+from server.errors import BadRequest
 from server.http.deps import Caller
-from server.http.errors import BadRequest
 from server.serving.request_sampling import RequestSampling
 
 

@@ -30,7 +30,7 @@ from fastapi import Request
 
 from engine.client import EngineLike, InvalidRequestError, Media, ModelInfo
 from server.config.media import MediaSection
-from server.http.errors import BadRequest
+from server.errors import BadRequest
 from server.serving.media_fetch import fetch_image
 
 log = logging.getLogger("kvserve.server")

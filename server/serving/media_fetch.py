@@ -12,7 +12,7 @@ import asyncio
 
 import httpx
 
-from server.http.errors import BadRequest
+from server.errors import BadRequest
 
 MAX_REDIRECTS = 5
 # Content types a server may answer an image with besides image/*: a file server that

@@ -27,8 +27,8 @@ from chat.replay import TurnLookup
 from chat.template import ChatTemplate, TemplateError
 from chat.tools import ChatInputError
 from engine.client import GenerateRequest
+from server.errors import BadRequest
 from server.http.deps import Caller, EngineLike
-from server.http.errors import BadRequest
 from server.serving.drive import TOKENIZE_INLINE_CHARS
 from server.serving.engine_requests import generate_requests
 from server.serving.media import media_of

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from server.errors import BadRequest
 from server.http.deps import EngineLike
-from server.http.errors import BadRequest
 from server.serving.drive import tokenize
 
 MAX_PROMPTS = 64

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from engine.client import SamplingParams, SessionPool
-from server.http.errors import BadRequest
+from server.errors import BadRequest
 
 # The sampler settings a request may set under the engine's own names. The grammar
 # triggers are the server's (a tool's grammar), never a client's.

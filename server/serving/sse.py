@@ -15,7 +15,7 @@ from typing import Any
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from server.http.errors import APIError
+from server.errors import APIError
 
 DONE = "[DONE]"
 

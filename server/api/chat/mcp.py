@@ -18,8 +18,8 @@ from fastapi import Request
 
 from server.api.chat.input import chat_message, chat_messages, chat_options, stream_deltas
 from server.api.chat.protocol import ChatCompletionRequest
+from server.errors import APIError, BadRequest, Unsupported
 from server.http.deps import Caller, resolve_model
-from server.http.errors import APIError, BadRequest, Unsupported
 from server.mcp.loop import CallDone, Finished, LoopSpec, Output, RoundDone, run_loop
 from server.mcp.refs import openai_ref
 from server.mcp.toolset import McpRef, Toolset

@@ -15,7 +15,7 @@ from server.api.common import (
     SamplingExtras,
 )
 from server.api.constraints import ConstraintFields
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 
 
 class ContentPart(RequestModel):

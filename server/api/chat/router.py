@@ -11,7 +11,7 @@ from server.api.chat.protocol import ChatCompletionRequest
 from server.api.chat.serving import serve_chat
 from server.api.chat.template import router as template_router
 from server.http.deps import CallerDep
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 
 router = APIRouter()
 

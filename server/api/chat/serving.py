@@ -12,8 +12,8 @@ from fastapi import Request, Response
 from engine.client import EngineLike, Generation, TokenLogprob
 from server.api.chat.input import chat_message, chat_messages, chat_options, stream_deltas
 from server.api.chat.protocol import ChatCompletionRequest
+from server.errors import APIError
 from server.http.deps import Caller, resolve_model
-from server.http.errors import APIError
 from server.serving import sse
 from server.serving.drive import (
     check_n,

@@ -29,9 +29,9 @@ from chat.plan import ChatPlan
 from server.api.chat.input import chat_messages, chat_options
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.constraints import ConstraintFields
+from server.errors import BadRequest
 from server.http.deps import Caller, CallerDep, claim, registry, resolve_model
-from server.http.errors import BadRequest
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 from server.models.served import ServedModel
 from server.serving.media import request_images
 from server.serving.prepare import make_plan

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from server.api.common import Prompt, SamplingExtras
 from server.api.constraints import ConstraintFields
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 
 
 class CompletionRequest(ConstraintFields, SamplingExtras):

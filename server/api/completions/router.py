@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from server.api.completions.protocol import CompletionRequest
 from server.api.completions.serving import serve_completion
 from server.http.deps import CallerDep
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 
 router = APIRouter()
 

@@ -13,8 +13,8 @@ from fastapi import Request
 
 from engine.client import EngineLike, FinishReason, Generation, TokenLogprob
 from server.api.completions.protocol import CompletionRequest
+from server.errors import BadRequest
 from server.http.deps import Caller, resolve_engine
-from server.http.errors import BadRequest
 from server.serving import sse
 from server.serving.drive import (
     check_n,

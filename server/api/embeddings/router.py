@@ -9,9 +9,9 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server.api.embeddings.protocol import EmbeddingRequest
+from server.errors import BadRequest
 from server.http.deps import resolve_engine
-from server.http.errors import BadRequest
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 from server.serving.drive import until_disconnect
 from server.serving.prompts import prompt_token_lists
 

@@ -18,9 +18,9 @@ from pydantic import Field, model_validator
 from chat.template import TemplateError
 from engine.client import GenerateRequest
 from server.api.common import RequestModel
+from server.errors import BadRequest, generation_failure
 from server.http.deps import Caller, CallerDep, registry, resolve_model
-from server.http.errors import BadRequest, generation_failure
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 from server.models.served import ServedModel
 from server.serving.drive import tokenize
 
@@ -141,7 +141,7 @@ async def warm_cache(
         cache_salt=caller.salt(body.cache_salt),
     )
     last = None
-    generation = await engine.generate([job])  # an EngineError: its handler (server/http/errors.py)
+    generation = await engine.generate([job])  # an EngineError: its handler (server/errors.py)
     async with generation:
         async for _, output in generation:
             if output.error is not None:

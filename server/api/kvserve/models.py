@@ -4,7 +4,7 @@ The list has one entry per served model, under its id (OpenAI's shape); aliases 
 named in its `meta` and are accepted wherever a model is named, retrieval included.
 `meta.state` is loaded, loading, unloaded, failed or recovering (the engine thread died
 and is being rebuilt); load and unload do it by hand (see server/models/loader.py): model
-management, which server/models/management.py says who may do.
+management, which server/http/management.py says who may do.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from fastapi import APIRouter, Depends, Request
 
 from engine.client import EngineRecoveringError, EngineState
 from server.api.kvserve.props import modalities
+from server.errors import APIError, from_engine_error
 from server.http.deps import registry, resolve_model
-from server.http.errors import APIError, from_engine_error
+from server.http.management import require_manager
 from server.models.loader import ModelLoader
-from server.models.management import require_manager
 from server.models.served import ServedModel, family_of
 
 router = APIRouter()

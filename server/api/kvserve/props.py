@@ -16,8 +16,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from server.errors import ServerError
 from server.http.deps import claim, registry, resolve_model
-from server.http.errors import ServerError
 from server.models.served import ServedModel
 from server.serving.engine_requests import sampling_params
 from server.serving.request_sampling import RequestSampling

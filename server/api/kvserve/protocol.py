@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.api.common import RequestModel, TokenId
-from server.http.errors import BadRequest
+from server.errors import BadRequest
 
 
 class TokenizeRequest(RequestModel):

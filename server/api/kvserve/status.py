@@ -22,8 +22,8 @@ from engine.client import CacheStats, EngineState, EngineStats, Session, TierSta
 from server.api.kvserve.cache import _tenant_object
 from server.api.kvserve.models import _STATES
 from server.api.kvserve.sessions import session_object
+from server.errors import BadRequest
 from server.http.deps import Caller, CallerDep, registry, resolve_model
-from server.http.errors import BadRequest
 from server.models.served import ServedModel, family_of
 from server.telemetry.recent import BUCKET_S
 

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 
 from chat.plan import ChatPlan
 from server.api.kvserve.protocol import DetokenizeRequest, TokenizeRequest
+from server.errors import BadRequest
 from server.http.deps import (
     Caller,
     CallerDep,
@@ -24,8 +25,7 @@ from server.http.deps import (
     registry,
     resolve_model,
 )
-from server.http.errors import BadRequest
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 from server.models.served import ServedModel
 from server.serving.drive import tokenize as tokenize_text
 from server.serving.prepare import prompt_tokens

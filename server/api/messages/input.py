@@ -18,7 +18,7 @@ from chat.plan import ChatOptions
 from chat.reasoning import effort_kwargs
 from chat.tools import Tool, ToolChoice
 from server.api.messages.protocol import CountTokensRequest
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 from server.serving.media import chat_part, image_from_base64, image_from_url
 
 

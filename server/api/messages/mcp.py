@@ -19,8 +19,8 @@ from sse_starlette import ServerSentEvent
 from server.api.messages.input import chat_messages, chat_param, message_options
 from server.api.messages.protocol import MessagesRequest
 from server.api.messages.serving import Blocks, _stop, _usage
+from server.errors import APIError, BadRequest
 from server.http.deps import Caller, resolve_model
-from server.http.errors import APIError, BadRequest
 from server.mcp.loop import CallDone, CallStarted, Finished, LoopEvent, LoopSpec, Output, run_loop
 from server.mcp.refs import anthropic_ref
 from server.mcp.turn import loop_prepare, loop_session, mcp_turn

@@ -10,7 +10,7 @@ from server.api.messages.mcp import serve_messages_mcp
 from server.api.messages.protocol import CountTokensRequest, MessagesRequest
 from server.api.messages.serving import count_tokens, serve_messages
 from server.http.deps import CallerDep
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 
 router = APIRouter()
 

@@ -21,8 +21,8 @@ from chat.callstream import Delta
 from engine.client import FinishReason, Generation
 from server.api.messages.input import chat_messages, chat_param, message_options
 from server.api.messages.protocol import CountTokensRequest, MessagesRequest
+from server.errors import APIError, params_renamed
 from server.http.deps import Caller, resolve_model
-from server.http.errors import APIError, params_renamed
 from server.serving import sse
 from server.serving.drive import collect, steps, until_disconnect
 from server.serving.events import NamedEvent

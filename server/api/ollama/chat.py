@@ -27,8 +27,8 @@ from server.api.ollama.common import (
     within_window,
 )
 from server.api.ollama.protocol import OllamaChatRequest
+from server.errors import BadRequest, params_renamed
 from server.http.deps import Caller
-from server.http.errors import BadRequest, params_renamed
 from server.models.keep_alive import apply_keep_alive
 from server.serving.media import request_images
 from server.serving.prepare import prepare_chat

@@ -8,7 +8,7 @@
   server/api/ollama/protocol.py); `num_ctx` is checked here against the model's context.
 - Timings: the final object's durations, in nanoseconds, from the engine's own stage
   times of the sequence (queued, prefilled, finished) and the wait for a cold model's
-  load (server/models/lease.py).
+  load (server/http/lease.py).
 - Answers (`answer`): chat and generate differ only in how a piece of output is shaped
   (`message` or `response`) and what the final object adds (`context`), so both hand
   those to `answer`, which adds the model, the time and (at the end) the counts. A
@@ -33,15 +33,16 @@ from starlette.background import BackgroundTask
 from chat.callstream import Delta
 from engine.client import FinishReason, Generation
 from server.api.ollama.protocol import OllamaOptions
-from server.http.deps import claim, leased_model, ready_engine, registry
-from server.http.errors import (
+from server.errors import (
     APIError,
     BadRequest,
     NotFound,
     ServerError,
     generation_failure,
 )
-from server.models.keep_alive import apply_keep_alive, check_keep_alive
+from server.http.deps import claim, leased_model, ready_engine, registry
+from server.http.management import check_keep_alive
+from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel, resolve_ollama_model
 from server.serving.drive import collect, steps, until_disconnect
 from server.serving.media import chat_part, image_from_base64, image_from_url
@@ -117,7 +118,7 @@ def _ns(seconds: float) -> int:
 
 def load_wait_s(request: Request) -> float:
     """How long the request waited for its model to load (0: it was loaded;
-    server/models/lease.py)."""
+    server/http/lease.py)."""
     return float(request.scope.get("state", {}).get("load_wait_s", 0.0))
 
 

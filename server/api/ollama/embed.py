@@ -20,7 +20,7 @@ from server.api.ollama.protocol import (
     OllamaEmbedRequest,
     OllamaOptions,
 )
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel
 from server.serving.drive import tokenize, until_disconnect

@@ -33,8 +33,8 @@ from server.api.ollama.common import (
     within_window,
 )
 from server.api.ollama.protocol import OllamaGenerateRequest
+from server.errors import BadRequest, params_renamed
 from server.http.deps import Caller, EngineLike
-from server.http.errors import BadRequest, params_renamed
 from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel
 from server.serving.drive import tokenize

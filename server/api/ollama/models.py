@@ -7,7 +7,7 @@ may send back. Copies are aliases of the same model, for the life of the process
 under a hub name (that is what a pull serves). A delete acts on the name the request
 means (resolved as any request's name is): a copy loses that name, a pulled model its
 file too. What the configuration owns is not deletable: 400. Pull, copy and delete are
-model management (server/models/management.py: an admin key where keys are configured).
+model management (server/http/management.py: an admin key where keys are configured).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from server.http.errors import BadRequest, NotFound
+from server.errors import BadRequest, NotFound
+from server.http.management import require_manager
 from server.models.hub_models import PREFIXES, HubModelError, HubModels, quant_of
-from server.models.management import require_manager
 from server.models.served import ModelRegistry, ServedModel, matching_names, resolve_ollama_model
 
 router = APIRouter()

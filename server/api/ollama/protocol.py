@@ -21,7 +21,7 @@ from server.api.common import (
     StopText,
     stop_strings,
 )
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 from server.models.keep_alive import KeepAlive
 from server.serving.request_sampling import RequestSampling, sampler_settings
 

@@ -23,7 +23,7 @@ from fastapi.responses import StreamingResponse
 
 from server.api.ollama.models import name_field, ollama_name, read_object
 from server.config.hub import HubError, HubSource
-from server.http.errors import (
+from server.errors import (
     APIError,
     BadGateway,
     BadRequest,
@@ -31,9 +31,9 @@ from server.http.errors import (
     NotFound,
     Unsupported,
 )
+from server.http.management import require_manager
 from server.models import hub
 from server.models.hub_models import HubModelError, HubModels, HubName
-from server.models.management import require_manager
 from server.models.pulls import Pull, Pulls
 from server.models.served import ServedModel
 

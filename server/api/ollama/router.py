@@ -19,7 +19,7 @@ from server.api.ollama.protocol import (
 )
 from server.api.ollama.show import serve_ollama_show
 from server.http.deps import CallerDep
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 
 router = APIRouter()
 

@@ -34,8 +34,8 @@ from chat.reasoning import has_thinking
 from engine.client import EngineNotReadyError, ftype_name
 from server.api.ollama.common import ollama_model
 from server.api.ollama.protocol import OllamaShowRequest
+from server.errors import ServerError, ServiceUnavailable, Unsupported
 from server.http.deps import get_caller
-from server.http.errors import ServerError, ServiceUnavailable, Unsupported
 from server.models.gguf_header import GgufError, read_header
 from server.models.served import ServedModel, family_of
 

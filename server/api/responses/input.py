@@ -26,7 +26,7 @@ from server.api.responses.tools import (
     request_tools,
     response_tools,
 )
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 from server.serving.media import chat_part, image_from_url
 
 # A reasoning item's encrypted_content (and its field name) -> its text, or None to drop it.

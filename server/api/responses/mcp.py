@@ -28,8 +28,8 @@ from server.api.responses.serving import (
     open_turn,
 )
 from server.api.responses.store import Stored
+from server.errors import APIError, BadRequest
 from server.http.deps import Caller, EngineLike
-from server.http.errors import APIError, BadRequest
 from server.mcp.loop import (
     ApprovalNeeded,
     CallDone,

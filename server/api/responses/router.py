@@ -10,7 +10,7 @@ from server.api.responses.mcp import serve_mcp_response
 from server.api.responses.protocol import ResponsesRequest
 from server.api.responses.serving import delete_response, get_response, serve_response
 from server.http.deps import CallerDep
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 
 router = APIRouter()
 

@@ -25,7 +25,7 @@ import secrets
 
 from fastapi import Request
 
-from server.http.errors import BadRequest
+from server.errors import BadRequest
 
 log = logging.getLogger("kvserve.server")
 _PREFIX = "kvs1"

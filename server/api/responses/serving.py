@@ -38,8 +38,8 @@ from server.api.responses.protocol import ResponsesRequest
 from server.api.responses.sealed import reasoning_seal
 from server.api.responses.store import ResponseStore, Stored
 from server.api.responses.tools import ToolNames, request_tools, response_tools
+from server.errors import APIError, BadRequest, params_renamed
 from server.http.deps import Caller, resolve_model
-from server.http.errors import APIError, BadRequest, params_renamed
 from server.models.served import ServedModel
 from server.serving import sse
 from server.serving.drive import collect, until_disconnect

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.client import SessionPool
-from server.http.errors import NotFound, ServiceUnavailable
+from server.errors import NotFound, ServiceUnavailable
 from server.serving.media import restored_conversation, stored_conversation
 
 log = logging.getLogger("kvserve.server")

@@ -32,7 +32,7 @@ from chat.gbnf import RuleSet
 from chat.lark import tool_input_gbnf
 from chat.textgrammar import TextGrammarError
 from chat.tools import INPUT, InputGrammar, Tool
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 
 log = logging.getLogger("kvserve.server")
 

@@ -13,13 +13,13 @@ import pytest
 from fastapi import APIRouter
 
 import server.app
+from server import errors
 from server.api.common import RequestModel
 from server.app import APIS, create_app
 from server.config.tree import AuthSection, ModelNamesSection, Settings
-from server.http import errors
+from server.errors import BadRequest
 from server.http.apis import BY_ID, Apis, ApiSpec
-from server.http.errors import BadRequest
-from server.models.lease import Lease, leased
+from server.http.lease import Lease, leased
 from server.models.served import ModelRegistry, ServedModel
 from tests.fakes import FakeEngine
 from tests.test_layering import api_packages

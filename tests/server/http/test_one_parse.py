@@ -1,5 +1,5 @@
 """A request's JSON body is parsed once, by FastAPI for the route, whose model dependency
-(server/models/lease.py) reads the route's own request model rather than parse it again;
+(server/http/lease.py) reads the route's own request model rather than parse it again;
 what cannot be parsed is the route's 400."""
 
 from __future__ import annotations

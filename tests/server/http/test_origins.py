@@ -155,7 +155,7 @@ async def test_each_api_answers_the_refusal_in_its_own_shape(make: Factory) -> N
 
 
 async def test_the_origin_check_and_the_api_key_are_both_needed(make: Factory) -> None:
-    # An admin key: unloading is model management (server/models/management.py).
+    # An admin key: unloading is model management (server/http/management.py).
     client = make(admin_keys=("k",), cors_origins=("https://app.example",))
     key = {"Authorization": "Bearer k"}
     r = await client.post(UNLOAD[0], headers={**key, "Origin": FOREIGN})

@@ -15,7 +15,7 @@ import pytest
 from engine.client import EngineState
 from server.app import create_app
 from server.config.tree import AuthSection, ModelSection, Settings
-from server.http.errors import BadRequest
+from server.errors import BadRequest
 from server.models.keep_alive import parse_keep_alive
 from tests.fakes import FakeEngine
 

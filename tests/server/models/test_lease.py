@@ -1,4 +1,4 @@
-"""A route's model dependency (server/models/lease.py): the request counts as in flight on
+"""A route's model dependency (server/http/lease.py): the request counts as in flight on
 its model for its whole life, a stream's until its last byte; a cold stream's loading
 notices come first, then the route's events or one error event."""
 

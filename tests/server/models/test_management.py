@@ -1,4 +1,4 @@
-"""Who may manage models ([server] model_management, server/models/management.py): every
+"""Who may manage models ([server] model_management, server/http/management.py): every
 management route against every kind of caller, in each API's own error shape; the
 pairs it meets (tenants, an unload while a request runs); the shipped defaults."""
 

@@ -1,5 +1,5 @@
 """A route's model dependency resolves the request's model once and hands it to the route
-(server/models/lease.py -> deps.leased_model): the route does not look the name up again."""
+(server/http/lease.py -> deps.leased_model): the route does not look the name up again."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ async def test_a_rebuilt_engine_is_500_naming_the_cause(
 
 def test_a_request_during_a_rebuild_is_503_saying_so() -> None:
     from engine.types import EngineRecoveringError
-    from server.http.errors import from_engine_error
+    from server.errors import from_engine_error
 
     error = from_engine_error(EngineRecoveringError("the engine is being rebuilt"))
     assert error.status == 503 and error.code == "engine_recovering"

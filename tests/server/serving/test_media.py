@@ -18,7 +18,7 @@ from chat.content import with_media_markers
 from chat.tools import ChatInputError
 from engine.client import Media
 from server.config.media import MediaSection
-from server.http.errors import BadRequest
+from server.errors import BadRequest
 from server.serving.media import (
     Image,
     ImagePart,

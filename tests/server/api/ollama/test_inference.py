@@ -18,7 +18,7 @@ from engine.client import EngineState
 from server.api.ollama.common import resolve_ollama_model
 from server.api.ollama.show import parameter_size
 from server.config.tree import ModelNamesSection, Settings
-from server.http.errors import BadRequest
+from server.errors import BadRequest
 from server.models.keep_alive import parse_keep_alive
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine

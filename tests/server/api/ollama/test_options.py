@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from server.api.ollama.protocol import OllamaOptions
-from server.http.errors import BadRequest, Unsupported
+from server.errors import BadRequest, Unsupported
 
 
 def test_ollamas_defaults_and_fields_reach_the_sampler() -> None:

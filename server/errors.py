@@ -5,7 +5,11 @@ on /api/; each API package's spec names its shape, server/http/apis.py).
 
 The handlers are registered once (`install`): an APIError a handler raises, an engine
 error (the EngineError family, mapped by `from_engine_error`), a validation error, and
-anything unexpected (logged with its traceback, answered 500)."""
+anything unexpected (logged with its traceback, answered 500).
+
+A leaf of server/ (it imports none of its sub-packages), because every layer raises these:
+the model registry and loader, serving, MCP, the APIs, the HTTP plumbing; in http/ it
+made the models, which http/ resolves, import http/ back."""
 
 from __future__ import annotations
 

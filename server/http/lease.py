@@ -5,7 +5,7 @@ warming, tokenize) takes its body through `leased(TheRequestModel)` rather than 
 parameter of its own: FastAPI parses and validates the body once, and the dependency then
 finds the model it names (by the rule of the route's API, server/http/apis.py; the default
 model for the token-level routes when the body names none), refuses a `keep_alive` this
-caller may not set (403, before anything loads: server/models/keep_alive.py), counts the
+caller may not set (403, before anything loads: server/http/management.py), counts the
 request as in flight on the model for the request's whole life, a stream's included (an
 unload frees the vocabulary a tokenize reads), marks it used (idle unloads count from the
 last request), and has the loader load it when it is not loaded. A load that fails or
@@ -40,10 +40,10 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from engine.client import EngineError
+from server.errors import APIError, ServerError, from_engine_error, shape_of
 from server.http.apis import BY_ID
 from server.http.deps import LEASED_MODEL, registry
-from server.http.errors import APIError, ServerError, from_engine_error, shape_of
-from server.models.keep_alive import check_keep_alive
+from server.http.management import check_keep_alive
 from server.models.served import ServedModel
 
 log = logging.getLogger("kvserve.server")
