@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
 from chat.callformat import CallFormat
 from chat.formats import detect_format
 from chat.plan import ChatOptions, plan_chat
+from chat.replay import SampledTurn, prompt_digest
 from chat.template import ChatTemplate
 from chat.tools import Tool, ToolChoice
 from tests.chat.gbnf_check import accepts
@@ -132,6 +133,30 @@ def assert_renders(
     assert rendered in text
     assert accepts(fmt.grammar(list(tools), ToolChoice("required"), True).gbnf, rendered)
     return text
+
+
+class Replayed(NamedTuple):
+    """The prompts before (`first`) and after (`second`) a sampled call turn came back,
+    and the conversation the second renders (`history`)."""
+
+    first: str
+    second: str
+    history: list[dict[str, Any]]
+
+
+def replayed(
+    name: str, tools: tuple[Tool, ...], sampled: str, calls: list[tuple[str, str, str]],
+    eos: str = "", ids: tuple[str, ...] = (),
+) -> Replayed:  # fmt: skip
+    """Template `name`'s prompt for USER (with `tools`), then its prompt once the turn
+    sampled after it as `sampled` (its calls and their results `calls`, ids `ids`: see
+    `past_calls`) comes back with the replay of chat/replay.py."""
+    opts = ChatOptions(tools=tools)
+    first = plan_chat(template(name, eos), USER, opts).prompt.text
+    turn = SampledTurn(sampled, prompt_digest(first))
+    history = [*USER, *past_calls(calls, ids=ids)[1:]]
+    second = plan_chat(template(name, eos), history, opts, lambda m: [turn]).prompt.text
+    return Replayed(first, second, history)
 
 
 def required_accepts(fmt: CallFormat, tools: list[Tool], text: str) -> bool:

@@ -12,20 +12,19 @@ from chat.formats_gemma import GEMMA4
 from chat.gemma_values import GemmaSyntaxError, gemma_json
 from chat.plan import ChatOptions, plan_chat
 from chat.reasoning import GEMMA4_THINKING, thinking_syntax
-from chat.replay import SampledTurn, prompt_digest
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
     HELLO,
     TEMPLATES,
-    USER,
     ParseCase,
     assert_renders,
     cases,
     detected,
     each_case,
     past_calls,
+    replayed,
     required_accepts,
     template,
     truncated,
@@ -224,16 +223,16 @@ def test_a_sampled_call_replays_before_its_results(name: str) -> None:
     """A call turn sent back renders as it was sampled (chat/replay.py), after the prompt
     it was sampled after (the empty thought included, which the template leaves out of a
     past turn), and its results follow it: the KV reaches past the call."""
-    opts = ChatOptions(tools=(T.get_time_tool,))
-    first = plan_chat(template(name), USER, opts).prompt.text
+    tools = (T.get_time_tool,)
     sampled = call("get_time", "city:" + q("Paris"))
-    turn = SampledTurn(sampled, prompt_digest(first))
-    history = [*USER, *past_calls([("get_time", '{"city": "Paris"}', "noon")])[1:]]
-    second = plan_chat(template(name), history, opts, lambda m: [turn]).prompt.text
+    first, second, history = replayed(
+        name, tools, sampled, [("get_time", '{"city": "Paris"}', "noon")]
+    )
     results = "<|tool_response>response:get_time{value:" + q("noon") + "}<tool_response|>"
     assert second.startswith(first + sampled + results)
     assert "kvserve" not in second
-    assert not plan_chat(template(name), history, opts).prompt.text.startswith(first)
+    unreplayed = plan_chat(template(name), history, ChatOptions(tools=tools)).prompt.text
+    assert not unreplayed.startswith(first)
 
 
 def test_results_after_a_turn_without_calls_are_kept() -> None:

@@ -12,7 +12,6 @@ import pytest
 
 from chat.formats_lfm2 import LFM2, LFM25, python_calls
 from chat.plan import ChatOptions, plan_chat
-from chat.replay import SampledTurn, prompt_digest
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
@@ -25,6 +24,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    replayed,
     required_accepts,
     template,
 )
@@ -171,11 +171,9 @@ def test_past_calls_render_as_the_grammar_reads_them(name: str) -> None:
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_a_sampled_call_replays(name: str) -> None:
-    opts = ChatOptions(tools=(T.get_time_tool,))
-    first = plan_chat(template(name), USER, opts).prompt.text
     sampled = "Sure." + calls('get_time(city="Paris")')
-    turn = SampledTurn(sampled, prompt_digest(first))
-    history = [*USER, *past_calls([("get_time", '{"city": "Paris"}', "noon")])[1:]]
-    second = plan_chat(template(name), history, opts, lambda m: [turn]).prompt.text
+    first, second, _ = replayed(
+        name, (T.get_time_tool,), sampled, [("get_time", '{"city": "Paris"}', "noon")]
+    )
     assert second.startswith(first + sampled + "<|im_end|>\n")
     assert "noon" in second[len(first + sampled) :]

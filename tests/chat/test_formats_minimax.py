@@ -12,7 +12,6 @@ from chat.formats_minimax import MINIMAX_M3
 from chat.minimax_values import NS, MinimaxSyntaxError, minimax_json
 from chat.plan import ChatOptions, plan_chat
 from chat.reasoning import MINIMAX_THINKING, thinking_syntax
-from chat.replay import SampledTurn, prompt_digest
 from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
@@ -27,6 +26,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    replayed,
     required_accepts,
     template,
     truncated,
@@ -202,12 +202,10 @@ def test_past_calls_render_as_the_grammar_writes_them() -> None:
 def test_a_sampled_call_replays() -> None:
     """A call turn sent back renders as it was sampled (chat/replay.py): the second
     prompt extends the first by the sampled text, so its KV reaches past the call."""
-    opts = ChatOptions(tools=(T.get_time_tool,))
-    first = plan_chat(template(M3), USER, opts).prompt.text
     sampled = think("check") + block(invoke("get_time", el("city", "Tokyo")))
-    turn = SampledTurn(sampled, prompt_digest(first))
-    history = [*USER, *past_calls([("get_time", '{"city": "Tokyo"}', "noon")])[1:]]
-    second = plan_chat(template(M3), history, opts, lambda m: [turn]).prompt.text
+    first, second, _ = replayed(
+        M3, (T.get_time_tool,), sampled, [("get_time", '{"city": "Tokyo"}', "noon")]
+    )
     assert second.startswith(first + sampled + "[e~[\n]~b]tool\n<response>noon</response>")
     assert "kvserve" not in second
 

@@ -13,7 +13,6 @@ import pytest
 from chat.formats_mistral import MINISTRAL3, MISTRAL_SMALL
 from chat.plan import ChatOptions, plan_chat
 from chat.reasoning import MINISTRAL_THINKING, thinking_syntax
-from chat.replay import SampledTurn, prompt_digest
 from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
@@ -28,6 +27,7 @@ from tests.chat.llama_cases import (
     detected,
     each_case,
     past_calls,
+    replayed,
     required_accepts,
     template,
     truncated,
@@ -162,12 +162,9 @@ def test_past_reasoning_renders_as_a_thinking_block() -> None:
 def test_a_sampled_call_replays(name: str) -> None:
     """A call turn sent back renders as it was sampled (chat/replay.py): the second
     prompt extends the first by the sampled text, so its KV reaches past the call."""
-    opts = ChatOptions(tools=(T.special_function_tool,))
-    first = plan_chat(template(name, eos="</s>"), USER, opts).prompt.text
     sampled = THOUGHTS + '[TOOL_CALLS]special_function[ARGS]{"arg1":1}'
-    turn = SampledTurn(sampled, prompt_digest(first))
-    history = [*USER, *past_calls([("special_function", '{"arg1": 1}', "ok")])[1:]]
-    second = plan_chat(template(name, eos="</s>"), history, opts, lambda m: [turn]).prompt.text
+    first, second, _ = replayed(name, (T.special_function_tool,), sampled,
+                                [("special_function", '{"arg1": 1}', "ok")], eos="</s>")  # fmt: skip
     assert second.startswith(first + sampled + "</s>[TOOL_RESULTS]ok[/TOOL_RESULTS]")
 
 
@@ -212,12 +209,9 @@ def test_mistral_small_grammar_and_render() -> None:
 
 def test_mistral_small_sampled_call_replays() -> None:
     """The call sent back with its sampled id renders as sampled, its results after it."""
-    opts = ChatOptions(tools=(T.special_function_tool,))
-    first = plan_chat(template(SMALL, eos="</s>"), USER, opts).prompt.text
     sampled = '[TOOL_CALLS]special_function[CALL_ID]123456789[ARGS]{"arg1":1}'
-    turn = SampledTurn(sampled, prompt_digest(first))
-    history = [*USER, *past_calls([("special_function", '{"arg1": 1}', "ok")],
-                                  ids=("123456789",))[1:]]  # fmt: skip
-    second = plan_chat(template(SMALL, eos="</s>"), history, opts, lambda m: [turn]).prompt.text
+    first, second, _ = replayed(SMALL, (T.special_function_tool,), sampled,
+                                [("special_function", '{"arg1": 1}', "ok")], eos="</s>",
+                                ids=("123456789",))  # fmt: skip
     assert second.startswith(first + sampled + "</s>")
     assert "ok" in second[len(first + sampled) :]
