@@ -124,10 +124,15 @@ async def converse(world: World, name: str, key: str, history: tuple[int, ...],
 
 async def run_world(path: Path, vocab: range, tmp: Path, *, conversations: int, turns: int,
                     slots: int, seed: int = 0, system: int = 150,
-                    flash_attn: bool = FLASH_ATTN) -> str:  # fmt: skip
+                    flash_attn: bool = FLASH_ATTN, exact: bool = True) -> str:  # fmt: skip
+    """Sessions, their twins and forks on `slots` slots against a cold engine. With
+    `exact` every warm reply must equal the cold one; without it (the default mode, whose
+    reuse may change a reply's last bits) the run checks the KV ledger against llama.cpp
+    after every step and counts how many replies still equal the cold ones."""
     cache = CacheConfig(block_tokens=32, min_tokens=32, ram_bytes=8 << 20,
                         disk_dir=str(tmp / "disk"))  # fmt: skip
-    warm = await start(path, n_seq_max=slots, cache=cache, flash_attn=flash_attn)
+    warm = await start(path, n_seq_max=slots, cache=cache, flash_attn=flash_attn,
+                       exact_reuse=exact)  # fmt: skip
     cold = await start(path, n_seq_max=1, cache=None, flash_attn=flash_attn)
     assert warm._worker is not None
     warm._worker.check_kv = True
@@ -152,8 +157,9 @@ async def run_world(path: Path, vocab: range, tmp: Path, *, conversations: int, 
         assert stats is not None
         sources = dict(stats.hit_sources)
         summary = (
-            f"{path.stem}: {world.figures.replies} replies compared,"
-            f" {len(world.figures.wrong)} wrong; memory {warm.info.family.memory},"  # type: ignore[union-attr]
+            f"{path.stem} ({'exact' if exact else 'default'} mode):"
+            f" {world.figures.replies} replies compared,"
+            f" {len(world.figures.wrong)} {'wrong' if exact else 'unlike the cold one'}; memory {warm.info.family.memory},"  # type: ignore[union-attr]
             f" exact rows {warm.info.exact_min_rows}; reclaims {stats.num_reclaims},"
             f" restores ram {sources.get('ram', 0)} disk {sources.get('disk', 0)},"
             f" slot reuse {sources.get('slot', 0)}, forks {world.figures.forks},"
@@ -162,7 +168,7 @@ async def run_world(path: Path, vocab: range, tmp: Path, *, conversations: int, 
             f" prompt tokens reused {stats.num_reused_tokens}"
         )
         print("\n" + summary)
-        assert world.figures.wrong == [], world.figures.wrong
+        assert world.figures.wrong == [] or not exact, world.figures.wrong
         assert world.figures.replies >= conversations * 2 * turns
         assert stats.num_refused_drops == 0  # placement never plans a cut it cannot make
         return summary
@@ -180,6 +186,18 @@ async def test_every_warm_reply_equals_the_cold_one(
     arch: str, family_models: dict[str, FamilyModel], tmp_path: Path
 ) -> None:
     await run_world(family_models[arch].path, range(VOCAB), tmp_path, **SHAPE)
+
+
+# Windowed and hybrid families, where a cold burst's followers copy the state its leader
+# stopped at for them (engine/thread/admission.py hold_for, default mode only).
+DEFAULT_MODE_FAMILIES = ("gemma2", "lfm2", "qwen35", "mamba")
+
+
+@pytest.mark.parametrize("arch", tuple(FAMILIES) if LONG else DEFAULT_MODE_FAMILIES)
+async def test_the_default_mode_keeps_every_slot_s_kv_as_its_ledger_says(
+    arch: str, family_models: dict[str, FamilyModel], tmp_path: Path
+) -> None:
+    await run_world(family_models[arch].path, range(VOCAB), tmp_path, **SHAPE, exact=False)
 
 
 async def test_every_warm_reply_equals_the_cold_one_on_gemma3_270m(
