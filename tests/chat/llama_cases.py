@@ -87,12 +87,15 @@ class ParseCase:
         assert got["tool_calls"] == self.calls
 
 
-def cases(template: str | None, rows: list[tuple[Any, ...]], eos: str = "") -> list[ParseCase]:
+def cases(
+    template: str | None, rows: list[tuple[Any, ...]], eos: str = "", **options: Any
+) -> list[ParseCase]:
     """Parser cases from rows (test-chat.cpp's name, tools, output, reasoning, content,
     calls[, reasoning_format]) of template `template`; None: each row names its template
-    after the case's name."""
+    after the case's name. `options`: ChatOptions fields every row's plan takes."""
     named = rows if template is None else [(row[0], template, *row[1:]) for row in rows]
-    return [replace(ParseCase.row(*row), eos=eos) for row in named]
+    made = [ParseCase.row(*row) for row in named]
+    return [replace(c, eos=eos, options={**c.options, **options}) for c in made]
 
 
 def each_case(cases: list[ParseCase], steps: tuple[int, ...]) -> Callable[[Test], Test]:

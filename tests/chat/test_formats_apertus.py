@@ -19,6 +19,7 @@ from tests.chat.llama_cases import (
     SPECIAL,
     ParseCase,
     assert_renders,
+    cases,
     detected,
     each_case,
     past_calls,
@@ -47,7 +48,7 @@ ROWS: list[tuple[Any, ...]] = [
      "", "", [("get_time", {"city": "P"})]),
     ("a call cut off", BOTH, '<|tools_prefix|>[{"get_time": {"city": "Pa', "", "", []),
 ]  # fmt: skip
-CASES = [ParseCase(r[0], APERTUS_T, *r[1:]) for r in ROWS]
+CASES = cases(APERTUS_T, ROWS)
 
 
 @each_case(CASES, steps=(1, 5, 100_000))

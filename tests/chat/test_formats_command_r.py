@@ -20,6 +20,7 @@ from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
     ParseCase,
+    cases,
     detected,
     each_case,
     past_calls,
@@ -50,7 +51,7 @@ ROWS: list[tuple[Any, ...]] = [
     ("an action list cut off", BOTH, 'Action:\n```json\n[{"tool_name": "get_time", "par', "", "",
      []),
 ]  # fmt: skip
-CASES = [ParseCase(r[0], CMD_R, *r[1:]) for r in ROWS]
+CASES = cases(CMD_R, ROWS)
 
 
 @each_case(CASES, steps=(1, 5, 100_000))

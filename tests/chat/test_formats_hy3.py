@@ -22,6 +22,7 @@ from tests.chat.llama_cases import (
     USER,
     ParseCase,
     assert_renders,
+    cases,
     detected,
     each_case,
     past_calls,
@@ -32,7 +33,6 @@ from tests.chat.llama_cases import (
 HY = "tencent-Hy3.jinja"
 THINK, END = "<think:opensource>", "</think:opensource>"
 HIGH_KWARGS: dict[str, Any] = {"reasoning_effort": "high"}
-HIGH = {"template_kwargs": HIGH_KWARGS}
 
 
 def call(name: str, *args: tuple[str, str]) -> str:
@@ -49,7 +49,7 @@ def block(*calls: str) -> str:
 
 
 BOTH = [T.get_time_tool, T.magic_int_tool]
-# (name, tools, output, reasoning, content, calls[, options])
+# (name, tools, output, reasoning, content, calls)
 ROWS: list[tuple[Any, ...]] = [
     ("content", [], HELLO, "", HELLO, []),
     ("a call", [T.special_function_tool], block(call("special_function", ("arg1", "1"))), "", "",
@@ -60,12 +60,14 @@ ROWS: list[tuple[Any, ...]] = [
      "", "Sure.", [("magic_int", {"ref": -3, "name": "12"}), ("get_time", {"city": "Paris"})]),
     ("a call cut off", BOTH, "<tool_calls:opensource>\n<tool_call:opensource>get_time"
      "<tool_sep:opensource>\n<arg_key:opensource>city</arg_key:opensource>\n<arg_v", "", "", []),
-    # reasoning_effort high: the prompt opens the thinking
-    ("thinking then content", [], f"I'm\nthinking{END}{HELLO}", "I'm\nthinking", HELLO, [], HIGH),
-    ("thinking then a call", BOTH, f"which city?{END}" + block(call("get_time", ("city", "a b"))),
-     "which city?", "", [("get_time", {"city": "a b"})], HIGH),
 ]  # fmt: skip
-CASES = [ParseCase(r[0], HY, *r[1:6], **({"options": r[6]} if len(r) > 6 else {})) for r in ROWS]
+# reasoning_effort high: the prompt opens the thinking
+HIGH_ROWS: list[tuple[Any, ...]] = [
+    ("thinking then content", [], f"I'm\nthinking{END}{HELLO}", "I'm\nthinking", HELLO, []),
+    ("thinking then a call", BOTH, f"which city?{END}" + block(call("get_time", ("city", "a b"))),
+     "which city?", "", [("get_time", {"city": "a b"})]),
+]  # fmt: skip
+CASES = cases(HY, ROWS) + cases(HY, HIGH_ROWS, template_kwargs=HIGH_KWARGS)
 
 
 @each_case(CASES, steps=(1, 4, 100_000))

@@ -6,18 +6,17 @@ Not ported: the two continuation cases (an assistant prefill continues as plain 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from chat.formats_minimax2 import MINIMAX_M2
-from chat.tools import Tool, ToolChoice
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
     ParseCase,
     assert_renders,
+    cases,
     detected,
     each_case,
     past_calls,
@@ -36,15 +35,8 @@ def block(*calls: str) -> str:
     return "<minimax:tool_call>\n" + "".join(calls) + "</minimax:tool_call>"
 
 
-def case(
-    name: str, tools: list[Tool], text: str, reasoning: str, content: str,
-    calls: list[tuple[str, Any]],
-) -> ParseCase:  # fmt: skip
-    return ParseCase(name, M2, tools, text, reasoning, content, calls)
-
-
 # (the test-chat.cpp case, tools, output, reasoning, content, calls)
-CASES = [case(*c) for c in [
+CASES = cases(M2, [
     ("content", [], "\n</think>\n\n" + HELLO, "", HELLO, []),
     ("reasoning and content", [], "I'm\nthinking\n</think>\n\n" + HELLO, "I'm\nthinking", HELLO,
      []),
@@ -60,7 +52,7 @@ CASES = [case(*c) for c in [
      "", "Sure.", [("magic_int", {"ref": -3, "name": "12"}), ("get_time", {"city": "Paris"})]),
     ("a call cut off", [T.get_time_tool], "\n</think>\n\n" + '<minimax:tool_call>\n<invoke '
      'name="get_time">\n<parameter name="city">Par', "", "", []),
-]]  # fmt: skip
+])  # fmt: skip
 
 
 @each_case(CASES, steps=(1, 6, 100_000))

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 
 from chat.formats_xml import SEED_OSS
-from chat.tools import Tool, ToolChoice
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
     ParseCase,
     assert_renders,
+    cases,
     detected,
     each_case,
     past_calls,
@@ -30,13 +31,6 @@ SEED = "ByteDance-Seed-OSS.jinja"
 def call(name: str, *params: tuple[str, str]) -> str:
     body = "".join(f"<parameter={k}>{v}</parameter>\n" for k, v in params)
     return f"<seed:tool_call>\n<function={name}>\n{body}</function>\n</seed:tool_call>"
-
-
-def case(
-    name: str, tools: list[Tool], text: str, reasoning: str, content: str,
-    calls: list[tuple[str, Any]],
-) -> ParseCase:  # fmt: skip
-    return ParseCase(name, SEED, tools, text, reasoning, content, calls, eos="<seed:eos>")
 
 
 TODOS = '[{"item": "Check stuff", "selected": false}, {"item": "Prepare stuff", "selected": true}]'
@@ -69,7 +63,7 @@ ROWS: list[tuple[Any, ...]] = [
     ("a call cut off", [T.get_time_tool],
      "<seed:tool_call>\n<function=get_time>\n<parameter=city>Par", "", "", []),
 ]  # fmt: skip
-CASES = [case(*c) for c in ROWS]
+CASES = cases(SEED, ROWS, eos="<seed:eos>")
 
 
 @each_case(CASES, steps=(1, 5, 100_000))

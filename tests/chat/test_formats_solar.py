@@ -19,6 +19,7 @@ from tests.chat.llama_cases import (
     SPECIAL,
     ParseCase,
     assert_renders,
+    cases,
     detected,
     each_case,
     past_calls,
@@ -39,7 +40,7 @@ def calls(*items: tuple[str, str, str]) -> str:
 
 THOUGHT = "<|think|>I'm\nthinking<|end|><|begin|>assistant"
 TIME = ("c2", "get_time", '{"city": "Paris"}')
-# (name, tools, output, reasoning, content, calls[, options])
+# (name, tools, output, reasoning, content, calls[, reasoning_format])
 ROWS: list[tuple[Any, ...]] = [
     ("content", [], f"<|content|>{HELLO}<|end|>", "", HELLO, []),
     ("thinking and content", [], f"{THOUGHT}<|content|>{HELLO}<|end|>", "I'm\nthinking", HELLO,
@@ -54,9 +55,9 @@ ROWS: list[tuple[Any, ...]] = [
      '<|tool_call:args|>{"city": "Pa', "", "", []),
     ("calls without tools stay content", [], calls(TIME), "", calls(TIME), []),
     ("thinking kept with reasoning_format none", [], f"{THOUGHT}<|content|>{HELLO}<|end|>", "",
-     f"<|think|>I'm\nthinking{HELLO}", [], {"reasoning_format": "none"}),
+     f"<|think|>I'm\nthinking{HELLO}", [], "none"),
 ]  # fmt: skip
-CASES = [ParseCase(r[0], SOLAR, *r[1:6], **({"options": r[6]} if len(r) > 6 else {})) for r in ROWS]
+CASES = cases(SOLAR, ROWS)
 
 
 @each_case(CASES, steps=(1, 6, 100_000))
