@@ -66,7 +66,7 @@ async def measure(tmp: Path) -> dict[str, dict[str, set[str]]]:
     from server.app import create_app
 
     config = first_module("server.config.tree", "server.config")
-    mcp_config = first_module("server.mcp.config", "server.mcp.settings")
+    mcp_config = first_module("server.config.mcp", "server.mcp.config", "server.mcp.settings")
     fakes = importlib.import_module("tests.fakes")
     mcp_servers = first_module("tests.helpers.mcp.servers", "tests.mcp.servers")
 
