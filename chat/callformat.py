@@ -109,9 +109,14 @@ class MemoizedGrammar(ABC):
         either calls or one document matching it (tools together with a response format)."""
         key, doc = tools_key(tools), document_key(document, choice)
         return memo_grammar(
-            f"{self.name}|{choice.mode}|{parallel}|{key}|{doc}",
+            f"{self.name}|{self.bound_to()}|{choice.mode}|{parallel}|{key}|{doc}",
             lambda: self.build(key, choice.mode, parallel, doc),
         )
+
+    def bound_to(self) -> str:
+        """What a `PromptBound` format took from the prompt (`for_prompt`) that its grammar
+        depends on, as a memo key part ("" for none)."""
+        return ""
 
     @abstractmethod
     def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:

@@ -40,19 +40,16 @@ from chat.callformat import (
     CallParser,
     GrammarSpec,
     MemoizedGrammar,
-    document_key,
     input_grammar,
     keyed_tools,
     lazy_at,
-    memo_grammar,
     thinking_block,
     thinking_then,
-    tools_key,
 )
 from chat.callstream import Delta, ThinkingParser
 from chat.gbnf import RuleSet, literal
 from chat.tagged_args import Tags, tagged_arguments
-from chat.tools import INPUT, Tool, ToolChoice
+from chat.tools import INPUT, Tool
 
 DSML = "｜DSML｜"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -84,14 +81,8 @@ class DsmlFormat(MemoizedGrammar):
         """This format as it reads the turn after `prompt`."""
         return replace(self, thinking=prompt.rstrip().endswith(THINK_OPEN))
 
-    def grammar(
-        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
-    ) -> GrammarSpec:
-        key, doc = tools_key(tools), document_key(document, choice)
-        return memo_grammar(
-            f"{self.name}|{self.thinking}|{choice.mode}|{parallel}|{key}|{doc}",
-            lambda: self.build(key, choice.mode, parallel, doc),
-        )
+    def bound_to(self) -> str:
+        return str(self.thinking)
 
     def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return _grammar(self, key, mode, parallel, doc_key)

@@ -52,9 +52,10 @@ class Hy3Format(MemoizedGrammar):
     def for_prompt(self, prompt: str) -> Hy3Format:
         """Where the prompt opened the thinking, a forced call must close it first: a
         call written inside it would be read as reasoning."""
-        if not HY3_THINKING.starts_inside(prompt):
-            return self
-        return replace(self, name="hy3|opened", opened=True)
+        return replace(self, opened=HY3_THINKING.starts_inside(prompt))
+
+    def bound_to(self) -> str:
+        return str(self.opened)
 
     def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return _grammar(self.opened, key, mode, parallel, doc_key)

@@ -30,18 +30,15 @@ from chat.callformat import (
     CallParser,
     GrammarSpec,
     MemoizedGrammar,
-    document_key,
     document_rule,
     excluding,
     keyed_tools,
     lazy_at,
-    memo_grammar,
-    tools_key,
 )
 from chat.callstream import BufferedParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.tagged_args import Tags, TypedArgs, tagged_arguments
-from chat.tools import Tool, ToolChoice
+from chat.tools import Tool
 
 OPEN, CLOSE, SEP, EOM = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
 THINK, THINK_END = OPEN + "think" + SEP, CLOSE + "think" + SEP
@@ -70,14 +67,8 @@ class KimiK3Format(MemoizedGrammar):
         opened = "think" if end.endswith(THINK) else "response" if end.endswith(RESPONSE) else ""
         return replace(self, opened=opened)
 
-    def grammar(
-        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
-    ) -> GrammarSpec:
-        key, doc = tools_key(tools), document_key(document, choice)
-        return memo_grammar(
-            f"{self.name}|{self.opened}|{choice.mode}|{parallel}|{key}|{doc}",
-            lambda: self.build(key, choice.mode, parallel, doc),
-        )
+    def bound_to(self) -> str:
+        return self.opened
 
     def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return _grammar(self.opened, key, mode, parallel, doc_key)

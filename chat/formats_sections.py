@@ -33,24 +33,20 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from chat.callformat import (
     CallParser,
     GrammarSpec,
     MemoizedGrammar,
-    document_key,
     json_arguments,
     keyed_tools,
     lazy_at,
-    memo_grammar,
     thinking_block,
     thinking_then,
-    tools_key,
 )
 from chat.callstream import BufferedParser, Delta, JsonNesting
 from chat.gbnf import RuleSet, literal
-from chat.tools import Tool, ToolChoice
+from chat.tools import Tool
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -81,15 +77,8 @@ class SectionFormat(MemoizedGrammar):
         index = prompt.count(self.call_open) if "{index}" in self.head else None
         return replace(self, first_index=index, think_closed=closed)
 
-    def grammar(
-        self, tools: list[Tool], choice: ToolChoice, parallel: bool, document: Any = None
-    ) -> GrammarSpec:
-        key, doc = tools_key(tools), document_key(document, choice)
-        prompt = f"{self.first_index}|{self.think_closed}"
-        return memo_grammar(
-            f"{self.name}|{prompt}|{choice.mode}|{parallel}|{key}|{doc}",
-            lambda: self.build(key, choice.mode, parallel, doc),
-        )
+    def bound_to(self) -> str:
+        return f"{self.first_index}|{self.think_closed}"
 
     def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return _grammar(self, key, mode, parallel, doc_key)
