@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from chat.tools import Tool
 from engine.client import SamplingParams
-from server.serving.request_sampling import SAMPLER_FIELDS, RequestSampling, sampler_settings
+from server.serving.engine_requests import SAMPLER_FIELDS, RequestSampling, sampler_settings
 
 log = logging.getLogger("kvserve.server")
 

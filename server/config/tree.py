@@ -141,8 +141,9 @@ class AuthSection:
     api_keys: tuple[str, ...] = ()  # empty (and no admin keys): no authentication
     admin_api_keys: tuple[str, ...] = ()  # also accepted; see the whole cache, purge it
 
-    @property
+    @functools.cached_property
     def enabled(self) -> bool:
+        # Cached as all_keys is: every request's caller reads it (server/http/deps.py).
         return bool(self.api_keys or self.admin_api_keys)
 
     @functools.cached_property

@@ -25,8 +25,8 @@ from server.mcp.outcome import McpBusy
 from server.mcp.toolset import McpRef, Toolset, list_tools, resolve
 from server.models.served import ServedModel
 from server.serving import sse
+from server.serving.engine_requests import RequestSampling
 from server.serving.prepare import Prepared, prepare_chat
-from server.serving.request_sampling import RequestSampling
 
 log = logging.getLogger("kvserve.mcp")
 

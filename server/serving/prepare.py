@@ -30,10 +30,9 @@ from engine.client import GenerateRequest
 from server.errors import BadRequest
 from server.http.deps import Caller, EngineLike
 from server.serving.drive import TOKENIZE_INLINE_CHARS
-from server.serving.engine_requests import generate_requests
+from server.serving.engine_requests import RequestSampling, generate_requests
 from server.serving.media import media_of
 from server.serving.replay import Recorder, Replay
-from server.serving.request_sampling import RequestSampling
 from server.serving.spliced import prompt_ids
 from server.serving.state import Choice, ChoiceState, Step
 from server.serving.thinking import thinking_spec

@@ -132,7 +132,7 @@ NON_FINITE = {"NaN", "Infinity", "-Infinity"}
 NOT_INTEGERS = NON_FINITE | {"1.5", "1e308"}
 SAMPLING = set(SamplingExtras.model_fields)
 # The sampling fields are shared by chat and completions and go through the same code
-# (server/serving/request_sampling.py, server/serving/engine_requests.py), so they are
+# (server/serving/engine_requests.py), so they are
 # attacked once, on the cheaper completions endpoint; chat gets its own fields.
 CASES = [
     (path, base, field, kind)

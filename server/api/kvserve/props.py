@@ -19,8 +19,7 @@ from fastapi import APIRouter, Request
 from server.errors import ServerError
 from server.http.deps import claim, registry, resolve_model
 from server.models.served import ServedModel
-from server.serving.engine_requests import sampling_params
-from server.serving.request_sampling import RequestSampling
+from server.serving.engine_requests import RequestSampling, sampling_params
 
 router = APIRouter()
 

@@ -14,7 +14,7 @@ from pydantic import Field
 from chat.reasoning import EFFORTS
 from server.api.common import Probability, RequestModel
 from server.errors import BadRequest, Unsupported
-from server.serving.request_sampling import RequestSampling, sampler_settings
+from server.serving.engine_requests import RequestSampling, sampler_settings
 
 log = logging.getLogger("kvserve.server")
 

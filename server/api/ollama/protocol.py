@@ -23,7 +23,7 @@ from server.api.common import (
 )
 from server.errors import BadRequest, Unsupported
 from server.models.keep_alive import KeepAlive
-from server.serving.request_sampling import RequestSampling, sampler_settings
+from server.serving.engine_requests import RequestSampling, sampler_settings
 
 Name = Annotated[str, Field(min_length=1)]
 

@@ -7,8 +7,12 @@ from pydantic import ValidationError
 from engine.types import ModelInfo, SamplingParams
 from server.api.chat.protocol import ChatCompletionRequest
 from server.api.common import SamplingExtras
-from server.serving.engine_requests import generate_requests, sampling_params
-from server.serving.request_sampling import SAMPLER_FIELDS, RequestSampling
+from server.serving.engine_requests import (
+    SAMPLER_FIELDS,
+    RequestSampling,
+    generate_requests,
+    sampling_params,
+)
 
 INFO = ModelInfo("m", "/m.gguf", 512, 512, 100, 8, 4, None, "", "", False)
 
