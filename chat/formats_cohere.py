@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 from chat.callformat import (
     GrammarSpec,
@@ -149,14 +150,20 @@ class CohereParser(BufferedParser):
             out.append(Delta(kind, text))  # type: ignore[arg-type]
 
     def _calls(self, text: str, out: list[Delta]) -> None:
-        try:
-            calls = json.loads(text)
-        except ValueError:
-            return  # not a list of calls (no grammar held it): nothing to report
-        for item in calls if isinstance(calls, list) else []:
-            if not isinstance(item, dict) or not isinstance(item.get("tool_name"), str):
-                continue
-            self._whole_call(item["tool_name"], item.get("parameters") or {}, out)
+        for name, args in action_calls(text):
+            self._whole_call(name, args, out)
+
+
+def action_calls(text: str) -> list[tuple[str, Any]]:
+    """The calls of a Cohere action list (Command R7B's, Command R+'s): each item's
+    `tool_name` and `parameters`. Not a list of calls (no grammar held it): none."""
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return []
+    return [(item["tool_name"], item.get("parameters") or {})
+            for item in (items if isinstance(items, list) else [])
+            if isinstance(item, dict) and isinstance(item.get("tool_name"), str)]  # fmt: skip
 
 
 COMMAND_R7B = OwnFormat("command-r7b", _grammar, CohereParser)

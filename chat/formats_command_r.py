@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from chat.callformat import GrammarSpec, OwnFormat, document_rule, json_arguments, keyed_tools
 from chat.callstream import BufferedParser, Delta, JsonNesting
+from chat.formats_cohere import action_calls
 from chat.gbnf import RuleSet, literal
 from chat.tools import Tool
 
@@ -125,13 +126,8 @@ class CommandRParser(BufferedParser):
         return False
 
     def _calls(self, text: str, out: list[Delta]) -> None:
-        try:
-            calls = json.loads(text)
-        except ValueError:
-            return  # not a list of calls (no grammar held it): nothing to report
-        for item in calls if isinstance(calls, list) else []:
-            if isinstance(item, dict) and isinstance(item.get("tool_name"), str):
-                self._whole_call(item["tool_name"], item.get("parameters") or {}, out)
+        for name, args in action_calls(text):
+            self._whole_call(name, args, out)
 
 
 COMMAND_R_PLUS = OwnFormat("command-r-plus", _grammar, CommandRParser, owns_reasoning=False)
