@@ -214,10 +214,10 @@ def _plan_chat(
     offered = check_tools(list(opts.tools), opts.tool_choice)
     described_choice = opts.prompt_choice or opts.tool_choice
     described = offered if opts.prompt_choice is None else list(opts.tools)
-    if described_choice.mode == "none":
-        described = []
-    if opts.tool_choice.mode == "none":
-        offered = []
+    # "none" keeps a native template's tools, as llama.cpp does (the head other turns'
+    # KV has); the generic envelope's system prompt teaches calling, so it goes.
+    described = [] if described_choice.mode == "none" and not fmt.native else described
+    offered = [] if opts.tool_choice.mode == "none" else offered
     tools_var = None
     system_prompt = None
     if described and fmt.native:

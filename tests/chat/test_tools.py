@@ -114,6 +114,15 @@ def test_grammar_per_tool_choice_generic() -> None:
     assert required.prompt.text.startswith("<|im_start|>system\nYou can call")
 
 
+def test_none_keeps_a_native_template_s_tools_in_the_prompt_and_constrains_nothing() -> None:
+    """As llama.cpp renders them: the prompt's head is the one an `auto` turn has."""
+    none = plan(HERMES_TEMPLATE, ToolChoice("none"))
+    auto = plan(HERMES_TEMPLATE, ToolChoice("auto"))
+    assert none.grammar is None and none.tool_format is None
+    assert '"name": "get_weather"' in none.prompt.text
+    assert none.prompt.text == auto.prompt.text
+
+
 def test_hermes_template_renders_tools_and_history() -> None:
     p = plan(HERMES_TEMPLATE, ToolChoice("auto"))
     assert '"name": "get_weather"' in p.prompt.text and "You can call" not in p.prompt.text
