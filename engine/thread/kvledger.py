@@ -134,7 +134,8 @@ class KvLedger:
         if window is None:
             self.windows.pop(slot, None)
         else:
-            self.windows[slot] = (window.owned(), len(self.slots[slot]))
+            held = len(self.slots[slot])
+            self.windows[slot] = (window.kept(held, self.n_swa, self.recut), held)
         return state
 
     def _cut_windows(self, slot: int, start: int) -> None:
@@ -160,7 +161,8 @@ class KvLedger:
             window = parts[1]
             self.window_first[slot] = window.first
             if self.recut:  # its window cells, for the next save's merge
-                self.windows[slot] = (window.owned(), window.first + window.count)
+                held = window.first + window.count
+                self.windows[slot] = (window.kept(held, self.n_swa, self.recut), held)
             return True
         return self.ctx.set_seq_state(slot, state)
 

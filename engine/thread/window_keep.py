@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import cast
 
 from engine.thread.window_blob import HEAD, Unknown, read_cells
 
@@ -53,27 +54,37 @@ class Window:
             )
         )
 
-    def owned(self) -> Window:
-        """A copy that holds its own bytes (not views into a whole state blob)."""
-        parts = tuple((h, u, tuple(bytes(s) for s in slices)) for h, u, slices in self.parts)
-        return Window(self.first, self.count, self.stream, self.n_stream, self.seq_id,
-                      self.layers, parts)  # fmt: skip
+    def kept(self, valid_upto: int, n_swa: int, reach: int) -> Window:
+        """The cells a later save of the slot may join to its window (`merge`): one that
+        joins has its window from valid_upto - n_swa or later, and takes up to `reach`
+        cells before that. Views, not copies: they keep the blob alive (the one the cache
+        was handed or restored from), one per slot, where a copy would cost a few ms."""
+        lo = min(max(self.first, valid_upto - n_swa - reach), self.first + self.count)
+        a = lo - self.first
+        parts = tuple(
+            (h, u, tuple(piece[a * u :] for piece in slices)) for h, u, slices in self.parts
+        )
+        return Window(lo, self.count - a, self.stream, self.n_stream, self.seq_id, self.layers,
+                      parts)  # fmt: skip
 
-    def write(self) -> bytes:
-        out = bytearray(struct.pack("<I", self.n_stream))
+    def write_after(self, out: bytearray, front: Window, lo: int, hi: int) -> None:
+        """Write this section into `out` with cells lo..hi-1 of `front` before its own
+        (hi: this one's first; same layout)."""
+        out += struct.pack("<I", self.n_stream)
         for stream in range(self.n_stream):
             if stream != self.stream:
                 out += struct.pack("<I", 0)
                 continue
-            out += struct.pack("<I", self.count)
-            for pos in range(self.first, self.first + self.count):
+            out += struct.pack("<I", self.count + hi - lo)
+            for pos in range(lo, self.first + self.count):
                 out += struct.pack("<iI", pos, 1) + self.seq_id
             out += self.layers
-            for header, _, slices in self.parts:
+            a, b = lo - front.first, hi - front.first
+            for (header, unit, slices), old in zip(self.parts, front.parts, strict=True):
                 out += header
-                for piece in slices:
+                for piece, before in zip(slices, old[2], strict=True):
+                    out += before[a * unit : b * unit]
                     out += piece
-        return bytes(out)
 
 
 def split(state: bytes) -> tuple[memoryview, Window, memoryview] | None:
@@ -111,17 +122,11 @@ def merge(
     joins = kept.first + kept.count >= window.first and valid_upto >= window.first
     if want >= window.first or not joins or not kept.fits(window):
         return state, window
-    lo, hi = want - kept.first, window.first - kept.first
-    merged = Window(
-        want, window.count + hi - lo, window.stream, window.n_stream, window.seq_id,
-        window.layers,
-        tuple(
-            (header, unit, tuple(bytes(k[lo * unit : hi * unit]) + bytes(e)
-                                 for k, e in zip(old[2], slices, strict=True)))
-            for (header, unit, slices), old in zip(window.parts, kept.parts, strict=True)
-        ),
-    )  # fmt: skip
-    return bytes(before) + merged.write() + bytes(after), merged
+    out = bytearray(before)  # one copy of the blob; handed on as get_seq_state's bytes are
+    window.write_after(out, kept, want, window.first)
+    out += after
+    merged = split(cast(bytes, out))
+    return cast(bytes, out), merged[1] if merged is not None else None
 
 
 def _skip_section(data: memoryview, at: int) -> int:
