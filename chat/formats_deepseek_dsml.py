@@ -48,6 +48,7 @@ from chat.callformat import (
 )
 from chat.callstream import Delta, ThinkingParser
 from chat.gbnf import RuleSet, literal
+from chat.invoke_elements import InvokeElements
 from chat.tagged_args import Tags, tagged_arguments
 from chat.tools import INPUT, Tool
 
@@ -188,12 +189,13 @@ def _bounded_string(rules: RuleSet, schema: Any) -> str | None:
     return rules.add(_STRING_RULE, chars)
 
 
-class DsmlParser(ThinkingParser):
+class DsmlParser(InvokeElements, ThinkingParser):
     """Thinking, content and the calls block, incrementally; text that may still be a
     marker is held back until it resolves. A value is typed by its `string` attribute."""
 
     LEAD = ((THINK_OPEN, "think"),)
     THINK_CLOSE = THINK_CLOSE
+    INVOKE, INVOKE_END, PARAM, PARAM_END = INVOKE, INVOKE_END, PARAM, PARAM_END
 
     def __init__(self, fmt: DsmlFormat, tools: Sequence[Tool], reasoning: bool):
         super().__init__(tools, reasoning)
@@ -219,43 +221,17 @@ class DsmlParser(ThinkingParser):
         return True
 
     def _call_step(self, out: list[Delta]) -> bool:
-        if self._state == "value":
-            text, word = self._until((PARAM_END,))
-            self._value += text
-            if word is None:
-                return False
-            self._add_value(out)
-            self._state = "args"
-            return True
-        self._buf = self._buf.lstrip()
-        opener = INVOKE if self._state == "block" else PARAM
-        ender = self._closing if self._state == "block" else INVOKE_END
-        if self._may_become(opener) or self._may_become(ender):
-            return False
-        if self._take(ender):
-            if self._state == "args":
-                out.append(Delta("args", "}", self.num_calls))
-                self.num_calls += 1
-            self._state = "text" if self._state == "block" else "block"
-        elif self._buf.startswith(opener):
-            end = self._buf.find('">', len(opener))
-            if end < 0:
-                return False
-            head, self._buf = self._buf[len(opener) : end], self._buf[end + 2 :]
-            if self._state == "block":
-                self._start_call(head, out)
-                out.append(Delta("args", "{", self.num_calls))
-                self._state, self._num_args = "args", 0
-            else:
-                self._key, _, attribute = head.partition('"')
-                self._string = 'string="false' not in attribute
-                self._state, self._value = "value", ""
-        elif self._buf:
-            self._buf = self._buf[1:]  # stray text inside the block (no grammar held it)
-        return True
+        return self._element_step(out)
 
-    def _add_value(self, out: list[Delta]) -> None:
-        value = self._value
+    def _open_call(self, name: str) -> str:
+        self._num_args = 0
+        return "{"
+
+    def _open_param(self, head: str) -> None:
+        self._key, _, attribute = head.partition('"')
+        self._string = 'string="false' not in attribute
+
+    def _close_param(self, value: str, out: list[Delta]) -> None:
         if self._string:
             text = json.dumps(value, ensure_ascii=False)
         else:

@@ -27,6 +27,7 @@ from chat.callformat import (
 )
 from chat.callstream import BlockParser, Delta
 from chat.gbnf import RuleSet, literal
+from chat.invoke_elements import InvokeElements
 from chat.tagged_args import Tags, TypedArgs, tagged_arguments
 from chat.tools import Tool
 
@@ -64,52 +65,32 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
     return thinking_then(rules, think, block, doc_key)
 
 
-class Minimax2Parser(BlockParser):
+class Minimax2Parser(InvokeElements, BlockParser):
     """Splits (reasoning-free) output into content and calls, incrementally; text that
     may still open the block is held back, each value is typed once it closes."""
 
     OPEN = OPEN
+    INVOKE, INVOKE_END, PARAM, PARAM_END = INVOKE, INVOKE_END, PARAM, PARAM_END
+    _closing = CLOSE
 
     def __init__(self, tools: Sequence[Tool], reasoning: bool = True):
         """`reasoning`: the plan's `<think>` split has it (the format owns none)."""
         super().__init__()  # states: text | block | args | value
         self._args = TypedArgs(tools)
         self._key = ""
+        self._value = ""
 
     def _block_step(self, out: list[Delta]) -> bool:
-        if self._state == "value":
-            at = self._buf.find(PARAM_END)
-            if at < 0:
-                return False
-            value, self._buf = self._buf[:at], self._buf[at + len(PARAM_END) :]
-            out.append(Delta("args", self._args.add(self._key, value), self.num_calls))
-            self._state = "args"
-            return True
-        self._buf = self._buf.lstrip()
-        opener = INVOKE if self._state == "block" else PARAM
-        ender = CLOSE if self._state == "block" else INVOKE_END
-        if any(w.startswith(self._buf) and len(self._buf) < len(w) for w in (opener, ender)):
-            return False
-        if self._buf.startswith(ender):
-            self._buf = self._buf[len(ender) :]
-            if self._state == "args":
-                out.append(Delta("args", "}", self.num_calls))
-                self.num_calls += 1
-            self._state = "text" if self._state == "block" else "block"
-        elif self._buf.startswith(opener):
-            end = self._buf.find('">', len(opener))
-            if end < 0:
-                return False
-            name, self._buf = self._buf[len(opener) : end], self._buf[end + 2 :]
-            if self._state == "block":
-                self._start_call(name, out)
-                out.append(Delta("args", self._args.open(name), self.num_calls))
-                self._state = "args"
-            else:
-                self._key, self._state = name, "value"
-        elif self._buf:
-            self._buf = self._buf[1:]  # stray text inside a call (no grammar held it)
-        return True
+        return self._element_step(out)
+
+    def _open_call(self, name: str) -> str:
+        return self._args.open(name)
+
+    def _open_param(self, head: str) -> None:
+        self._key = head
+
+    def _close_param(self, value: str, out: list[Delta]) -> None:
+        out.append(Delta("args", self._args.add(self._key, value), self.num_calls))
 
 
 # `<think>` is the plan's split (chat/reasoning.py): the format owns no thinking
