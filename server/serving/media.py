@@ -26,8 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Request
-
 from engine.client import EngineLike, InvalidRequestError, Media, ModelInfo
 from server.config.media import MediaSection
 from server.errors import BadRequest
@@ -102,13 +100,6 @@ def image_parts(messages: Sequence[dict[str, Any]]) -> list[ImagePart | Image]:
     """The images of a conversation, in order."""
     return [part["image"] for m in messages if isinstance(m.get("content"), list)
             for part in m["content"] if part.get("type") == "image"]  # fmt: skip
-
-
-async def request_images(
-    request: Request, info: ModelInfo, messages: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """`read_images` with the app's `[media]` settings."""
-    return await read_images(messages, info, request.app.state.settings.media)
 
 
 async def read_images(

@@ -17,23 +17,27 @@ short conversation renders inline: a thread hop would only add to its latency.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fastapi import Request
+
 from chat.formats import GrammarSpec
 from chat.plan import ChatOptions, ChatPlan, plan_chat
-from chat.replay import TurnLookup
-from chat.template import ChatTemplate, TemplateError
+from chat.reasoning import thinking_syntax
+from chat.replay import ReplayedPrompt, TurnLookup
+from chat.template import ChatTemplate, RenderedPrompt, TemplateError
 from chat.tools import ChatInputError
-from engine.client import GenerateRequest
+from engine.client import GenerateRequest, ModelInfo
 from server.errors import BadRequest
 from server.http.deps import Caller, EngineLike
 from server.serving.drive import TOKENIZE_INLINE_CHARS
 from server.serving.engine_requests import RequestSampling, generate_requests
-from server.serving.media import media_of
+from server.serving.media import media_of, read_images, tokenize_images
 from server.serving.replay import Recorder, Replay
-from server.serving.spliced import prompt_ids
+from server.serving.spliced import spliced_ids
 from server.serving.state import Choice, ChoiceState, Step
 from server.serving.thinking import thinking_spec
 
@@ -45,6 +49,9 @@ DROPPED_HEADER = "X-Kvserve-Dropped-Messages"
 
 Fitted = tuple[ChatPlan, list[int], int]  # the plan, its prompt tokens, messages dropped
 INLINE_MESSAGES = 64  # at most this many messages (and short ones) render on the event loop
+# The caller's memory of sampled tool turns (server/serving/replay.py request_replay),
+# opened only by a request that can use it.
+ReplaySource = Callable[[], Replay | None]
 
 
 def check_message_count(messages: list[dict[str, Any]]) -> None:
@@ -72,6 +79,22 @@ class Prepared:
     def _state(self, index: int) -> ChoiceState:
         on_finish = self.recorder.finished if self.recorder is not None else None
         return ChoiceState(index, self.plan.parser(), on_finish=on_finish)
+
+
+def has_parts(messages: Sequence[dict[str, Any]]) -> bool:
+    """Whether a message's content is a list of parts: only such a message can carry an
+    image (server/serving/media.py chat_part), so a text-only request runs no image code."""
+    return any(isinstance(m.get("content"), list) for m in messages)
+
+
+async def with_images(
+    request: Request, info: ModelInfo, messages: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The messages with their images read (server/serving/media.py read_images, with the
+    app's `[media]` settings); the same list where no message has parts."""
+    if not has_parts(messages):
+        return messages
+    return await read_images(messages, info, request.app.state.settings.media)
 
 
 def make_plan(
@@ -108,8 +131,29 @@ async def prompt_tokens(
 
 def plan_tokens(engine: EngineLike, plan: ChatPlan) -> list[int]:
     """The plan's prompt tokens, its images' positions and its replayed turns' sampled
-    ids included (blocking; server/serving/spliced.py)."""
+    ids included (blocking)."""
     return prompt_ids(engine, plan.prompt, plan.media, add_special=plan.prompt.add_bos)
+
+
+def prompt_ids(
+    engine: EngineLike, rendered: RenderedPrompt, images: Sequence[Any], *, add_special: bool
+) -> list[int]:
+    """The prompt's ids (blocking): its images' positions included, its sampled turns as
+    sampled where their ids spell their text (server/serving/spliced.py), else as the
+    text tokenizes."""
+    if isinstance(rendered, ReplayedPrompt) and rendered.splices:
+        tokenize = functools.partial(text_ids, engine)
+        ids = spliced_ids(engine, rendered.text, rendered.splices, images, add_special, tokenize)
+        if ids is not None:
+            return ids
+    return text_ids(engine, rendered.text, images, add_special)
+
+
+def text_ids(engine: EngineLike, text: str, images: Sequence[Any], add_special: bool) -> list[int]:
+    """A text's ids, with the positions of the images its markers stand for (blocking)."""
+    if images:
+        return tokenize_images(engine, text, images, add_special=add_special)
+    return engine.tokenize(text, add_special=add_special, parse_special=True)
 
 
 async def prepare_chat(
@@ -123,21 +167,24 @@ async def prepare_chat(
     max_tokens: int | None,
     logprobs: int | None = None,
     overflow: str = "error",
-    replay: Replay | None = None,
+    replay: ReplaySource | None = None,
     thinking_budget: int | None = None,
     window: Callable[[int], int | None] | None = None,
 ) -> Prepared:
     """`max_tokens`: the limit the prompt is fitted to the context with, and the
     requests' own unless `window` (Ollama's `num_ctx`) gives theirs from the prompt's
     length once it is known, so each request is built once with its final limit.
-    `replay`: the caller's sampled tool turns (server/serving/replay.py): the ones the
-    messages send back render as sampled, and this request's own are recorded.
+    `replay`: the caller's sampled tool turns (server/serving/replay.py), opened where
+    the messages send a tool turn back (it renders as sampled) or the plan's parser can
+    read calls (this request's own are recorded); a request that can do neither runs no
+    replay code.
     `thinking_budget`: the one the request names (server/serving/thinking.py).
-    Images in the messages are read already (server/serving/media.py read_images); the
-    requests carry those of the prompt, in order."""
+    Images in the messages are read already (`with_images`); the requests carry those of
+    the prompt, in order."""
     check_message_count(messages)
     options = replace(options, media_marker=engine.info.media_marker)
-    lookup = replay.lookup if replay is not None else None
+    memory = replay() if replay is not None and _sends_tool_turns(messages) else None
+    lookup = memory.lookup if memory is not None else None
     try:
         plan, prompt, dropped = await plan_within_context(
             engine, template, messages, options, max_tokens, overflow, lookup
@@ -146,8 +193,10 @@ async def prepare_chat(
         raise BadRequest(str(exc), param="messages") from exc
     except ChatInputError as exc:
         raise BadRequest(exc.message, param=exc.param) from exc
-    spec = thinking_spec(engine, template.source, plan.prompt.text, thinking_budget,
-                         options.template_kwargs)  # fmt: skip
+    spec = None  # a template without a thinking block, and no budget named: no spec to make
+    if thinking_budget is not None or thinking_syntax(template.source) is not None:
+        spec = thinking_spec(engine, template.source, plan.prompt.text, thinking_budget,
+                             options.template_kwargs)  # fmt: skip
     requests = generate_requests(
         prompt,
         sampling,
@@ -157,10 +206,19 @@ async def prepare_chat(
         caller=caller,
         overrides=grammar_fields(plan.grammar),
         thinking=spec,
-        media=media_of(plan.media),
+        media=media_of(plan.media) if plan.media else (),
     )
-    recorder = Recorder(replay, plan.prompt.text) if replay is not None else None
+    recorder = None
+    if replay is not None and plan.tool_format is not None:  # only its parser reads calls
+        memory = memory or replay()
+        recorder = Recorder(memory, plan.prompt.text) if memory is not None else None
     return Prepared(plan, prompt, requests, dropped, recorder)
+
+
+def _sends_tool_turns(messages: list[dict[str, Any]]) -> bool:
+    """Whether an assistant turn with tool calls is sent back: only such a turn may
+    render as it was sampled (chat/replay.py render_replaying looks up no other)."""
+    return any(m.get("role") == "assistant" and m.get("tool_calls") for m in messages)
 
 
 def grammar_fields(spec: GrammarSpec | None) -> dict[str, object]:
@@ -207,7 +265,7 @@ async def plan_within_context(
 def _is_short(messages: list[dict[str, Any]]) -> bool:
     if len(messages) > INLINE_MESSAGES:
         return False
-    if any(isinstance(m.get("content"), list) for m in messages):
+    if has_parts(messages):
         return False  # images: decoding them blocks
     chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
     return chars <= TOKENIZE_INLINE_CHARS

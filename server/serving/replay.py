@@ -96,7 +96,10 @@ class ReplayMemories:
     def of(self, model_id: str) -> ReplayMemory | None:
         if self.max_bytes <= 0:
             return None
-        return self._by_model.setdefault(model_id, ReplayMemory(self.max_bytes))
+        memory = self._by_model.get(model_id)
+        if memory is None:
+            memory = self._by_model[model_id] = ReplayMemory(self.max_bytes)
+        return memory
 
 
 def _same_id(call_id: str) -> str:

@@ -16,43 +16,28 @@ turn 1's last prompt token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from chat.replay import ReplayedPrompt, Splice
-from chat.template import RenderedPrompt
+from chat.replay import Splice
 from server.http.deps import EngineLike
-from server.serving.media import tokenize_images
+
+# How a piece of the prompt tokenizes, its images' positions included:
+# (text, its images, add_special) -> ids (server/serving/prepare.py text_ids).
+Tokens = Callable[[str, Sequence[Any], bool], list[int]]
 
 
-def prompt_ids(
-    engine: EngineLike, rendered: RenderedPrompt, images: Sequence[Any], *, add_special: bool
-) -> list[int]:
-    """The prompt's ids (blocking): its images' positions included, its sampled turns as
-    sampled where their ids spell their text (else as the text tokenizes)."""
-    splices = rendered.splices if isinstance(rendered, ReplayedPrompt) else ()
-    if splices:
-        ids = _spliced(engine, rendered.text, splices, images, add_special)
-        if ids is not None:
-            return ids
-    return _tokens(engine, rendered.text, images, add_special)
-
-
-def _tokens(engine: EngineLike, text: str, images: Sequence[Any], add_special: bool) -> list[int]:
-    if images:
-        return tokenize_images(engine, text, images, add_special=add_special)
-    return engine.tokenize(text, add_special=add_special, parse_special=True)
-
-
-def _spliced(
+def spliced_ids(
     engine: EngineLike,
     text: str,
     splices: Sequence[Splice],
     images: Sequence[Any],
     add_special: bool,
+    tokenize: Tokens,
 ) -> list[int] | None:
-    """The ids, or None where a piece cannot be tokenized apart (the caller tokenizes
-    the whole text then)."""
+    """The ids of a prompt with sampled turns spliced in (blocking; the caller checked
+    there are splices), or None where a piece cannot be tokenized apart (the caller
+    tokenizes the whole text then)."""
     marker = engine.info.media_marker
     left = list(images)
     ids: list[int] = []
@@ -65,10 +50,10 @@ def _spliced(
         mine = left[:num_images]
         del left[:num_images]
         if start == 0:  # the prompt's head, tokenized as the prompt it was
-            return _tokens(engine, piece, mine, add_special)
+            return tokenize(piece, mine, add_special)
         if not piece:
             return []
-        out = _tokens(engine, piece, mine, False)
+        out = tokenize(piece, mine, False)
         # A tokenizer that starts a text with a space (SentencePiece's add_space_prefix)
         # would write one into the middle of the prompt: not the prompt's text.
         first = engine.special_piece(out[0]) if out and out[0] >= 0 else b""

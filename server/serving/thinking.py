@@ -44,9 +44,3 @@ def thinking_spec(
         return tuple(engine.tokenize(tag, add_special=False, parse_special=True))
 
     return ThinkingSpec(ids(syntax.open), ids(syntax.close), syntax.starts_inside(prompt), budget)
-
-
-def request_budget(*values: int | None) -> int | None:
-    """The first budget a request names (-1: the server's default, as llama-server)."""
-    value = next((v for v in values if v is not None), None)
-    return None if value == -1 else value

@@ -26,7 +26,7 @@ from server.mcp.toolset import McpRef, Toolset
 from server.mcp.turn import check_mcp_choice, loop_prepare, loop_session, mcp_turn
 from server.serving import sse
 from server.serving.drive import new_id, now, until_disconnect
-from server.serving.media import request_images
+from server.serving.prepare import with_images
 from server.serving.state import ParsedOutput, chat_finish_text
 
 
@@ -73,7 +73,7 @@ async def serve_chat_mcp(body: ChatCompletionRequest, request: Request, caller: 
     sampling = replace(body.sampling_record(), session_id=session_id)
     max_tokens = body.max_completion_tokens or body.max_tokens
     messages, options = chat_messages(body), chat_options(body)
-    messages = await request_images(request, engine.info, messages)
+    messages = await with_images(request, engine.info, messages)
     prepare = loop_prepare(served, sampling, caller, pool, max_tokens=max_tokens,
                            overflow=served.context_overflow)  # fmt: skip
     response_id, created, model = new_id("chatcmpl"), now(), engine.info.model_id

@@ -115,6 +115,11 @@ class ChatCompletionRequest(ConstraintFields, SamplingExtras):
     timings_per_token: bool = False
 
     @property
+    def thinking_budget(self) -> int | None:
+        """The budget this request names (server/serving/thinking.py enforces it)."""
+        return request_budget(self.reasoning_budget_tokens, self.thinking_budget_tokens)
+
+    @property
     def has_mcp(self) -> bool:
         """MCP tools (kvserve's extension): server/api/chat/mcp.py runs the turn."""
         return (any(t.type == "mcp" for t in self.tools or [])
@@ -210,3 +215,9 @@ class ChatCompletionRequest(ConstraintFields, SamplingExtras):
         if other is None or other.schema is not None:
             return self.grammar
         return other.gbnf
+
+
+def request_budget(*values: int | None) -> int | None:
+    """The first budget a request names (-1: the server's default, as llama-server)."""
+    value = next((v for v in values if v is not None), None)
+    return None if value == -1 else value

@@ -23,11 +23,9 @@ from server.serving.drive import (
     steps,
     until_disconnect,
 )
-from server.serving.media import request_images
-from server.serving.prepare import DROPPED_HEADER, Prepared, prepare_chat
+from server.serving.prepare import DROPPED_HEADER, Prepared, prepare_chat, with_images
 from server.serving.replay import request_replay
 from server.serving.state import Choice, chat_finish_text, parsed, usage
-from server.serving.thinking import request_budget
 from server.serving.timings import timings, with_timings
 
 log = logging.getLogger("kvserve.server")
@@ -54,7 +52,7 @@ async def serve_chat(
     served = resolve_model(request, body.model)
     engine = served.engine
     check_n(body.n, engine.info.n_seq_max)
-    messages = await request_images(request, engine.info, chat_messages(body))
+    messages = await with_images(request, engine.info, chat_messages(body))
     prepared = await prepare_chat(
         engine,
         served.template,
@@ -65,8 +63,8 @@ async def serve_chat(
         max_tokens=body.max_completion_tokens or body.max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         overflow=served.context_overflow,
-        replay=request_replay(request, served.id, caller),
-        thinking_budget=request_budget(body.reasoning_budget_tokens, body.thinking_budget_tokens),
+        replay=lambda: request_replay(request, served.id, caller),
+        thinking_budget=body.thinking_budget,
     )
     generation = await engine.generate(prepared.requests)
     response_id, created = new_id("chatcmpl"), now()

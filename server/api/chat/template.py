@@ -33,8 +33,7 @@ from server.errors import BadRequest
 from server.http.deps import Caller, CallerDep, claim, registry, resolve_model
 from server.http.lease import Lease, leased
 from server.models.served import ServedModel
-from server.serving.media import request_images
-from server.serving.prepare import make_plan
+from server.serving.prepare import make_plan, with_images
 from server.serving.replay import request_replay
 
 log = logging.getLogger("kvserve.server")
@@ -79,7 +78,7 @@ async def render(request: Request, body: ApplyTemplateRequest, caller: Caller) -
     # Images are read as a chat request reads them (refused as it refuses them; /tokenize
     # counts their positions); each renders as the model's media marker.
     info = served.engine.info
-    messages = await request_images(request, info, chat_messages(body))
+    messages = await with_images(request, info, chat_messages(body))
     # A long conversation renders for a while: off the event loop.
     plan = await asyncio.to_thread(make_plan, served.template, messages, options, lookup,
                                    media_marker=info.media_marker)  # fmt: skip

@@ -26,7 +26,7 @@ from server.mcp.refs import anthropic_ref
 from server.mcp.turn import loop_prepare, loop_session, mcp_turn
 from server.serving import sse
 from server.serving.drive import until_disconnect
-from server.serving.media import request_images
+from server.serving.prepare import with_images
 from server.serving.state import Choice
 
 BETA = "mcp-client-2025-04-04"
@@ -47,7 +47,7 @@ async def serve_messages_mcp(body: MessagesRequest, request: Request, caller: Ca
     engine = served.engine
     session_id, pool, internal = loop_session(caller.session_header)
     sampling = body.sampling_record(session_id)
-    messages = await request_images(request, engine.info, chat_messages(body))
+    messages = await with_images(request, engine.info, chat_messages(body))
     options = message_options(body)
     prepare = loop_prepare(served, sampling, caller, pool, max_tokens=body.max_tokens,
                            param_name=chat_param)  # fmt: skip

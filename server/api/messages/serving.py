@@ -26,8 +26,7 @@ from server.http.deps import Caller, resolve_model
 from server.serving import sse
 from server.serving.drive import collect, steps, until_disconnect
 from server.serving.events import NamedEvent
-from server.serving.media import request_images
-from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens
+from server.serving.prepare import Prepared, make_plan, prepare_chat, prompt_tokens, with_images
 from server.serving.replay import request_replay
 from server.serving.state import Choice, ParsedOutput, coalesced
 
@@ -48,7 +47,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     body.log_unknown("messages.count_tokens")
     served = resolve_model(request, body.model)
     info = served.engine.info
-    messages = await request_images(request, info, chat_messages(body))
+    messages = await with_images(request, info, chat_messages(body))
     with params_renamed(chat_param):
         plan = make_plan(served.template, messages, message_options(body),
                          media_marker=info.media_marker)  # fmt: skip
@@ -60,13 +59,13 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
     served = resolve_model(request, body.model)
     engine = served.engine
     sampling = body.sampling_record(session_id=None)
-    messages = await request_images(request, engine.info, chat_messages(body))
+    messages = await with_images(request, engine.info, chat_messages(body))
     with params_renamed(chat_param):
         prepared = await prepare_chat(engine, served.template, messages,
                                       message_options(body), sampling, caller,
                                       max_tokens=body.max_tokens,
-                                      replay=request_replay(request, served.id, caller,
-                                                            id_of=toolu_id),
+                                      replay=lambda: request_replay(request, served.id, caller,
+                                                                    id_of=toolu_id),
                                       thinking_budget=body.thinking_budget)  # fmt: skip
     generation = await engine.generate(prepared.requests)
     message: dict[str, Any] = {

@@ -30,8 +30,7 @@ from server.api.ollama.protocol import OllamaChatRequest
 from server.errors import BadRequest, params_renamed
 from server.http.deps import Caller
 from server.models.keep_alive import apply_keep_alive
-from server.serving.media import request_images
-from server.serving.prepare import prepare_chat
+from server.serving.prepare import prepare_chat, with_images
 from server.serving.replay import request_replay
 
 
@@ -109,15 +108,16 @@ async def serve_ollama_chat(body: OllamaChatRequest, request: Request, caller: C
     overflow = served.context_overflow
     if body.truncate is not None:
         overflow = "drop_oldest" if body.truncate else "error"
-    messages = await request_images(request, engine.info, chat_messages(body))
+    messages = await with_images(request, engine.info, chat_messages(body))
     with params_renamed(_param):
         prepared = await prepare_chat(
             engine, template, messages, chat_options(body, template.source, body.model),
             opts.sampling_record(), caller, max_tokens=opts.max_tokens, overflow=overflow,
-            replay=request_replay(request, served.id, caller, by_calls=True),
+            replay=lambda: request_replay(request, served.id, caller, by_calls=True),
             window=lambda num_prompt: within_window(opts, num_prompt),
         )  # fmt: skip
-    apply_keep_alive(served, body.keep_alive)  # the request passed every check
+    if body.keep_alive is not None:  # the request passed every check
+        apply_keep_alive(served, body.keep_alive)
     generation = await engine.generate(prepared.requests)
     (state,) = prepared.states()
     return await answer(request, generation, state, model=body.model,

@@ -75,7 +75,8 @@ def kept_model(request: Request, name: str, keep_alive: float | None) -> ServedM
     parsed with the body) is one this caller may set (403: server/models/keep_alive.py). The
     route applies it (`apply_keep_alive`) once the rest of the request has passed."""
     served = ollama_model(request, name, require_ready=False)
-    check_keep_alive(request, served, keep_alive)  # its 403 before any 503 (not loaded)
+    if keep_alive is not None:  # its 403 before any 503 (not loaded)
+        check_keep_alive(request, served, keep_alive)
     ready_engine(served.engine)
     return served
 

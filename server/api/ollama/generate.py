@@ -39,8 +39,8 @@ from server.models.keep_alive import apply_keep_alive
 from server.models.served import ServedModel
 from server.serving.drive import tokenize
 from server.serving.engine_requests import generate_requests
-from server.serving.media import media_of, request_images
-from server.serving.prepare import grammar_fields, make_plan, prompt_tokens
+from server.serving.media import media_of
+from server.serving.prepare import grammar_fields, make_plan, prompt_tokens, with_images
 from server.serving.state import ChoiceState
 from server.serving.thinking import thinking_spec
 
@@ -87,7 +87,7 @@ async def _templated(request: Request, served: ServedModel, body: OllamaGenerate
     messages = [{"role": "system", "content": body.system}] if body.system else []
     messages.append({"role": "user", "content": content_with_images(body.prompt, body.images)})
     info = served.engine.info
-    messages = await request_images(request, info, messages)
+    messages = await with_images(request, info, messages)
     fmt = body.response_format
     plan = make_plan(template, messages, ChatOptions(
         response_format=fmt,  # type: ignore[arg-type]
@@ -141,7 +141,8 @@ async def serve_ollama_generate(
                                  max_tokens=limit, logprobs=None, caller=caller,
                                  overrides=grammar_fields(grammar), thinking=spec,
                                  media=media)  # fmt: skip
-    apply_keep_alive(served, body.keep_alive)  # the request passed every check
+    if body.keep_alive is not None:  # the request passed every check
+        apply_keep_alive(served, body.keep_alive)
     generation = await engine.generate(requests)
 
     def shape(part: Piece) -> dict[str, Any]:

@@ -44,8 +44,7 @@ from server.models.served import ServedModel
 from server.serving import sse
 from server.serving.drive import collect, until_disconnect
 from server.serving.events import named_events
-from server.serving.media import request_images
-from server.serving.prepare import Prepared, prepare_chat
+from server.serving.prepare import Prepared, prepare_chat, with_images
 from server.serving.replay import request_replay
 from server.serving.state import Choice
 
@@ -77,7 +76,7 @@ async def open_turn(body: ResponsesRequest, request: Request, caller: Caller) ->
     seal = reasoning_seal(request)
     _, names = response_tools(request_tools(body.tools, body.input))
     current = input_messages(body, lambda blob, param: seal.open(blob, served.id, param), names)
-    current = await request_images(request, served.engine.info, current)
+    current = await with_images(request, served.engine.info, current)
     return Turn(store, previous, served, [*history, *current], names)
 
 
@@ -105,7 +104,7 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
             engine, served.template, [*system, *conversation], response_options(body),
             replace(body.sampling_record(session_id), session_pool=pool), caller,
             max_tokens=body.max_output_tokens,
-            replay=request_replay(request, served.id, caller),
+            replay=lambda: request_replay(request, served.id, caller),
         )  # fmt: skip
     generation, session_id = await _generate(engine, prepared.requests)
     response = _skeleton(body, engine.info.model_id)

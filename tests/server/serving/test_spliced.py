@@ -8,7 +8,7 @@ from typing import Any
 
 from chat.replay import ReplayedPrompt, Splice
 from chat.template import RenderedPrompt
-from server.serving.spliced import prompt_ids
+from server.serving.prepare import prompt_ids
 
 EOT, BOS, JOINT, GET = 256, 257, 300, 301
 PIECES = {EOT: b"", BOS: b"", JOINT: b"><", GET: b"get"}

@@ -13,9 +13,10 @@ import pytest
 
 from chat.reasoning import thinking_syntax
 from engine.thinking import ThinkingSpec
+from server.api.chat.protocol import request_budget
 from server.app import create_app
 from server.config.tree import ModelSection, Settings
-from server.serving.thinking import request_budget, thinking_spec
+from server.serving.thinking import thinking_spec
 from tests.fakes import FakeEngine
 from tests.server.api.test_openai_api import MODEL
 
