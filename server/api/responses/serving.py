@@ -73,9 +73,11 @@ async def open_turn(body: ResponsesRequest, request: Request, caller: Caller) ->
                                    "previous_response_id")  # fmt: skip
     served = resolve_model(request, body.model)
     history = previous.conversation if previous else []
-    seal = reasoning_seal(request)
     _, names = response_tools(request_tools(body.tools, body.input))
-    current = input_messages(body, lambda blob, param: seal.open(blob, served.id, param), names)
+    # The app's seal, fetched only for an input that carries sealed reasoning.
+    current = input_messages(
+        body, lambda blob, param: reasoning_seal(request).open(blob, served.id, param), names
+    )
     current = await with_images(request, served.engine.info, current)
     return Turn(store, previous, served, [*history, *current], names)
 
