@@ -3,10 +3,11 @@
 Each API reads its own image part's shape (server/api/*/input.py) into an `ImagePart`
 with `image_from_url` or `image_from_base64`, and puts it in the chat message's content
 as a part of the common form (`chat_part`): `{"type": "image", "image": ..., "param": ...}`.
-`read_images` then reads every part once, before the plan: the model must have a
-projector, the count and sizes stay within `[media]`, base64 is decoded in a worker
-thread and http(s) URLs are fetched (only where `[media] allow_urls` says so,
-server/serving/media_fetch.py). The chat plan (chat/plan.py) puts the model's
+`read_images` then reads every part once, before the plan (server/serving/prepare.py
+`with_images` calls it only where a message has parts, so a text-only request runs no
+code here): the model must have a projector, the count and sizes stay within `[media]`,
+base64 is decoded in a worker thread and http(s) URLs are fetched (only where `[media]
+allow_urls` says so, server/serving/media_fetch.py). The chat plan (chat/plan.py) puts the model's
 `media_marker` where each image was and collects the images in order; the prompt is
 tokenized by `tokenize_images`, which names the part of an image the engine could not
 decode (the engine says "image N").
