@@ -25,7 +25,6 @@ from chat.callformat import (
     GrammarSpec,
     MemoizedGrammar,
     document_rule,
-    keyed_tools,
     lazy_at,
     thinking_block,
     thinking_then,
@@ -33,7 +32,7 @@ from chat.callformat import (
 from chat.callstream import BlockParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.reasoning import HY3_THINKING
-from chat.tagged_args import Tags, TypedArgs, tagged_arguments
+from chat.tagged_args import Tags, TypedArgs, tagged_calls
 from chat.tools import Tool
 
 OPEN, CLOSE = "<tool_calls:opensource>", "</tool_calls:opensource>"
@@ -80,12 +79,10 @@ def _grammar(opened: bool, key: str, mode: str, parallel: bool, doc_key: str) ->
         return f"{head} {value} {literal(VALUE_END + chr(10))}"
 
     tags = Tags(param, VALUE_END, "hy3-text")
-    alternatives = []
-    for i, tool in enumerate(keyed_tools(key)):
-        args = tagged_arguments(rules, i, tool, tags)
-        head, tail = literal(f"{CALL}{tool.name}{SEP}\n"), literal(CALL_END + "\n")
-        alternatives.append(rules.add(f"call-{i}", " ".join(p for p in (head, args, tail) if p)))
-    call = rules.add("call", " | ".join(alternatives))
+    call = tagged_calls(
+        rules, key, tags,
+        lambda name, args: (literal(f"{CALL}{name}{SEP}\n"), args, literal(CALL_END + "\n")),
+    )  # fmt: skip
     calls = f"{call}+" if parallel else call
     block = rules.add("block", f"{literal(OPEN + chr(10))} {calls} {literal(CLOSE)}")
     if mode == "auto" and not doc_key:

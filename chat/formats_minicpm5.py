@@ -22,12 +22,11 @@ from chat.callformat import (
     GrammarSpec,
     OwnFormat,
     excluding,
-    keyed_tools,
     lazy_or_forced,
 )
 from chat.callstream import BlockParser, Delta
 from chat.gbnf import RuleSet, literal
-from chat.tagged_args import Tags, TypedArgs, tagged_arguments
+from chat.tagged_args import Tags, TypedArgs, tagged_calls
 from chat.tools import Tool
 
 FUNCTION, FUNCTION_END = '<function name="', "</function>"
@@ -56,12 +55,10 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return f"{head} {value} {literal(PARAM_END)} {ws}"
 
     tags = Tags(param, PARAM_END, _TEXT_RULE)
-    alternatives = []
-    for i, tool in enumerate(keyed_tools(key)):
-        args = tagged_arguments(rules, i, tool, tags)
-        head, tail = literal(FUNCTION + tool.name + '">'), literal(FUNCTION_END)
-        alternatives.append(rules.add(f"call-{i}", " ".join(p for p in (head, args, tail) if p)))
-    call = rules.add("call", " | ".join(alternatives))
+    call = tagged_calls(
+        rules, key, tags,
+        lambda name, args: (literal(FUNCTION + name + '">'), args, literal(FUNCTION_END)),
+    )  # fmt: skip
     calls = f"{call} ({ws} {call})*" if parallel else call
     return lazy_or_forced(rules, calls, mode, doc_key, TRIGGER, "</think>", '"<think>"?',
                           think_tail="[ \\n]*")  # fmt: skip

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from chat.callformat import (
     GrammarSpec,
     OwnFormat,
-    keyed_tools,
     starts_at,
     thinking_block,
     thinking_then,
@@ -28,7 +27,7 @@ from chat.callformat import (
 from chat.callstream import BlockParser, Delta
 from chat.gbnf import RuleSet, literal
 from chat.invoke_elements import InvokeElements
-from chat.tagged_args import Tags, TypedArgs, tagged_arguments
+from chat.tagged_args import Tags, TypedArgs, tagged_calls
 from chat.tools import Tool
 
 OPEN, CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
@@ -49,13 +48,10 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return f"{head} {value} {literal(PARAM_END)} {ws}"
 
     tags = Tags(param, PARAM_END, "m2-text")
-    alternatives = []
-    for i, tool in enumerate(keyed_tools(key)):
-        args = tagged_arguments(rules, i, tool, tags)
-        head = literal(INVOKE + tool.name + '">')
-        body = " ".join(p for p in (head, ws, args, literal(INVOKE_END)) if p)
-        alternatives.append(rules.add(f"call-{i}", body))
-    call = rules.add("call", " | ".join(alternatives))
+    call = tagged_calls(
+        rules, key, tags, lambda name, args: (literal(INVOKE + name + '">'), ws, args,
+                                              literal(INVOKE_END))
+    )  # fmt: skip
     calls = f"{call} ({ws} {call})*" if parallel else call
     block = rules.add("block", f"{literal(OPEN)} {ws} {calls} {ws} {literal(CLOSE)}")
     if mode == "auto" and not doc_key:

@@ -27,11 +27,10 @@ from chat.callformat import (
     OwnFormat,
     document_rule,
     excluding,
-    keyed_tools,
 )
 from chat.callstream import BufferedParser, Delta
 from chat.gbnf import RuleSet, literal
-from chat.tagged_args import Tags, TypedArgs, tagged_arguments
+from chat.tagged_args import Tags, TypedArgs, tagged_calls
 from chat.tools import Tool
 
 START, MESSAGE, EOM, EOT = "<|start|>assistant", "<|message|>", "<|eom|>", "<|eot|>"
@@ -61,16 +60,13 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return f"{head} {value} {literal(PARAM_END)} {nl}"
 
     tags = Tags(param, PARAM_END, "muse-text")
-    alternatives = []
-    for i, tool in enumerate(keyed_tools(key)):
-        invoke = literal(INVOKE + tool.name + '">')
-        head = f"{literal(TO + tool.name + MESSAGE + CALLS)} {nl} {invoke}"
-        args = tagged_arguments(rules, i, tool, tags)
-        tail = f"{literal(INVOKE_END)} {nl} {literal(CALLS_END)}"
-        alternatives.append(
-            rules.add(f"call-{i}", " ".join(p for p in (head, nl, args, tail) if p))
-        )
-    call = rules.add("call", " | ".join(alternatives))
+    tail = f"{literal(INVOKE_END)} {nl} {literal(CALLS_END)}"
+
+    def parts(name: str, args: str) -> tuple[str, ...]:
+        invoke = literal(INVOKE + name + '">')
+        return f"{literal(TO + name + MESSAGE + CALLS)} {nl} {invoke}", nl, args, tail
+
+    call = tagged_calls(rules, key, tags, parts)
     calls = f"{call} ({literal(EOM + START)} {call})*" if parallel else call
     if mode == "auto" and not doc_key:
         return GrammarSpec(rules.text(calls), lazy=True, trigger_patterns=(TRIGGER,))

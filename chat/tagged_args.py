@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chat.callformat import KeyedTool, excluding, input_grammar
+from chat.callformat import KeyedTool, excluding, input_grammar, keyed_tools
 from chat.gbnf import RuleSet
 from chat.schema import SchemaConverter, SchemaError
 from chat.tools import INPUT, ChatInputError, Tool
@@ -115,6 +115,20 @@ class Tags:
     value_end: str
     text_rule: str
     string_text: Callable[[RuleSet, Any], str | None] | None = None
+
+
+def tagged_calls(
+    rules: RuleSet, key: str, tags: Tags, parts: Callable[[str, str], Sequence[str]]
+) -> str:
+    """A rule for one call of any tool `key` holds (`keyed_tools`): tool i's `call-i` is
+    the GBNF `parts` writes from its name and its `tagged_arguments`, the empty ones left
+    out (a tool without parameters has no arguments)."""
+    alternatives = []
+    for i, tool in enumerate(keyed_tools(key)):
+        args = tagged_arguments(rules, i, tool, tags)
+        body = " ".join(p for p in parts(tool.name, args) if p)
+        alternatives.append(rules.add(f"call-{i}", body))
+    return rules.add("call", " | ".join(alternatives))
 
 
 def tagged_arguments(rules: RuleSet, i: int, tool: KeyedTool, tags: Tags) -> str:
