@@ -109,6 +109,17 @@ def each_case(cases: list[ParseCase], steps: tuple[int, ...]) -> Callable[[Test]
     return mark
 
 
+def parser_test(cases: list[ParseCase], steps: tuple[int, ...]) -> Callable[..., None]:
+    """The test that the plan's parser reads each of `cases` as llama.cpp does, fed each of
+    `steps` characters at a time (`ParseCase.check`); a test module names it `test_...`."""
+
+    @each_case(cases, steps)
+    def test(case: ParseCase, step: int) -> None:
+        case.check(step)
+
+    return test
+
+
 def past_calls(
     calls: list[tuple[str, str, str]], user: str = "Run it", ids: tuple[str, ...] = ()
 ) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from tests.chat.llama_cases import (
     SPECIAL,
     ParseCase,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     template,
@@ -59,9 +59,7 @@ CASES = [case(*c) for c in [
 ]]  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 7, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 7, 100_000))
 
 
 TWO = [T.special_function_tool, T.python_tool]

@@ -21,10 +21,9 @@ from tests.chat.llama_cases import (
     SPECIAL,
     TEMPLATES,
     USER,
-    ParseCase,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     template,
@@ -73,9 +72,7 @@ CASES = cases(MOE, [
 ])  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 7, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 7, 100_000))
 
 
 def test_the_prompt_opens_the_thinking() -> None:

@@ -19,10 +19,9 @@ from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
-    ParseCase,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     template,
@@ -54,9 +53,7 @@ ROWS: list[tuple[Any, ...]] = [
 CASES = cases(CMD_R, ROWS)
 
 
-@each_case(CASES, steps=(1, 5, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 5, 100_000))
 
 
 @pytest.mark.parametrize("text", [

@@ -24,7 +24,7 @@ from tests.chat.llama_cases import (
     SwitchedRow,
     assert_renders,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     template,
@@ -82,9 +82,7 @@ ROWS: list[SwitchedRow] = [
 CASES = [ParseCase.switched(("thinking", "enable_thinking"), *c) for c in ROWS]
 
 
-@each_case(CASES, steps=(1, 4, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 4, 100_000))
 
 
 @pytest.mark.parametrize(

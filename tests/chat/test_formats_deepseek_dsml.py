@@ -25,7 +25,7 @@ from tests.chat.llama_cases import (
     SwitchedRow,
     assert_renders,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     template,
     truncated,
@@ -108,9 +108,7 @@ ROWS: list[SwitchedRow] = [
 CASES = [ParseCase.switched(("thinking", "enable_thinking"), *c) for c in ROWS]
 
 
-@each_case(CASES, steps=(1, 4, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 4, 100_000))
 
 
 def test_the_separator_never_reaches_the_content() -> None:

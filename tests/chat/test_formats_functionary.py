@@ -21,11 +21,10 @@ from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
     USER,
-    ParseCase,
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     template,
     truncated,
@@ -50,9 +49,7 @@ ROWS = [
 ]  # fmt: skip
 
 
-@each_case(cases(NAME, ROWS), steps=(1, 3, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(cases(NAME, ROWS), steps=(1, 3, 100_000))
 
 
 def test_detection() -> None:

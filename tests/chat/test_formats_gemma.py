@@ -18,11 +18,10 @@ from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
     HELLO,
     TEMPLATES,
-    ParseCase,
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     replayed,
     required_accepts,
@@ -97,9 +96,7 @@ CASES = cases(G4, [
 ])  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 5, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 5, 100_000))
 
 
 def test_a_cut_off_call_counts_as_truncated() -> None:

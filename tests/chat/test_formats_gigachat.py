@@ -19,11 +19,10 @@ from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
     TEMPLATES,
-    ParseCase,
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     truncated,
@@ -51,9 +50,7 @@ CASES = cases(None, [
 ])  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 6, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 6, 100_000))
 
 
 def test_a_cut_off_call_counts_as_truncated() -> None:

@@ -18,7 +18,7 @@ from tests.chat.llama_cases import (
     ParseCase,
     assert_renders,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
 )
@@ -39,9 +39,7 @@ CASES = [ParseCase(*c) for c in [
 ]]  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 7, 100_000))
-def test_parser(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser = parser_test(CASES, steps=(1, 7, 100_000))
 
 
 @pytest.mark.parametrize("text", [CALL, TWO, CALL.replace(", ", ",")])

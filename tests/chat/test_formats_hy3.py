@@ -20,11 +20,10 @@ from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
     USER,
-    ParseCase,
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     template,
@@ -70,9 +69,7 @@ HIGH_ROWS: list[tuple[Any, ...]] = [
 CASES = cases(HY, ROWS) + cases(HY, HIGH_ROWS, template_kwargs=HIGH_KWARGS)
 
 
-@each_case(CASES, steps=(1, 4, 100_000))
-def test_parser(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser = parser_test(CASES, steps=(1, 4, 100_000))
 
 
 @pytest.mark.parametrize("text", [

@@ -29,7 +29,7 @@ from tests.chat.llama_cases import (
     ParseCase,
     assert_renders,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     template,
@@ -85,9 +85,7 @@ ROWS: list[tuple[Any, ...]] = [
 CASES = [ParseCase(*c) for c in ROWS]
 
 
-@each_case(CASES, steps=(1, 7, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 7, 100_000))
 
 
 def test_detection() -> None:

@@ -23,7 +23,7 @@ from tests.chat.llama_cases import (
     Row,
     assert_renders,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     template,
@@ -107,9 +107,7 @@ ROWS: list[Row] = [
 CASES = [ParseCase(*c, eos=EOS) for c in ROWS]
 
 
-@each_case(CASES, steps=(1, 6, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 6, 100_000))
 
 
 def test_partial_call_is_held_and_then_dropped() -> None:

@@ -25,7 +25,7 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     template,
     truncated,
@@ -91,9 +91,7 @@ CASES = cases(K3, [
 ])  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 7, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 7, 100_000))
 
 
 @pytest.mark.parametrize("step", [1, 100_000])

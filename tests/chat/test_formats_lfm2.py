@@ -22,7 +22,7 @@ from tests.chat.llama_cases import (
     ParseCase,
     assert_renders,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     replayed,
     required_accepts,
@@ -102,9 +102,7 @@ CASES += [ParseCase(name, THINKING, tools, text, reasoning, content, found) for 
 ]]  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 9, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 9, 100_000))
 
 
 def test_a_cut_off_call_counts_as_truncated() -> None:

@@ -24,7 +24,7 @@ from tests.chat.llama_cases import (
     ParseCase,
     assert_renders,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     template,
@@ -80,9 +80,7 @@ ROWS: list[tuple[Any, ...]] = [
 CASES = [case(*row) for row in ROWS]
 
 
-@each_case(CASES, steps=(1, 5, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 5, 100_000))
 
 
 def test_a_cut_off_call_counts_as_truncated() -> None:

@@ -14,11 +14,10 @@ from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
-    ParseCase,
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
 )
@@ -55,9 +54,7 @@ CASES = cases(M2, [
 ])  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 6, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 6, 100_000))
 
 
 TWO = [T.get_time_tool, T.magic_int_tool]

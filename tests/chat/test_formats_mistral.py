@@ -21,11 +21,10 @@ from tests.chat.llama_cases import (
     SPECIAL,
     TEMPLATES,
     USER,
-    ParseCase,
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     replayed,
     required_accepts,
@@ -74,9 +73,7 @@ CASES = cases(None, [
 ])  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 4, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 4, 100_000))
 
 
 def test_a_cut_off_call_counts_as_truncated() -> None:
@@ -180,9 +177,7 @@ SMALL_CASES = cases(None, [
 ])  # fmt: skip
 
 
-@each_case(SMALL_CASES, steps=(1, 4, 100_000))
-def test_mistral_small_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_mistral_small_parser_matches_llama_cpp = parser_test(SMALL_CASES, (1, 4, 100_000))
 
 
 def test_mistral_small_calls_keep_their_sampled_ids() -> None:

@@ -22,11 +22,10 @@ from tests.chat.llama_cases import (
     SPECIAL,
     TEMPLATES,
     USER,
-    ParseCase,
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
     template,
@@ -77,9 +76,7 @@ CASES = cases(MUSE, [
 ])  # fmt: skip
 
 
-@each_case(CASES, steps=(1, 6, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 6, 100_000))
 
 
 def test_a_cut_off_call_counts_as_truncated() -> None:

@@ -20,7 +20,7 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
 )
@@ -66,9 +66,7 @@ ROWS: list[tuple[Any, ...]] = [
 CASES = cases(SEED, ROWS, eos="<seed:eos>")
 
 
-@each_case(CASES, steps=(1, 5, 100_000))
-def test_parser_matches_llama_cpp(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser_matches_llama_cpp = parser_test(CASES, steps=(1, 5, 100_000))
 
 
 def test_reasoning_format_none_leaves_the_thinking_in_the_content() -> None:

@@ -17,11 +17,10 @@ from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
-    ParseCase,
     assert_renders,
     cases,
     detected,
-    each_case,
+    parser_test,
     past_calls,
     required_accepts,
 )
@@ -60,9 +59,7 @@ ROWS: list[tuple[Any, ...]] = [
 CASES = cases(SOLAR, ROWS)
 
 
-@each_case(CASES, steps=(1, 6, 100_000))
-def test_parser(case: ParseCase, step: int) -> None:
-    case.check(step)
+test_parser = parser_test(CASES, steps=(1, 6, 100_000))
 
 
 @pytest.mark.parametrize("text", [
