@@ -15,8 +15,8 @@ from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
-    ParseCase,
     assert_renders,
+    cases,
     detected,
     parser_test,
     past_calls,
@@ -29,14 +29,14 @@ TWO = (
     '<|tool_call|>[{"name": "special_function", "arguments": {"arg1": 1}}, '
     '{"name": "python", "arguments": {"code": "print(1)"}}]'
 )
-CASES = [ParseCase(*c) for c in [
+CASES = cases(None, [
     ("content", G33, [], HELLO, "", HELLO, []),
     ("thinking (reasoning_format deepseek)", G33, [], f"<think>I'm\nthinking</think>{HELLO}",
      "I'm\nthinking", HELLO, []),
     ("kvserve: a call", G33, [T.special_function_tool], CALL, "", "", SPECIAL),
     ("kvserve: text, then two calls", G33, [T.special_function_tool, T.python_tool],
      "Sure. " + TWO, "", "Sure.", [*SPECIAL, ("python", {"code": "print(1)"})]),
-]]  # fmt: skip
+])  # fmt: skip
 
 
 test_parser = parser_test(CASES, steps=(1, 7, 100_000))

@@ -7,6 +7,7 @@ llama.cpp's own grammar engine (tests/chat/gbnf_check.py), past calls rendered."
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -178,7 +179,7 @@ def test_past_calls_render_with_the_templates_ids_and_the_grammar_accepts_them(n
 def test_the_grammar_forces_the_conversations_next_call_index() -> None:
     # the template numbers every call of the conversation (0, 1, ...): the next one is
     # the count of calls the prompt holds; a parallel call after it may take any index
-    def plan(messages: list[dict[str, object]]) -> str:
+    def plan(messages: list[dict[str, Any]]) -> str:
         opts = ChatOptions(tools=(T.special_function_tool, T.python_tool),
                            tool_choice=ToolChoice("required"))  # fmt: skip
         grammar = plan_chat(template("Kimi-K2-Instruct.jinja"), messages, opts).grammar
