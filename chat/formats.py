@@ -15,16 +15,8 @@ ones, and the incremental parser that turns its output back into calls.
   as the whole answer. In `auto` mode the lazy grammar arms when the answer starts with
   `{"tool_calls"`; any other answer stays free text (a plain JSON answer included).
 
-Other families live beside this module: Qwen3-Coder's XML in chat/formats_xml.py, GLM's
-tags in chat/formats_glm.py (Hy3's own in chat/formats_hy3.py), DeepSeek's and Kimi's
-sections in chat/formats_sections.py, Command R7B's blocks in chat/formats_cohere.py,
-Gemma 4's calls and thought channel in chat/formats_gemma.py, Ministral 3's
-`[TOOL_CALLS]NAME[ARGS]` calls and `[THINK]` blocks in chat/formats_mistral.py,
-MiniMax-M3's namespaced `<invoke>` elements in chat/formats_minimax.py (M2's
-`<minimax:tool_call>` in chat/formats_minimax2.py), LFM2's Python-style lists in
-chat/formats_lfm2.py, Apertus's name-keyed list in chat/formats_apertus.py, Command R+'s
-fenced `Action:` list in chat/formats_command_r.py, Solar Open's messages in
-chat/formats_solar.py, gpt-oss's harmony channels in chat/harmony.py; `detect_format`
+Other families live beside this module, each in its chat/formats_*.py (and gpt-oss's
+channels in chat/harmony.py; docs/development.md's module map lists them); `detect_format`
 chooses among them all.
 """
 
@@ -97,10 +89,13 @@ class ToolFormat(MemoizedGrammar):
     def for_prompt(self, prompt: str) -> ToolFormat:
         """A thinking format's grammar for a prompt that opened its thinking: the block must
         close before a forced call, or the `<think>` split would read the call as
-        reasoning (a PromptBound format; its own name keys its grammars apart)."""
+        reasoning (a PromptBound format)."""
         if self.think is None or not self.think.starts_inside(prompt):
             return self
-        return replace(self, name=self.name + "|opened", opened=True)
+        return replace(self, opened=True)
+
+    def bound_to(self) -> str:
+        return str(self.opened)
 
     def build(self, key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return _grammar(self, key, mode, parallel and not self.single_call, doc_key)
