@@ -21,6 +21,7 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
+    lazy_auto,
     parser_test,
     past_calls,
     replayed,
@@ -166,8 +167,8 @@ def test_a_string_keeps_its_schemas_length_and_holds_no_marker() -> None:
 
 
 def test_lazy_grammar_and_parallel_off() -> None:
-    spec = GEMMA4.grammar(TWO, ToolChoice("auto"), parallel=False)
-    assert spec.lazy and spec.trigger_words == ("<|tool_call>",)
+    spec = lazy_auto(GEMMA4, TWO)
+    assert spec.trigger_words == ("<|tool_call>",)
     assert accepts(spec.gbnf, TIME)
     assert not accepts(spec.gbnf, TIME + TIME)
     named = GEMMA4.grammar(TWO, ToolChoice("named", "get_time"), parallel=True)
