@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
-from chat.callformat import CallFormat, GrammarSpec
+from chat.callformat import CallFormat
 from chat.formats import detect_format
 from chat.plan import ChatOptions, plan_chat
 from chat.replay import SampledTurn, prompt_digest
@@ -171,14 +171,6 @@ def replayed(
     history = [*USER, *past_calls(calls, ids=ids)[1:]]
     second = plan_chat(template(name, eos), history, opts, lambda m: [turn]).prompt.text
     return Replayed(first, second, history)
-
-
-def lazy_auto(fmt: CallFormat, tools: list[Tool]) -> GrammarSpec:
-    """`fmt`'s grammar under `tool_choice: auto` (parallel calls off, no response schema),
-    which must be lazy: free text until its trigger."""
-    spec = fmt.grammar(list(tools), ToolChoice("auto"), parallel=False)
-    assert spec.lazy
-    return spec
 
 
 def required_accepts(fmt: CallFormat, tools: list[Tool], text: str) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from chat.formats_apertus import APERTUS
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
@@ -19,7 +20,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -72,8 +72,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_detection() -> None:
-    spec = lazy_auto(APERTUS, BOTH)
-    assert "tools_prefix" in spec.trigger_patterns[0]
+    spec = APERTUS.grammar(BOTH, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and "tools_prefix" in spec.trigger_patterns[0]
     assert spec.trigger_words == ("<|tools_prefix|>",)
     assert detected(APERTUS_T) is APERTUS
 

@@ -19,7 +19,6 @@ from tests.chat.llama_cases import (
     SPECIAL,
     ParseCase,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -94,8 +93,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_parallel_off() -> None:
-    spec = lazy_auto(COMMAND_R7B, TWO)
-    assert spec.trigger_words == ("<|START_ACTION|>",)
+    spec = COMMAND_R7B.grammar(TWO, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == ("<|START_ACTION|>",)
     assert accepts(spec.gbnf, ACTION)
     assert not accepts(spec.gbnf, ACTION.replace("}\n]", "}, " + PYTHON + "\n]"))
 

@@ -23,7 +23,6 @@ from tests.chat.llama_cases import (
     USER,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -112,8 +111,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_a_document() -> None:
-    spec = lazy_auto(COHERE2_MOE, TWO)
-    assert spec.trigger_words == ("<|START_ACTION|>",)
+    spec = COHERE2_MOE.grammar(TWO, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == ("<|START_ACTION|>",)
     assert accepts(spec.gbnf, action(SPECIAL_JSON))
     assert not accepts(spec.gbnf, action(SPECIAL_JSON, PYTHON_JSON))
     document = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -14,13 +14,13 @@ import pytest
 
 from chat.formats_command_r import COMMAND_R_PLUS
 from chat.plan import ChatOptions, plan_chat
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
     SPECIAL,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -76,8 +76,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_detection() -> None:
-    spec = lazy_auto(COMMAND_R_PLUS, BOTH)
-    assert "Action:" in spec.trigger_patterns[0]
+    spec = COMMAND_R_PLUS.grammar(BOTH, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and "Action:" in spec.trigger_patterns[0]
     assert detected(CMD_R) is COMMAND_R_PLUS
     assert detected("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja") is not COMMAND_R_PLUS
 

@@ -21,7 +21,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     replayed,
@@ -167,8 +166,8 @@ def test_a_string_keeps_its_schemas_length_and_holds_no_marker() -> None:
 
 
 def test_lazy_grammar_and_parallel_off() -> None:
-    spec = lazy_auto(GEMMA4, TWO)
-    assert spec.trigger_words == ("<|tool_call>",)
+    spec = GEMMA4.grammar(TWO, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == ("<|tool_call>",)
     assert accepts(spec.gbnf, TIME)
     assert not accepts(spec.gbnf, TIME + TIME)
     named = GEMMA4.grammar(TWO, ToolChoice("named", "get_time"), parallel=True)

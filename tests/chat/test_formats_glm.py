@@ -21,7 +21,6 @@ from tests.chat.llama_cases import (
     SwitchedRow,
     assert_renders,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -115,8 +114,8 @@ def test_a_string_value_cannot_contain_its_closing_tag() -> None:
 
 
 def test_lazy_grammar_and_parallel_off() -> None:
-    spec = lazy_auto(GLM_47, [T.python_tool])
-    assert spec.trigger_patterns == (r"[\s\S]*?(<tool_call>)[\s\S]*",)
+    spec = GLM_47.grammar([T.python_tool], ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_patterns == (r"[\s\S]*?(<tool_call>)[\s\S]*",)
     one = call("python", ("code", "1"))
     assert accepts(spec.gbnf, one) and not accepts(spec.gbnf, one + one)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from chat.formats import GRANITE
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
@@ -17,7 +18,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -56,8 +56,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar() -> None:
-    spec = lazy_auto(GRANITE, [T.special_function_tool])
-    assert spec.trigger_words == ("<|tool_call|>",)
+    spec = GRANITE.grammar([T.special_function_tool], ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == ("<|tool_call|>",)
     assert accepts(spec.gbnf, CALL) and not accepts(spec.gbnf, TWO)
 
 

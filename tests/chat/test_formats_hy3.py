@@ -23,7 +23,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -93,8 +92,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_detection_and_thinking_tags() -> None:
-    spec = lazy_auto(HY3, BOTH)
-    assert "tool_calls:opensource" in spec.trigger_patterns[0]
+    spec = HY3.grammar(BOTH, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and "tool_calls:opensource" in spec.trigger_patterns[0]
     assert detected(HY) is HY3
     plan = plan_chat(template(HY), USER, ChatOptions(template_kwargs=HIGH_KWARGS))
     assert plan.prompt.text.endswith(THINK) and plan.reasoning_inside

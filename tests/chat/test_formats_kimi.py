@@ -24,7 +24,6 @@ from tests.chat.llama_cases import (
     Row,
     assert_renders,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -154,8 +153,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_starts_at_a_call_as_llama_cpp_triggers_it() -> None:
-    spec = lazy_auto(KIMI_K2, TWO)
-    assert spec.trigger_words == ("<|tool_call_begin|>",)
+    spec = KIMI_K2.grammar(TWO, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == ("<|tool_call_begin|>",)
     one = call("special_function", 0, '{"arg1": 1}')
     assert accepts(spec.gbnf, one + CLOSE) and accepts(spec.gbnf, one)
     assert not accepts(spec.gbnf, one + call("python", 1, PYTHON))  # parallel off

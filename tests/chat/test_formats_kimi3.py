@@ -25,7 +25,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     template,
@@ -142,8 +141,8 @@ def test_forced_grammar_after_the_response_opening() -> None:
 
 
 def test_lazy_grammar_and_a_document() -> None:
-    spec = lazy_auto(KIMI_K3, TWO)
-    assert spec.trigger_words == ("<|open|>tools<|sep|>",)
+    spec = KIMI_K3.grammar(TWO, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == ("<|open|>tools<|sep|>",)
     assert accepts(spec.gbnf, tools(SPECIAL_CALL) + END)
     assert not accepts(spec.gbnf, tools(SPECIAL_CALL, SPECIAL_CALL))
     document = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

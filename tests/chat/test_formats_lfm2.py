@@ -12,7 +12,7 @@ import pytest
 
 from chat.formats_lfm2 import LFM2, LFM25, python_calls
 from chat.plan import ChatOptions, plan_chat
-from chat.tools import Tool
+from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
@@ -22,7 +22,6 @@ from tests.chat.llama_cases import (
     ParseCase,
     assert_renders,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     replayed,
@@ -147,8 +146,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_detection() -> None:
-    spec = lazy_auto(LFM25, TOOLS)
-    assert spec.trigger_words == ("<|tool_call_start|>",)
+    spec = LFM25.grammar(TOOLS, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == ("<|tool_call_start|>",)
     assert accepts(spec.gbnf, calls('get_time(city="Paris")'))
     assert not accepts(spec.gbnf, calls('get_time(city="a"), get_time(city="b")'))
     assert [detected(t) for t in TEMPLATES] == [LFM2, LFM25, LFM25]

@@ -13,7 +13,7 @@ import pytest
 from chat.formats_minicpm5 import MINICPM5
 from chat.plan import ChatOptions, plan_chat
 from chat.reasoning import THINK, thinking_syntax
-from chat.tools import Tool
+from chat.tools import Tool, ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.gbnf_check import accepts
 from tests.chat.llama_cases import (
@@ -24,7 +24,6 @@ from tests.chat.llama_cases import (
     ParseCase,
     assert_renders,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -121,8 +120,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_parallel_off() -> None:
-    spec = lazy_auto(MINICPM5, TOOLS)
-    assert "(<function)" in spec.trigger_patterns[0]
+    spec = MINICPM5.grammar(TOOLS, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and "(<function)" in spec.trigger_patterns[0]
     assert accepts(spec.gbnf, PY_X)
     assert not accepts(spec.gbnf, PY_X + "\n" + PY_Y)
 

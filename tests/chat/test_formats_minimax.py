@@ -23,7 +23,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     replayed,
@@ -173,8 +172,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_parallel_off() -> None:
-    spec = lazy_auto(MINIMAX_M3, ALL)
-    assert spec.trigger_words == (f"{NS}<tool_call>",)
+    spec = MINIMAX_M3.grammar(ALL, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == (f"{NS}<tool_call>",)
     assert accepts(spec.gbnf, TIME)
     assert not accepts(spec.gbnf, block(invoke("get_time", el("city", "a")),
                                         invoke("get_time", el("city", "b"))))  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from chat.formats_minimax2 import MINIMAX_M2
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
@@ -16,7 +17,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -82,8 +82,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_detection() -> None:
-    spec = lazy_auto(MINIMAX_M2, TWO)
-    assert "minimax:tool_call" in spec.trigger_patterns[0]
+    spec = MINIMAX_M2.grammar(TWO, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and "minimax:tool_call" in spec.trigger_patterns[0]
     assert detected(M2) is MINIMAX_M2
     assert detected("MiniMax-M1.jinja") is not MINIMAX_M2
 

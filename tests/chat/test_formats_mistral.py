@@ -24,7 +24,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     replayed,
@@ -107,8 +106,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_named_and_parallel_off() -> None:
-    spec = lazy_auto(MINISTRAL3, TWO)
-    assert spec.trigger_words == ("[TOOL_CALLS]",)
+    spec = MINISTRAL3.grammar(TWO, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == ("[TOOL_CALLS]",)
     assert accepts(spec.gbnf, SPECIAL_CALL)
     assert not accepts(spec.gbnf, SPECIAL_CALL + SPECIAL_CALL)
     opts = ChatOptions(tools=tuple(TWO), tool_choice=ToolChoice("named", "special_function"))

@@ -25,7 +25,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -108,8 +107,8 @@ def test_required_grammar_rejects(text: str) -> None:
 
 
 def test_lazy_grammar_and_its_trigger() -> None:
-    spec = lazy_auto(MUSE_GLIMMER, TWO)
-    assert spec.trigger_patterns == (TRIGGER,)
+    spec = MUSE_GLIMMER.grammar(TWO, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_patterns == (TRIGGER,)
     assert accepts(spec.gbnf, CALL) and not accepts(spec.gbnf, CALL + NEXT + PYTHON)
     answer = f" to=user<|message|>{HELLO}{NEXT}{CALL}"
     found = re.fullmatch(TRIGGER, answer)

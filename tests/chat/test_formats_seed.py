@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from chat.formats_xml import SEED_OSS
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
@@ -19,7 +20,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -99,8 +99,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_detection() -> None:
-    spec = lazy_auto(SEED_OSS, TWO)
-    assert "seed:tool_call" in spec.trigger_patterns[0]
+    spec = SEED_OSS.grammar(TWO, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and "seed:tool_call" in spec.trigger_patterns[0]
     assert detected(SEED) is SEED_OSS
     assert SEED_OSS.owns_reasoning
 

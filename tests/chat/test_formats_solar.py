@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from chat.formats_solar import SOLAR_OPEN
+from chat.tools import ToolChoice
 from tests.chat import llama_tools as T
 from tests.chat.llama_cases import (
     HELLO,
@@ -19,7 +20,6 @@ from tests.chat.llama_cases import (
     assert_renders,
     cases,
     detected,
-    lazy_auto,
     parser_test,
     past_calls,
     required_accepts,
@@ -81,8 +81,8 @@ def test_required_grammar_rejects_malformed_calls(text: str) -> None:
 
 
 def test_lazy_grammar_and_detection() -> None:
-    spec = lazy_auto(SOLAR_OPEN, BOTH)
-    assert spec.trigger_words == ("<|tool_calls|>",)
+    spec = SOLAR_OPEN.grammar(BOTH, ToolChoice("auto"), parallel=False)
+    assert spec.lazy and spec.trigger_words == ("<|tool_calls|>",)
     assert detected(SOLAR) is SOLAR_OPEN
 
 
