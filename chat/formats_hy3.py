@@ -79,10 +79,11 @@ def _grammar(opened: bool, key: str, mode: str, parallel: bool, doc_key: str) ->
         return f"{head} {value} {literal(VALUE_END + chr(10))}"
 
     tags = Tags(param, VALUE_END, "hy3-text")
-    call = tagged_calls(
-        rules, key, tags,
-        lambda name, args: (literal(f"{CALL}{name}{SEP}\n"), args, literal(CALL_END + "\n")),
-    )  # fmt: skip
+
+    def parts(name: str, args: str) -> tuple[str, ...]:
+        return literal(f"{CALL}{name}{SEP}\n"), args, literal(CALL_END + "\n")
+
+    call = tagged_calls(rules, key, tags, parts)
     calls = f"{call}+" if parallel else call
     block = rules.add("block", f"{literal(OPEN + chr(10))} {calls} {literal(CLOSE)}")
     if mode == "auto" and not doc_key:

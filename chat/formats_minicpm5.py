@@ -55,10 +55,11 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return f"{head} {value} {literal(PARAM_END)} {ws}"
 
     tags = Tags(param, PARAM_END, _TEXT_RULE)
-    call = tagged_calls(
-        rules, key, tags,
-        lambda name, args: (literal(FUNCTION + name + '">'), args, literal(FUNCTION_END)),
-    )  # fmt: skip
+
+    def parts(name: str, args: str) -> tuple[str, ...]:
+        return literal(FUNCTION + name + '">'), args, literal(FUNCTION_END)
+
+    call = tagged_calls(rules, key, tags, parts)
     calls = f"{call} ({ws} {call})*" if parallel else call
     return lazy_or_forced(rules, calls, mode, doc_key, TRIGGER, "</think>", '"<think>"?',
                           think_tail="[ \\n]*")  # fmt: skip

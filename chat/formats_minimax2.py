@@ -48,10 +48,11 @@ def _grammar(key: str, mode: str, parallel: bool, doc_key: str) -> GrammarSpec:
         return f"{head} {value} {literal(PARAM_END)} {ws}"
 
     tags = Tags(param, PARAM_END, "m2-text")
-    call = tagged_calls(
-        rules, key, tags, lambda name, args: (literal(INVOKE + name + '">'), ws, args,
-                                              literal(INVOKE_END))
-    )  # fmt: skip
+
+    def parts(name: str, args: str) -> tuple[str, ...]:
+        return literal(INVOKE + name + '">'), ws, args, literal(INVOKE_END)
+
+    call = tagged_calls(rules, key, tags, parts)
     calls = f"{call} ({ws} {call})*" if parallel else call
     block = rules.add("block", f"{literal(OPEN)} {ws} {calls} {ws} {literal(CLOSE)}")
     if mode == "auto" and not doc_key:
