@@ -52,7 +52,13 @@ def parse_keep_alive(value: Any) -> float | None:
         raise BadRequest("'keep_alive' must be a number", param="keep_alive")
     else:
         seconds = _whole_seconds(value)
-    return math.inf if seconds < 0 else seconds
+    return math.inf if seconds < 0 or seconds > LONGEST_S else seconds
+
+
+# The longest duration Ollama's Go server can hold (an int64 of nanoseconds, ~292 years):
+# anything longer keeps the model for ever, as there. Kept finite past it, an expiry date
+# (`/api/ps`) or a timer would overflow the clock's range (3e103 s was a 500).
+LONGEST_S = (2**63 - 1) / 1e9
 
 
 def _whole_seconds(value: int | float) -> float:

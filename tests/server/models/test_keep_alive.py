@@ -144,7 +144,9 @@ HUGE = int("1" + "0" * 400)  # past a float's range: float(HUGE) raises Overflow
 
 
 @pytest.mark.parametrize("path", ["/api/generate", "/api/chat", "/api/embed"])
-@pytest.mark.parametrize("huge", [HUGE, -HUGE, str(HUGE), "9" * 5000])
+# 3.1e103 (a float, finite) came from the schema fuzzer: /api/ps's expiry overflowed.
+@pytest.mark.parametrize("huge", [HUGE, -HUGE, str(HUGE), "9" * 5000, 3.1188278695140285e+103,
+                                  "2562048h"])  # fmt: skip
 async def test_a_keep_alive_past_a_floats_range_means_for_ever_not_a_500(
     app: Any, path: str, huge: Any
 ) -> None:
@@ -162,6 +164,9 @@ async def test_a_keep_alive_past_a_floats_range_means_for_ever_not_a_500(
         r = await c.post(path, json=body)
     assert r.status_code == 200, r.text
     assert app.state.models.default.unload_after_s is None  # never unloaded
+    async with _as(app, ADMIN) as c:
+        listed = await c.get("/api/ps")
+    assert listed.status_code == 200, listed.text
 
 
 def test_a_long_string_that_is_no_duration_is_refused_at_once() -> None:
