@@ -42,7 +42,7 @@ def sampler_settings(values: Mapping[str, object]) -> SamplingParams:
     """SamplingParams from a request's fields (engine names; None: the engine's default).
     `logit_bias` keys are token ids sent as JSON object keys (text): a key that is not
     a number is a 400 naming the field. Whether each id is in the vocabulary is the
-    engine's rule (engine/validation.py), checked with every other limit of the model.
+    engine's rule (engine/loop/validation.py), checked with every other limit of the model.
     Seeds are folded to the sampler's 32 bits (-1 and 2**32 - 1 are one seed)."""
     settings: dict[str, object] = {}
     for name, value in values.items():
