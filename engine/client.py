@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from cache import CacheBudget, CacheConfig, redis_client, redis_peer
-from engine.config import EngineConfig, SessionLimits
+from engine.config import NO_PROJECTOR, EngineConfig, SessionLimits
 from engine.engine import Engine
 from engine.exact_rules import (
     exact_min_chunk,
@@ -26,7 +26,7 @@ from engine.family import ftype_name
 from engine.llama import KV_TYPES, gpu_offload_supported
 from engine.loop.generation import Generation
 from engine.loop.sessions import Session, check_session_id
-from engine.loop.validation import ContextOverflowError
+from engine.loop.validation import ContextOverflowError, fits_context
 from engine.settings import EngineSettings
 from engine.thinking import ThinkingSpec
 from engine.types import (
@@ -64,6 +64,7 @@ from engine.types import (
 
 __all__ = [
     "KV_TYPES",
+    "NO_PROJECTOR",
     "TIME_LIMIT_CODES",
     "CacheBudget",
     "CacheConfig",
@@ -107,6 +108,7 @@ __all__ = [
     "error_code",
     "exact_min_chunk",
     "exact_min_rows",
+    "fits_context",
     "ftype_name",
     "gpu_offload_supported",
     "least_prefill_chunk",

@@ -20,6 +20,8 @@ from engine.types import LoraAdapter
 
 log = logging.getLogger(__name__)
 
+NO_PROJECTOR = "none"  # `mmproj` (a model entry's, EngineConfig's): no projector at all
+
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
@@ -58,8 +60,11 @@ class EngineConfig(EngineSettings):
     fetch: Callable[[Callable[[float], None]], str] | None = None
     loras: tuple[LoraAdapter, ...] = ()  # loaded with the model; requests pick among them
     # A vision projector GGUF loaded with the model (engine/llama/vision.py); "": the one
-    # mmproj*.gguf beside the model file, if there is exactly one.
+    # mmproj*.gguf beside the model file, if there is exactly one; NO_PROJECTOR: none.
     mmproj: str = ""
+    # Called after `fetch` when set: the hub's projector for the fetched model ("": the
+    # repository has none), used as `mmproj` (server/models/hub.py fetch_projector).
+    fetch_mmproj: Callable[[Callable[[float], None]], str] | None = None
 
     @classmethod
     def of(

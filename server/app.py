@@ -79,9 +79,12 @@ def engine_config(
     of the process (`budget`: the process's one cache budget, shared by every model's
     cache), and how to fetch it (and its adapters) from a hub."""
     settings = settings or Settings()
-    fetch = None
+    fetch = fetch_mmproj = None
     if model.hf_repo:
-        fetch = functools.partial(hub.fetch, hub_source(label, model, settings.hub))
+        source = hub_source(label, model, settings.hub)
+        fetch = functools.partial(hub.fetch, source)
+        if not model.mmproj:  # the repository's projector comes along, as with -hf
+            fetch_mmproj = functools.partial(hub.fetch_projector, source)
     cache = settings.cache
     if cache.enabled and not cache.disk_path:
         log.info("cache: disk tier off (cache.disk_dir is empty): a restart starts cold")
@@ -93,6 +96,7 @@ def engine_config(
         cache_budget=budget,
         sessions=settings.sessions,
         fetch=fetch,
+        fetch_mmproj=fetch_mmproj,
         loras=tuple(
             _adapter(f"{label}.loras[{j}]", a, settings) for j, a in enumerate(model.loras)
         ),

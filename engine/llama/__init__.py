@@ -11,7 +11,13 @@ methods must be called from the engine thread only.
 - vision.py: `Vision` (a model's image projector, through libmtmd)
 """
 
-from engine.llama.backend import KV_TYPES, cpu_has_amx, gpu_offload_supported, init_backend
+from engine.llama.backend import (
+    KV_TYPES,
+    CaptureErrors,
+    cpu_has_amx,
+    gpu_offload_supported,
+    init_backend,
+)
 from engine.llama.context import Batch, Context, ContextParams, EmbdBatch
 from engine.llama.model import Model
 from engine.llama.sampler import Sampler
@@ -20,6 +26,7 @@ from engine.llama.vision import Vision, projector_beside
 __all__ = [
     "KV_TYPES",
     "Batch",
+    "CaptureErrors",
     "Context",
     "ContextParams",
     "EmbdBatch",

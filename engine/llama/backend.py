@@ -8,6 +8,7 @@ import logging
 import threading
 
 import llama_cpp as C
+from llama_cpp import mtmd_cpp as M
 
 log = logging.getLogger("kvserve.llama")
 
@@ -44,6 +45,9 @@ def init_backend() -> None:
     global _backend_ready
     if not _backend_ready:
         C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        # libmtmd (a projector's load) logs on its own, to stderr unless told: its
+        # errors (a projector for another model's width) are captured like llama.cpp's.
+        M.mtmd_log_set(_log_callback, ctypes.c_void_p(0))
         C.llama_backend_init()
         _backend_ready = True
 

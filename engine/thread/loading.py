@@ -19,10 +19,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cache import PrefixCache
-from engine.config import EngineConfig
+from engine.config import NO_PROJECTOR, EngineConfig
 from engine.exact_rules import CPU_ROW_BY_ROW, CPU_TILE_PAYS, GPU_KERNELS, exact_min_rows
 from engine.family import ModelFamily, UnsupportedModelError
-from engine.llama import Context, ContextParams, Model, Vision, cpu_has_amx, projector_beside
+from engine.llama import (
+    CaptureErrors,
+    Context,
+    ContextParams,
+    Model,
+    Vision,
+    cpu_has_amx,
+    projector_beside,
+)
 from engine.media import image_positions_limit
 from engine.thread.embedder import Embedder
 from engine.thread.exactness import CANDIDATES, exact_rows
@@ -78,10 +86,7 @@ def load(
         progress(value)
         return not report.load_cancelled  # False: llama.cpp abandons the model load
 
-    if cfg.fetch is not None:
-        report.load_phase = "downloading"
-        cfg = dataclasses.replace(cfg, model_path=cfg.fetch(progress))
-        report.load_phase, report.load_progress = "loading", 0.0
+    cfg = fetched(cfg, report)
     _go_on(report)
     with contextlib.ExitStack() as undo:  # emptied once everything is made
         model = Model(
@@ -108,12 +113,7 @@ def load(
                 path = adapter.fetch(progress)
                 report.load_phase = "loading"
             model.load_lora(adapter.id, path)
-        mmproj = cfg.mmproj or projector_beside(cfg.model_path)
-        if mmproj:
-            model.vision = Vision(
-                mmproj, model.handle, threads=cfg.threads, use_gpu=cfg.n_gpu_layers != 0
-            )
-            log.info("vision projector %s loaded for '%s'", mmproj, cfg.model_id)
+        _load_projector(cfg, model)
         _go_on(report)
         ctx = Context(model, _context_params(cfg, total_cells))
         undo.callback(ctx.close)
@@ -153,6 +153,53 @@ def load(
         worker = Worker(model, ctx, scheduler, embedder, deliver, cache, cfg.limits)
         undo.pop_all()
     return Loaded(worker, info, cache)
+
+
+def fetched(cfg: EngineConfig, report: LoadReport) -> EngineConfig:
+    """`cfg` with its hub files local: the model's GGUF and, where `fetch_mmproj` is
+    set, the repository's projector (none when it has none), downloaded before the
+    model loads as llama-server's -hf downloads both."""
+    if cfg.fetch is None:
+        return cfg
+
+    def progress(value: float) -> None:
+        report.load_progress = value
+
+    report.load_phase = "downloading"
+    cfg = dataclasses.replace(cfg, model_path=cfg.fetch(progress))
+    if cfg.fetch_mmproj is not None:
+        cfg = dataclasses.replace(cfg, mmproj=cfg.fetch_mmproj(progress) or NO_PROJECTOR)
+    report.load_phase, report.load_progress = "loading", 0.0
+    return cfg
+
+
+def projector_of(cfg: EngineConfig) -> str | None:
+    """The projector GGUF a load takes: `mmproj` as configured (a hub model's: fetched by
+    then), none for NO_PROJECTOR, else the one mmproj*.gguf beside the model file."""
+    if cfg.mmproj == NO_PROJECTOR:
+        return None
+    return cfg.mmproj or projector_beside(cfg.model_path)
+
+
+def _load_projector(cfg: EngineConfig, model: Model) -> None:
+    """The model's projector, if it has one. One that does not fit the model (another
+    model's output width, an unsupported kind) refuses the load in one line naming
+    llama.cpp's reason: loading again cannot help."""
+    path = projector_of(cfg)
+    if not path:
+        return
+    with CaptureErrors() as errors:  # libmtmd logs why; its init only answers NULL
+        try:
+            model.vision = Vision(
+                path, model.handle, threads=cfg.threads, use_gpu=cfg.n_gpu_layers != 0
+            )
+        except RuntimeError as exc:
+            reasons = [line for e in errors for line in e.splitlines() if line.strip()]
+            why = f": {'; '.join(reasons)}" if reasons else ""
+            raise UnsupportedModelError(
+                f"model '{cfg.model_id}' cannot be served: {exc}{why}"
+            ) from None
+    log.info("vision projector %s loaded for '%s'", path, cfg.model_id)
 
 
 def free_worker(worker: Worker) -> None:

@@ -9,13 +9,25 @@ llama_decode, as llama-server decodes it: the rows of a projector that attends b
 (Gemma 3) see each other. Image ids (< 0) never reach llama_decode as tokens. The
 chunk's last row is in the last decode, where the runner samples it as it samples any
 prefill chunk.
+
+An image that cannot be encoded (the projector fails: not a llama_decode failure) fails
+its own request (`ImageEncodeError`, engine/thread/runner.py and worker.py): the other
+chunks of the step go on, and the engine thread with them.
 """
 
 from __future__ import annotations
 
+import logging
+
 from engine.llama import Batch, Context, EmbdBatch, Vision
 from engine.media import image_spans
 from engine.thread.plan import Chunk
+
+log = logging.getLogger(__name__)
+
+
+class ImageEncodeError(Exception):
+    """An image of the chunk could not be encoded; the message is the request's error."""
 
 
 def has_media(chunk: Chunk) -> bool:
@@ -30,7 +42,8 @@ def prefill_media_chunk(
     ctx: Context, vision: Vision, batch: Batch, embd: EmbdBatch, chunk: Chunk
 ) -> tuple[int, int]:
     """Decode the chunk run by run; (the llama_decode code, the last row's index in the
-    last decode): a code other than 0 stops at that run."""
+    last decode): a code other than 0 stops at that run. ImageEncodeError: an image
+    could not be encoded (the runs before it are decoded: the caller drops them)."""
     seq = chunk.seq
     assert seq.slot is not None
     request = seq.request
@@ -57,7 +70,14 @@ def prefill_media_chunk(
             code = ctx.decode(batch)
         else:
             first, past, _ = spans[image]
-            rows = vision.embeddings(request.media[image], past - first, embd.n_embd)
+            try:
+                rows = vision.embeddings(request.media[image], past - first, embd.n_embd)
+            except Exception as exc:  # the projector's failure costs this request only
+                log.exception("vision: image %d of %s could not be encoded", image,
+                              request.request_id)  # fmt: skip
+                raise ImageEncodeError(
+                    f"image {image} could not be encoded ({type(exc).__name__}: {exc})"
+                ) from exc
             embd.fill(seq.slot, rows[start - first : stop - first], start, last)
             last_row = stop - start - 1
             code = ctx.decode_embeddings(embd.struct, causal=not vision.non_causal)

@@ -8,7 +8,7 @@ import numpy as np
 
 from engine.llama import Batch, Context, EmbdBatch, Vision
 from engine.sequence import Sequence
-from engine.thread.media_prefill import has_media, prefill_media_chunk
+from engine.thread.media_prefill import ImageEncodeError, has_media, prefill_media_chunk
 from engine.thread.scheduler import Chunk
 from engine.types import TokenLogprob, TopLogprob
 
@@ -40,6 +40,7 @@ class StepResult:
     sampled: list[Sampled]  # a sequence's tokens together and in order
     scored: list[tuple[Sequence, list[TokenLogprob]]]  # prompt log-probabilities
     drafts: list[tuple[Sequence, int, int]] = field(default_factory=list)  # drafted, accepted
+    failed: list[tuple[Chunk, str]] = field(default_factory=list)  # an image not encoded: error
 
 
 def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
@@ -154,7 +155,11 @@ class Runner:
         assert vision is not None
         if self._embd is None:
             self._embd = EmbdBatch(self.batch.capacity, self.ctx.model.n_embd)
-        code, row = prefill_media_chunk(self.ctx, vision, self.batch, self._embd, chunk)
+        try:
+            code, row = prefill_media_chunk(self.ctx, vision, self.batch, self._embd, chunk)
+        except ImageEncodeError as exc:  # its request fails; the step's others go on
+            result.failed.append((chunk, str(exc)))
+            return
         if code != 0:
             raise DecodeError(code)
         if chunk.sample:

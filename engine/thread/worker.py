@@ -190,6 +190,8 @@ class Worker:
             return
         finally:
             self.decode_deadline = 0.0
+        if result.failed:
+            chunks = self._media_failed(chunks, result.failed)
         for chunk in chunks:  # stage times for the metrics
             if chunk.seq.t_scheduled is None:
                 chunk.seq.t_scheduled = started
@@ -304,6 +306,17 @@ class Worker:
         log.error("%s; failing %d sequence(s)", error, len(chunks))
         for seq in {id(c.seq): c.seq for c in chunks}.values():
             self._finish(seq, FinishReason.ERROR, "", error=error)
+
+    def _media_failed(self, chunks: list[Chunk], failed: list[tuple[Chunk, str]]) -> list[Chunk]:
+        """The step's chunks less those whose image could not be encoded: each of those
+        fails its own request, its cells from the chunk on dropped (the text runs before
+        the image were decoded)."""
+        for chunk, error in failed:
+            slot = chunk.seq.slot
+            if slot is not None and not self.kv.remove_seq(slot, chunk.start):
+                KvExecutor.start_cold(chunk.seq)  # its slot was emptied instead
+            self._finish(chunk.seq, FinishReason.ERROR, "", error=error)
+        return [c for c in chunks if all(c is not f for f, _ in failed)]
 
     def _fail_everything(self, error: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, Field
 from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
-from engine.client import EngineSettings
+from engine.client import NO_PROJECTOR, EngineSettings
 from server.config.hub import HubError, HubSection, HubSource
 from server.config.values import ConfigError
 
@@ -63,7 +63,9 @@ class ModelSection:
     context_overflow: Literal["error", "drop_oldest"] = "error"
     loras: tuple[LoraSection, ...] = ()  # [[models.loras]] entries
     # A vision projector GGUF (llama.cpp's mmproj): prompts may then carry images. Empty:
-    # an mmproj*.gguf beside the model file, if there is exactly one.
+    # an hf_repo model's repository's projector, fetched with it as llama-server's -hf
+    # does; else the mmproj*.gguf beside the model file, if there is exactly one.
+    # "none" (NO_PROJECTOR): no projector, text only.
     mmproj: str = ""
     load: Literal["startup", "on_demand"] = "startup"  # on_demand: loaded by its first request
     # unloaded after this long without requests; 0: never
@@ -115,7 +117,7 @@ def check_models(labels: list[str], models: tuple[ModelSection, ...], hub: HubSe
         elif not os.path.isfile(m.model_path):
             raise ConfigError(f"{label}.path: file not found: {m.model_path}")
         _check_loras(label, m, hub)
-        if m.mmproj and not os.path.isfile(m.mmproj):
+        if m.mmproj and m.mmproj != NO_PROJECTOR and not os.path.isfile(m.mmproj):
             raise ConfigError(f"{label}.mmproj: file not found: {m.mmproj}")
         tpl = m.chat_template
         if tpl and os.path.sep in tpl and "{" not in tpl and not os.path.isfile(tpl):

@@ -6,6 +6,10 @@ HF_HUB_OFFLINE all apply as they do for every other tool of that ecosystem. A fi
 only handed to llama.cpp once the library has renamed it complete, and a freshly
 downloaded file is checked against the sha256 the hub lists for it.
 
+A model's vision projector comes along as llama-server's `-hf` fetches it
+(`fetch_projector`, `choose_projector`): the repository's `mmproj` GGUF nearest the
+model's folder and quantization, downloaded with the model and under the same checks.
+
 Every failure is a `HubError` whose text is one line naming the config key (the error and
 `HubSource`, which the config's checks parse too, are server/config/hub.py's).
 """
@@ -31,6 +35,9 @@ Progress = Callable[[float], None]
 
 # A split GGUF's shards: model-00001-of-00003.gguf
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+# A file's quant tag as llama.cpp's download.cpp reads it: the last [-.] word of the
+# name without ".gguf" (and without a shard suffix): "mmproj-model-f16" -> "f16".
+_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 
 
 class NoRoom(HubError):
@@ -52,7 +59,7 @@ def choose_file(source: HubSource, names: list[str]) -> str:
         if source.file not in names:
             raise HubError(f"{source.key}: file {source.file!r} not found in {source.repo}")
         return source.file
-    ggufs = [n for n in names if n.lower().endswith(".gguf") and "mmproj" not in n.lower()]
+    ggufs = [n for n in names if n.lower().endswith(".gguf") and not _is_projector(n)]
     if not ggufs:
         raise HubError(f"{source.key}: no GGUF file in {source.repo}")
     if source.quant:
@@ -79,6 +86,44 @@ def _shard_index(name: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _is_projector(name: str) -> bool:
+    """A vision projector's GGUF (llama.cpp's mmproj), never taken as the model."""
+    return "mmproj" in name.lower()
+
+
+def choose_projector(model_file: str, names: list[str]) -> str | None:
+    """The projector llama-server's `-hf` takes with `model_file` (llama.cpp's
+    common/download.cpp, `find_best_sibling(files, model, "mmproj")`): among the
+    repository's `mmproj` GGUFs in the model's folder or a folder above it, the deepest,
+    then the one whose quant's bits are nearest the model's (a Q8_0 model takes
+    mmproj-Q8_0 over mmproj-f16; a Q4_K_M one takes mmproj-Q8_0 over f16), then the
+    first by name. None: the repository has none."""
+    model_dir = model_file.split("/")[:-1]
+    model_bits = _quant_bits(model_file)
+    best: tuple[int, int] | None = None  # (-depth, bits apart): smaller is better
+    chosen = None
+    for name in sorted(names):
+        if not (name.lower().endswith(".gguf") and _is_projector(name)):
+            continue
+        folder = name.split("/")[:-1]
+        if model_dir[: len(folder)] != folder:  # not the model's folder nor above it
+            continue
+        rank = (-len(folder), abs(_quant_bits(name) - model_bits))
+        if best is None or rank < best:
+            best, chosen = rank, name
+    return chosen
+
+
+def _quant_bits(name: str) -> int:
+    """The bits of a file's quant tag (Q4_K_M: 4, Q8_0: 8, f16 and BF16: 16; 0: none),
+    as llama.cpp's `extract_quant_bits`."""
+    stem = _SHARD.sub("", name)  # a shard's suffix, ".gguf" included
+    stem = stem[:-5] if stem.lower().endswith(".gguf") else stem
+    tag = _TAG.search(stem)
+    digits = re.search(r"\d+", tag.group(1)) if tag else None
+    return int(digits.group(0)) if digits else 0
+
+
 def fetch(
     source: HubSource,
     on_progress: Progress | None = None,
@@ -92,6 +137,39 @@ def fetch(
     `endpoint`/`offline` default to huggingface_hub's (HF_ENDPOINT, HF_HUB_OFFLINE).
     `before_download(filename, size)` runs once the file is known to need a download,
     before any byte of it is written; it refuses by raising (NoRoom)."""
+    # choose_file names a file or raises: never None here
+    return _fetch(source, choose_file, on_progress, endpoint, offline, before_download) or ""
+
+
+def fetch_projector(
+    source: HubSource,
+    on_progress: Progress | None = None,
+    *,
+    endpoint: str | None = None,
+    offline: bool | None = None,
+    before_download: Callable[[str, int], None] | None = None,
+) -> str:
+    """The local path of the vision projector that goes with the model `fetch` gives
+    (`choose_projector`), downloading it first if it is not cached, as `fetch` does the
+    model (same checks, same `before_download`); "" when the repository has none.
+    Offline or with the hub out of reach, only a projector in the local cache is found."""
+
+    def pick(src: HubSource, names: list[str]) -> str | None:
+        return choose_projector(choose_file(src, names), names)
+
+    return _fetch(source, pick, on_progress, endpoint, offline, before_download) or ""
+
+
+def _fetch(
+    source: HubSource,
+    pick: Callable[[HubSource, list[str]], str | None],
+    on_progress: Progress | None,
+    endpoint: str | None,
+    offline: bool | None,
+    before_download: Callable[[str, int], None] | None,
+) -> str | None:
+    """The local path of the file `pick` chooses among the repository's names (None:
+    it chose none), downloaded first if it is not cached."""
     import huggingface_hub as hf  # here, not at import: only configs with hf_repo need it
     from huggingface_hub import constants as hf_constants
     from huggingface_hub import errors as hf_errors
@@ -105,7 +183,9 @@ def fetch(
             names, expected = _cached_names(source, cache_dir), None
         else:
             names, expected = _listing(source, endpoint, cache_dir)
-        filename = choose_file(source, names)
+        filename = pick(source, names)
+        if filename is None:
+            return None
         cached = hf.try_to_load_from_cache(source.repo, filename, cache_dir, revision)
         listed = expected.get(filename) if expected is not None else None
         if before_download is not None and listed is not None and not _current(cached, listed):

@@ -5,7 +5,8 @@ with `image_from_url` or `image_from_base64`, and puts it in the chat message's 
 as a part of the common form (`chat_part`): `{"type": "image", "image": ..., "param": ...}`.
 `read_images` then reads every part once, before the plan (server/serving/prepare.py
 `with_images` calls it only where a message has parts, so a text-only request runs no
-code here): the model must have a projector, the count and sizes stay within `[media]`,
+code here): the model must have a projector, the count, the bytes and the pixels
+(read from each file's header, server/serving/image_header.py) stay within `[media]`,
 base64 is decoded in a worker thread and http(s) URLs are fetched (only where `[media]
 allow_urls` says so, server/serving/media_fetch.py). The chat plan (chat/plan.py) puts the model's
 `media_marker` where each image was and collects the images in order; the prompt is
@@ -30,6 +31,7 @@ from typing import Any
 from engine.client import EngineLike, InvalidRequestError, Media, ModelInfo
 from server.config.media import MediaSection
 from server.errors import BadRequest
+from server.serving.image_header import image_size
 from server.serving.media_fetch import fetch_image
 
 log = logging.getLogger("kvserve.server")
@@ -140,14 +142,14 @@ async def _read(part: ImagePart, settings: MediaSection) -> Image:
                              "[media] allow_urls = true", param=part.param)  # fmt: skip
         data = await fetch_image(part.url, part.param, settings.max_image_bytes,
                                  settings.url_timeout_s)  # fmt: skip
-        return await asyncio.to_thread(_image, data, part.param)
+        return await asyncio.to_thread(_image, data, part.param, settings)
     # base64 is 4 characters for 3 bytes: a text this long decodes past the limit.
     if len(part.data) > (settings.max_image_bytes + 2) // 3 * 4 + 4096:  # (+ line breaks)
         raise _too_large(part.param, settings.max_image_bytes)
     data = await asyncio.to_thread(_decode, part.data, part.param)
     if len(data) > settings.max_image_bytes:
         raise _too_large(part.param, settings.max_image_bytes)
-    return await asyncio.to_thread(_image, data, part.param)
+    return await asyncio.to_thread(_image, data, part.param, settings)
 
 
 def _too_large(param: str, limit: int) -> BadRequest:
@@ -166,9 +168,16 @@ def _decode(text: str, param: str) -> bytes:
         raise BadRequest(f"'{param}' is not valid base64: {exc}", param=param) from None
 
 
-def _image(data: bytes, param: str) -> Image:
+def _image(data: bytes, param: str, settings: MediaSection) -> Image:
     if not data:
         raise BadRequest(f"'{param}' holds no image data", param=param)
+    # The size its header declares, before anything decodes it (server/serving/image_header.py);
+    # bytes of no format read here are refused by the engine's decoder, the part named.
+    size = image_size(data)
+    if size is not None and size[0] * size[1] > settings.max_image_pixels:
+        raise BadRequest(f"'{param}': the image is {size[0]:,} x {size[1]:,} pixels; at most "
+                         f"{settings.max_image_pixels:,} pixels ([media] max_image_pixels)",
+                         param=param)  # fmt: skip
     return Image(Media(data, hashlib.sha256(data).hexdigest()), param)
 
 

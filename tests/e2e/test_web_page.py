@@ -200,6 +200,25 @@ def test_a_hostile_reply_and_message_render_inert(
     assert console_errors(browser) == []
 
 
+def test_the_model_list_says_what_a_model_takes(
+    browser: Any, fake_server: tuple[str, FakeEngine]
+) -> None:
+    url, _ = fake_server  # a text model
+    browser.get(f"{url}/")
+    found = wait_for(lambda: by_css(browser, "#model option[value='fake-model']"), 15, "models")
+    assert found[0].get_attribute("data-modalities") == "text"
+    assert found[0].text == "fake-model"
+    assert one(browser, "#model-takes").text == "takes text"
+    # a model with a projector loaded: /v1/models meta.modalities.vision
+    with serving(FakeEngine(model_id="vlm", vision=True)) as vision_url:
+        browser.get(f"{vision_url}/")
+        found = wait_for(lambda: by_css(browser, "#model option[value='vlm']"), 15, "models")
+        assert found[0].get_attribute("data-modalities") == "text, images"
+        assert found[0].text == "vlm · images"
+        assert one(browser, "#model-takes").text == "takes text and images"
+        assert console_errors(browser) == []
+
+
 BLOCKS = (
     "# Title\n"
     "one\ntwo\n\n"

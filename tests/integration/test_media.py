@@ -2,8 +2,9 @@
 (tests/helpers/vision_projector.py), through libmtmd.
 
 The prefix cache keys an image's positions by its digest (engine/media.py): the same
-picture at the same place is reused, another never is, on a slot, in RAM, on disk after a
-restart, and never across tenants (salts)."""
+picture at the same place is reused, another never is, on a slot, in RAM (one slot, which
+a text prompt takes over), on disk after a restart, and never across tenants (salts). The
+shared tier, sessions and forks: tests/integration/test_media_tiers.py."""
 
 from __future__ import annotations
 
@@ -46,6 +47,28 @@ def turn2_text(reply: str) -> str:
             "more detail, please, one by one.<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
 
 
+def tokens_before_image(engine: Engine) -> int:
+    """Tokens before the image in turn1_text: the most another picture may reuse."""
+    return len(engine.tokenize(turn1_text().split(MARK)[0], add_special=False))
+
+
+def hits_from(engine: Engine, source: str) -> int:
+    """Requests so far whose reused prefix came from `source` (none/slot/ram/disk/shared)."""
+    stats = engine.stats()
+    assert stats is not None
+    return dict(stats.hit_sources).get(source, 0)
+
+
+async def take_the_slot(engine: Engine, topic: str) -> None:
+    """A text prompt (its own first block: `topic` differs) that takes an engine's one slot,
+    so what the slot held is found in the cache's tiers only."""
+    text = f"<|im_start|>user\n{topic}: tell me about it.<|im_end|>\n<|im_start|>assistant\n"
+    prompt = tuple(engine.tokenize(text, add_special=False))
+    generation = await engine.generate([request(prompt, max_tokens=4)])
+    async for _ in generation:
+        pass
+
+
 async def answer(
     engine: Engine, text: str, media: Media, **kw: object
 ) -> tuple[str, int, list[TokenLogprob]]:
@@ -85,8 +108,8 @@ async def test_same_image_reused_warm_equals_cold_and_another_differs(vision: En
     reply, _, _ = await answer(vision, turn1_text(), pic)
     # Turn 2: the image and turn 1 come from the slot; only the new text is computed.
     warm, cached, warm_lp = await answer(vision, turn2_text(reply), pic, logprobs=3)
-    start_ = vision.tokenize(turn1_text().split(MARK)[0], add_special=False)
-    assert cached >= len(start_) + IMAGE_TOKENS
+    before = tokens_before_image(vision)
+    assert cached >= before + IMAGE_TOKENS
     cold_engine = await start(mmproj=str(projector_path()), n_seq_max=1)
     try:
         cold, cached_cold, cold_lp = await answer(cold_engine, turn2_text(reply), pic, logprobs=3)
@@ -96,24 +119,63 @@ async def test_same_image_reused_warm_equals_cold_and_another_differs(vision: En
     # Another picture at the same place: nothing past the image's start is reused, and
     # the first token's distribution differs.
     _, cached_other, other_lp = await answer(vision, turn2_text(reply), other, logprobs=3)
-    assert cached_other <= len(start_)
+    assert cached_other <= before
     assert other_lp[0] != warm_lp[0]
 
 
+async def test_the_ram_tier_reuses_the_same_image_and_never_another() -> None:
+    """One slot and no disk: once a text prompt has taken the slot, the picture's prefix
+    can come from RAM alone."""
+    pic, other = image(9), image(10)
+    config = CacheConfig(block_tokens=16, min_tokens=16)  # disk_dir "": RAM only
+    engine = await start(mmproj=str(projector_path()), n_seq_max=1, cache=config)
+    try:
+        before = tokens_before_image(engine)
+        cold, cached_cold, cold_lp = await answer(engine, turn1_text(), pic, logprobs=3)
+        assert cached_cold == 0
+        await take_the_slot(engine, "Mountains")
+        # Another picture at the same place: RAM holds the first one's prefix and lends no
+        # more than the text before the image.
+        _, cached_other, other_lp = await answer(engine, turn1_text(), other, logprobs=3)
+        assert cached_other <= before
+        assert other_lp[0] != cold_lp[0]
+        await take_the_slot(engine, "Rivers")
+        ram_hits = hits_from(engine, "ram")
+        warm, cached, warm_lp = await answer(engine, turn1_text(), pic, logprobs=3)
+        assert hits_from(engine, "ram") == ram_hits + 1  # this request's prefix: from RAM
+        assert cached >= before + IMAGE_TOKENS  # past the image
+        assert warm == cold and warm_lp == cold_lp  # exact_reuse: as cold
+        # Another tenant (salt) reuses nothing of it: neither the RAM entry nor the slot.
+        _, cached_tenant, _ = await answer(engine, turn1_text(), pic, cache_salt="b")
+        assert cached_tenant == 0
+    finally:
+        engine.close()
+
+
 async def test_restore_from_disk_after_restart_and_tenants_apart(tmp_path: Path) -> None:
-    pic = image(3)
+    pic, other = image(3), image(4)
     config = CacheConfig(disk_dir=str(tmp_path), block_tokens=16, min_tokens=16)
     engine = await start(mmproj=str(projector_path()), n_seq_max=1, cache=config)
     try:
-        first, _, _ = await answer(engine, turn1_text(), pic, cache_salt="a")
+        first, _, first_lp = await answer(engine, turn1_text(), pic, cache_salt="a", logprobs=3)
     finally:
         engine.close()
     engine = await start(mmproj=str(projector_path()), n_seq_max=1, cache=config)
     try:
-        again, cached, _ = await answer(engine, turn1_text(), pic, cache_salt="a")
-        assert again == first and cached > IMAGE_TOKENS  # restored past the image
-        stats = engine.stats()
-        assert stats is not None and dict(stats.hit_sources).get("disk") == 1
+        before = tokens_before_image(engine)
+        # Another picture at the same place first, while only the disk holds anything: it
+        # lends no more than the text before the image.
+        _, cached_other, other_lp = await answer(
+            engine, turn1_text(), other, cache_salt="a", logprobs=3
+        )
+        assert cached_other <= before
+        assert other_lp[0] != first_lp[0]
+        again, cached, again_lp = await answer(
+            engine, turn1_text(), pic, cache_salt="a", logprobs=3
+        )
+        assert cached >= before + IMAGE_TOKENS  # restored past the image
+        assert again == first and again_lp == first_lp  # exact_reuse: as cold
+        assert hits_from(engine, "disk") == 1
         # Another tenant (salt) reuses nothing of it: neither the disk entry nor the slot.
         _, cached_b, _ = await answer(engine, turn1_text(), pic, cache_salt="b")
         assert cached_b == 0

@@ -1,25 +1,33 @@
 """Images on every API against the fake engine (issue 50 item 1): each API's image part
 reaches the engine as the GenerateRequest's media, its positions in the prompt; every
-refusal is a 400 in the API's own shape naming the part; capabilities say vision."""
+refusal is a 400 in the API's own shape naming the part; capabilities say vision. Image
+URLs ([media] allow_urls) are fetched from a loopback server on each API that takes them."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from server.config.media import MediaSection
 from server.config.tree import Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FAKE_IMAGE_TOKENS, FakeEngine
+from tests.helpers.threaded_server import serving_app
 from tests.server.api.test_openai_api import MODEL
+from tests.server.serving.test_image_header import png_header
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(120))
-GIF = b"GIF89a" + bytes(range(60, 160))
+GIF = b"GIF89a" + bytes((2, 0, 2, 0)) + bytes(range(60, 156))  # 2 x 2 (its header's size)
 B64, GIF64 = base64.b64encode(PNG).decode(), base64.b64encode(GIF).decode()
 DATA_URL = "data:image/png;base64," + B64
 MARKER = "<__media__>"
@@ -159,6 +167,9 @@ def named(route: str, r: httpx.Response) -> str:
         ({"b64": B64, "type": "text/plain"}, "not an image type"),
         ({"b64": base64.b64encode(b"plain text").decode(), "type": "image/png"},
          "cannot be decoded"),  # the engine's "image 0", named back
+        # A PNG header declaring 25,000 x 25,000 (~1.9 GB unpacked): refused unread.
+        ({"b64": base64.b64encode(png_header(25_000, 25_000)).decode(), "type": "image/png"},
+         "max_image_pixels"),
     ],
 )
 async def test_bad_images_name_the_part(
@@ -241,3 +252,75 @@ async def test_template_and_tokenize_show_the_image(
     assert r.status_code == 200, r.text
     pieces = r.json()["tokens"]
     assert [p["piece"] for p in pieces if p["id"] < 0] == [""] * FAKE_IMAGE_TOKENS
+
+
+# Image URLs through the routes ([media] allow_urls = true). The fetching itself (limits,
+# redirects, time): tests/server/serving/test_media.py.
+FETCHING = Settings(media=MediaSection(allow_urls=True, url_timeout_s=5.0))
+
+
+@pytest.fixture
+def image_host() -> Iterator[tuple[str, list[str]]]:
+    """A loopback HTTP server whose /a.png is PNG (any other path: 404), and the paths it
+    was asked for, in order."""
+    fetched: list[str] = []
+
+    async def picture(request: Request) -> Response:
+        fetched.append(request.url.path)
+        return Response(PNG, media_type="image/png")
+
+    with serving_app(Starlette(routes=[Route("/a.png", picture)])) as url:
+        yield url, fetched
+
+
+def _url_requests(url: str) -> list[tuple[str, dict[str, Any], str]]:
+    """(route, body, param): one image by URL in each API that takes URLs (Ollama's
+    `images` are base64 only)."""
+    return [
+        ("/v1/chat/completions", chat(TEXT, image_url(url)), "messages[0].content[1].image_url"),
+        ("/v1/responses", {"model": MODEL, "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "Describe"},
+            {"type": "input_image", "image_url": url}]}]}, "input[0].content[1].image_url"),
+        ("/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user",
+            "content": [TEXT, {"type": "image", "source": {"type": "url", "url": url}}]}]},
+         "messages[0].content[1].source"),
+    ]  # fmt: skip
+
+
+async def test_image_urls_reach_the_engine(
+    make_client: ClientFactory, fake: FakeEngine, image_host: tuple[str, list[str]]
+) -> None:
+    host, fetched = image_host
+    client = make_client(fake, settings=FETCHING)
+    for route, body, _ in _url_requests(f"{host}/a.png"):
+        r = await client.post(route, json=body)
+        assert r.status_code == 200, (route, r.text)
+        (media,) = fake.submitted[-1].media
+        assert media.data == PNG and media.digest == hashlib.sha256(PNG).hexdigest(), route
+        assert len(image_positions(fake)) == FAKE_IMAGE_TOKENS, route
+    assert fetched == ["/a.png"] * 3 and len(fake.submitted) == 3
+    # A URL that gives no image: a 400 in the API's own shape naming the part.
+    for route, body, param in _url_requests(f"{host}/missing.png"):
+        r = await client.post(route, json=body)
+        assert r.status_code == 400, (route, r.text)
+        text = named(route, r)
+        assert param in text and "HTTP 404" in text, (route, text)
+    assert len(fake.submitted) == 3
+
+
+async def test_a_stored_conversation_keeps_the_fetched_image(
+    make_client: ClientFactory, fake: FakeEngine, image_host: tuple[str, list[str]]
+) -> None:
+    host, fetched = image_host
+    client = make_client(fake, settings=FETCHING)
+    route, body, _ = _url_requests(f"{host}/a.png")[1]
+    first = await client.post(route, json=body)
+    assert first.status_code == 200, first.text
+    # The next turn carries the bytes read on the first, at the same positions: the URL
+    # is not fetched again (its answer may have changed; the cache keys the bytes).
+    second = {"model": MODEL, "previous_response_id": first.json()["id"], "input": "And now?"}
+    r = await client.post("/v1/responses", json=second)
+    assert r.status_code == 200, r.text
+    assert [m.data for m in fake.submitted[1].media] == [PNG]
+    assert image_positions(fake, 1) == image_positions(fake, 0)
+    assert fetched == ["/a.png"]

@@ -20,6 +20,20 @@ function show(tab) {
   if (window.location.hash !== hash) window.history.replaceState(null, "", hash || window.location.pathname);
 }
 
+// What a model takes, as /v1/models says it (meta.modalities, llama-server's /props
+// shape: vision once a projector is loaded); "" while it is not loaded (not known yet).
+function takes(meta) {
+  if (!meta || !meta.modalities) return "";
+  return meta.modalities.vision ? "text, images" : "text";
+}
+
+// The picked model's modalities beside the picker.
+function showTakes() {
+  const option = $("model").selectedOptions[0];
+  const what = option ? option.dataset.modalities : "";
+  $("model-takes").textContent = what ? "takes " + what.replace(", ", " and ") : "";
+}
+
 async function loadModels() {
   const select = $("model");
   try {
@@ -28,12 +42,16 @@ async function loadModels() {
     select.replaceChildren(
       ...list.data.map((m) => {
         const option = document.createElement("option");
+        const what = takes(m.meta);
         option.value = m.id;
-        option.textContent = m.id + (m.meta && m.meta.state !== "loaded" ? " (" + m.meta.state + ")" : "");
+        option.dataset.modalities = what;
+        option.textContent = m.id + (what.includes("images") ? " · images" : "") +
+          (m.meta && m.meta.state !== "loaded" ? " (" + m.meta.state + ")" : "");
         return option;
       }),
     );
     if (previous) select.value = previous;
+    showTakes();
     $("chat-error").hidden = true;
   } catch (err) {
     if (err.status === 401) {
@@ -49,6 +67,7 @@ function init() {
   new Chat();
   $("tab-chat").addEventListener("click", () => show("chat"));
   $("tab-status").addEventListener("click", () => show("status"));
+  $("model").addEventListener("change", showTakes);
   if (apiKey()) {
     $("key-bar").hidden = false;
     $("api-key").value = apiKey();
