@@ -71,6 +71,7 @@ class FakeEngine:
         self.reply = reply.encode()
         self.delay = delay
         self.prefill_delay = 0.0  # seconds before the first token, as a long prompt's prefill
+        self.context_ends = False  # end a reply where the context does (engine's out_of_room)
         self.state = EngineState.READY if ready else EngineState.LOADING
         self.load_progress = 1.0 if ready else 0.25
         self.load_error: str | None = None
@@ -305,7 +306,8 @@ class FakeEngine:
                                   stop_sequence=detok.matched, **done),
                     )
                     return
-                if request.max_tokens is not None and produced >= request.max_tokens:
+                limit = request.max_tokens is not None and produced >= request.max_tokens
+                if limit or (self.context_ends and prompt + produced >= self._info.n_ctx):
                     text += detok.flush()
                     gen.put(
                         index,

@@ -112,9 +112,16 @@ def check_context(request: GenerateRequest, info: ModelInfo) -> None:
     prompt that leaves no room for one token is refused (max_tokens 0 scores a prompt
     that fills the context exactly)."""
     num_prompt = len(request.prompt_tokens)
-    room_needed = 1 if request.max_tokens is None else min(request.max_tokens, 1)
-    if num_prompt + room_needed > info.n_ctx:
+    if not fits_context(num_prompt, request.max_tokens, info.n_ctx):
         raise ContextOverflowError(num_prompt, request.max_tokens, info.n_ctx)
+
+
+def fits_context(num_prompt: int, max_tokens: int | None, n_ctx: int) -> bool:
+    """Whether a prompt is admitted (`check_context`'s rule, which the server's
+    drop_oldest fits a conversation to): room for one token after it, none for
+    max_tokens 0; a larger max_tokens is cut where the context ends, never refused."""
+    room_needed = 1 if max_tokens is None else min(max_tokens, 1)
+    return num_prompt + room_needed <= n_ctx
 
 
 def check_logit_bias(sampling: SamplingParams, info: ModelInfo) -> None:

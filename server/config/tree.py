@@ -14,8 +14,8 @@ Adding a section: a dataclass, a field on `Settings`, an entry in `SECTIONS`.
 
 Settings flow downwards: a section that one package reads lives here all the same, in a
 module of its own named after its concept (`[mcp]` in server/config/mcp.py, `[tracing]`,
-`[media]`, `[replay]`, `[hub]`), and that package imports it from here. server/config/
-imports no other server package, so every one of them may read it.
+`[media]`, `[replay]`, `[responses]`, `[hub]`), and that package imports it from here.
+server/config/ imports no other server package, so every one of them may read it.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from server.config.model_entries import (
     lora_source,
 )
 from server.config.replay import ReplaySection
+from server.config.responses import ResponsesSection
 from server.config.sources import hints, later_values, model_entries, read_toml, table
 from server.config.tracing import TracingSection
 from server.config.values import ConfigError
@@ -125,15 +126,6 @@ class ServerSection:
     # (with keys: an admin key; without: only on a loopback-bound server), "on" (without
     # keys: anyone), "off" (no one).
     model_management: Literal["auto", "on", "off"] = "auto"
-
-
-@dataclass(frozen=True)
-class ResponsesSection:
-    """Stored Responses-API responses (store: true); in the shared Redis when
-    `[cache] shared_url` is set."""
-
-    max_stored: Count = 1000  # per API key
-    ttl_s: Seconds = 3600.0
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ OpenAI-chat message dicts, `ChatOptions` and sampling fields, and comes through 
 
 Context overflow for chat: refuse (400 `context_length_exceeded`, the default) or,
 with a model's `context_overflow = "drop_oldest"`, drop the oldest turns after the
-system messages until the prompt and `max_tokens` fit. The response says how many
-messages went in the `X-Kvserve-Dropped-Messages` header.
+system messages until the prompt is admitted by the engine's rule (room for one token:
+a `max_tokens` past the context is cut where it ends, so it drops nothing). The response
+says how many messages went in the `X-Kvserve-Dropped-Messages` header.
 
 Rendering and tokenizing a long conversation takes CPU time: it runs in a worker
 thread, so the event loop serves other requests meanwhile, and the cut is found in
@@ -30,7 +31,7 @@ from chat.reasoning import thinking_syntax
 from chat.replay import ReplayedPrompt, TurnLookup
 from chat.template import ChatTemplate, RenderedPrompt, TemplateError
 from chat.tools import ChatInputError
-from engine.client import GenerateRequest, ModelInfo
+from engine.client import GenerateRequest, ModelInfo, fits_context
 from server.errors import BadRequest
 from server.http.deps import Caller, EngineLike
 from server.serving.drive import TOKENIZE_INLINE_CHARS
@@ -251,7 +252,10 @@ async def plan_within_context(
         kept = keep_turns_from(messages, starts, turn)
         plan = plan_chat(template, kept, opts, replay)
         prompt = plan_tokens(engine, plan)
-        fits = len(prompt) + (max_tokens or 1) <= engine.info.n_ctx
+        # The engine's own admission rule, not the whole max_tokens: a max_tokens past
+        # the context is cut where it ends (engine/loop/validation.py check_context), so
+        # an agent's max_tokens 32000 on a 32k context must not drop every earlier turn.
+        fits = fits_context(len(prompt), max_tokens, engine.info.n_ctx)
         return (plan, prompt, len(messages) - len(kept)), fits
 
     def fit() -> Fitted:

@@ -7,6 +7,8 @@ model would do: the client asks for its shell tool on a file only the tool can r
 runs it, sends the result back, and prints the final answer. On the real default model
 one turn of each client completes. In both, kvserve refuses nothing the client sends
 (no 4xx or 5xx in the recorded traffic): a newer client that breaks kvserve fails here.
+And Codex, its stream idle timeout shortened below a scripted prefill delay, completes
+its tool loop on kvserve's heartbeat events alone (and fails without them).
 
 The clients are the versions pinned in tests/e2e/agents/ (installed by .ci/run, or on
 first use here).
@@ -14,6 +16,7 @@ first use here).
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from server.serving import sse
 from tests.helpers.agent_clients import (
     CLAUDE,
     CLIENTS,
@@ -28,6 +32,7 @@ from tests.helpers.agent_clients import (
     CODEX_OWN_MODEL,
     OPENCODE,
     Client,
+    Setup,
     run,
 )
 from tests.helpers.agent_engine import ToolLoopEngine
@@ -111,3 +116,68 @@ def test_a_turn_on_the_default_model(client: Client, kvserve: str, tmp_path: Pat
     # temperature): Claude Code then reports its own error and exits 1 after each
     # request was answered in full. That is the client's rule, not a refusal by kvserve.
     assert done.returncode == 0 or "output token maximum" in done.stdout, why
+
+
+# A long cold prefill, shrunk: every answer of the fake engine starts PREFILL_S late, and
+# Codex drops a stream that sends no event for IDLE_MS (its default is 300 s, which a
+# 15-20k-token prompt can take on a small CPU). kvserve's heartbeat (sse.HEARTBEAT_S, a
+# `response.in_progress` event) must keep it fed: IDLE_MS is below the delay and above
+# the heartbeat, with room for a loaded machine.
+PREFILL_S = 15.0
+IDLE_MS = 8000
+
+
+def codex_with_idle_timeout(idle_ms: int, *, max_retries: int | None = None) -> Client:
+    """Codex with its provider's `stream_idle_timeout_ms` (and `stream_max_retries`)
+    set: keys of `[model_providers.kvserve]`, the last table the pinned Codex's config
+    has (tests/helpers/agent_clients.py), so the lines are appended to it."""
+
+    def command(s: Setup) -> tuple[list[str], dict[str, str]]:
+        argv, env = CODEX.command(s)
+        config = Path(env["CODEX_HOME"]) / "config.toml"
+        tables = [line for line in config.read_text().splitlines() if line.startswith("[")]
+        assert tables[-1] == "[model_providers.kvserve]", tables
+        lines = [f"stream_idle_timeout_ms = {idle_ms}"]
+        if max_retries is not None:
+            lines.append(f"stream_max_retries = {max_retries}")
+        with config.open("a") as f:
+            f.write("\n".join(lines) + "\n")
+        return argv, env
+
+    return dataclasses.replace(CODEX, command=command)
+
+
+def test_codex_waits_through_a_long_prefill(tmp_path: Path) -> None:
+    """Both requests of the tool loop wait PREFILL_S for their first token, three times
+    Codex's idle timeout: the heartbeats keep the streams alive, so each request is sent
+    once (a retry would send the same body again) and the turn completes."""
+    secret = write_note(tmp_path)
+    final = f"The note is read: done-{uuid.uuid4().hex[:8]}."
+    client = codex_with_idle_timeout(IDLE_MS)
+    engine = ToolLoopEngine(tool=client.tool, arguments=client.arguments, secret=secret,
+                            final=final, prefill_delay=PREFILL_S)  # fmt: skip
+    with serving(engine) as url, logging_proxy(url) as (proxy_url, proxy):
+        done = run(client, proxy_url, tmp_path, model=FAKE_MODEL)
+    why = explain(proxy, done)
+    assert not proxy.refused(), why
+    bodies = [e.body for e in proxy.requests_to(client.path)]
+    assert len(bodies) >= 2, why  # the call, then the answer
+    assert len(set(bodies)) == len(bodies), why  # no request sent twice
+    assert "idle timeout" not in done.stdout, why
+    assert final in done.stdout and done.returncode == 0, why
+
+
+def test_codex_idle_timeout_is_real(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: without kvserve's heartbeat the same delay trips the same Codex
+    watchdog (no retries: it gives up at once), so the test above proves the heartbeat,
+    not a setting Codex ignores."""
+    monkeypatch.setattr(sse, "HEARTBEAT_S", 3600.0)
+    secret = write_note(tmp_path)
+    client = codex_with_idle_timeout(IDLE_MS, max_retries=0)
+    engine = ToolLoopEngine(tool=client.tool, arguments=client.arguments, secret=secret,
+                            final="never", prefill_delay=PREFILL_S)  # fmt: skip
+    with serving(engine) as url, logging_proxy(url) as (proxy_url, proxy):
+        done = run(client, proxy_url, tmp_path, model=FAKE_MODEL, timeout=120)
+    why = explain(proxy, done)
+    assert "idle timeout waiting for SSE" in done.stdout, why
+    assert done.returncode != 0 and not engine.saw_tool_result(), why

@@ -27,10 +27,15 @@ PLAIN_ANSWER = "Agent session"
 
 
 class ToolLoopEngine(FakeEngine):
-    """Calls `tool` with `arguments` until `secret` reaches a prompt, then says `final`."""
+    """Calls `tool` with `arguments` until `secret` reaches a prompt, then says `final`;
+    each answer `prefill_delay` seconds late."""
 
-    def __init__(self, *, tool: str, arguments: dict[str, Any], secret: str, final: str):
+    def __init__(self, *, tool: str, arguments: dict[str, Any], secret: str, final: str,
+                 prefill_delay: float = 0.0):  # fmt: skip
         super().__init__(n_ctx=AGENT_N_CTX, n_seq_max=4, max_queue=8)
+        # Seconds every request waits before its first token, as a long cold prompt's
+        # prefill does: the stream says nothing but its heartbeats meanwhile.
+        self.prefill_delay = prefill_delay
         self.tool = tool
         self.call = json.dumps({"tool_calls": [{"name": tool, "arguments": arguments}]})
         self.secret = secret

@@ -3,6 +3,7 @@ response_format, and the rules that tie them together (checked as the request is
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -16,6 +17,8 @@ from server.api.common import (
 )
 from server.api.constraints import ConstraintFields
 from server.errors import BadRequest, Unsupported
+
+log = logging.getLogger("kvserve.server")
 
 
 class ContentPart(RequestModel):
@@ -84,12 +87,19 @@ CHAT_UNSUPPORTED = (
 )
 
 
+# Hints that change nothing here, accepted and logged as hints (not as unknown fields):
+# `service_tier` picks a processing tier of OpenAI's (auto, default, flex, priority);
+# kvserve has one, and answers every request on it.
+CHAT_HINTS = ("service_tier",)
+
+
 class ResponseFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
 class ChatCompletionRequest(ConstraintFields, SamplingExtras):
+    HINTS = CHAT_HINTS
     model: str
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -127,6 +137,9 @@ class ChatCompletionRequest(ConstraintFields, SamplingExtras):
 
     def refuse_unsupported(self) -> None:
         extra = self.model_extra or {}
+        hints = sorted(name for name in CHAT_HINTS if extra.get(name) is not None)
+        if hints:
+            log.info("chat.completions: accepting hints that change nothing here: %s", hints)
         for name in CHAT_UNSUPPORTED:
             if extra.get(name) not in (None, [], {}):
                 raise Unsupported(name, "not implemented yet")

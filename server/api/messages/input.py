@@ -12,6 +12,9 @@ tool_result's content, read by server/serving/media.py.
 from __future__ import annotations
 
 import json
+import logging
+import re
+from collections.abc import Callable
 from typing import Any
 
 from chat.plan import ChatOptions
@@ -20,6 +23,8 @@ from chat.tools import Tool, ToolChoice
 from server.api.messages.protocol import CountTokensRequest
 from server.errors import BadRequest, Unsupported
 from server.serving.media import chat_part, image_from_base64, image_from_url
+
+log = logging.getLogger("kvserve.server")
 
 
 def _block_type(block: Any, where: str) -> str:
@@ -173,14 +178,48 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     return out
 
 
+# Anthropic's server tools (its tool reference: web search, web fetch, code execution,
+# advisor, tool search), each type versioned by a date: run on Anthropic's side, so
+# nothing here can run them. As the Responses API's hosted tools
+# (server/api/responses/tools.py): left out of what the model sees with a log line, and
+# refused where tool_choice names one. Its client tools (bash_*, text_editor_*, memory_*,
+# computer_*) are the client's to run, on a schema Anthropic fixes: still a 400, so an
+# agent that counts on one learns it is missing (declared as a custom tool, it works).
+SERVER_TOOL = re.compile(
+    r"(web_search|web_fetch|code_execution|advisor|tool_search_tool_regex|tool_search_tool_bm25)"
+    r"_\d{8}"
+)
+
+
+def server_tools(body: CountTokensRequest) -> dict[str, dict[str, Any]]:
+    """The server tools the request sends, by field (`tools[i]`)."""
+    return {f"tools[{i}]": tool for i, tool in enumerate(body.tools or [])
+            if SERVER_TOOL.fullmatch(str(tool.get("type", "")))}  # fmt: skip
+
+
+def tool_fields(body: CountTokensRequest) -> tuple[str, ...]:
+    """Where each tool the model sees is in the request (server tools left out)."""
+    dropped = server_tools(body)
+    return tuple(f for f in (f"tools[{i}]" for i in range(len(body.tools or [])))
+                 if f not in dropped)  # fmt: skip
+
+
 def message_tools(body: CountTokensRequest) -> tuple[Tool, ...]:
+    """The tools the model sees: the custom ones (server tools left out, logged)."""
+    dropped = server_tools(body)
+    if dropped:
+        log.info("messages: server tools left out (kvserve cannot run them): %s",
+                 ", ".join(f"{where} ({t['type']})" for where, t in dropped.items()))  # fmt: skip
     tools = []
     for i, tool in enumerate(body.tools or []):
         where = f"tools[{i}]"
+        if where in dropped:
+            continue
         kind = tool.get("type", "custom")
         if kind != "custom":
             raise Unsupported(f"{where}.type", f"'{kind}' tools are not available; only "
-                              "custom tools with an input_schema")  # fmt: skip
+                              "custom tools with an input_schema (server tools such as "
+                              "web_search_20250305 are left out)")  # fmt: skip
         name, description = tool.get("name"), tool.get("description") or ""
         if not isinstance(name, str):
             raise BadRequest(f"'{where}.name' must be a string", param=f"{where}.name")
@@ -197,6 +236,12 @@ def message_tools(body: CountTokensRequest) -> tuple[Tool, ...]:
 
 def message_options(body: CountTokensRequest) -> ChatOptions:
     choice = body.tool_choice
+    named = [t for t in server_tools(body).values()
+             if choice is not None and choice.type == "tool" and t.get("name") == choice.name]
+    if named:  # the client made a tool required that nothing here can run
+        raise Unsupported("tool_choice.name", f"'{named[0]['name']}' is a server tool "
+                          f"({named[0]['type']}) that kvserve cannot run: it is left out of "
+                          "what the model sees")  # fmt: skip
     mode = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
     tool_choice = ToolChoice("auto") if choice is None else ToolChoice(
         mode[choice.type], choice.name if choice.type == "tool" else None)  # type: ignore[arg-type]
@@ -217,9 +262,20 @@ def message_options(body: CountTokensRequest) -> ChatOptions:
     )
 
 
-def chat_param(param: str | None) -> str | None:
-    """A chat-layer field name as this API spells it."""
+def chat_param(param: str | None, fields: tuple[str, ...] = ()) -> str | None:
+    """A chat-layer field name as this API spells it (`fields`: where each tool the model
+    sees is in the request, when server tools were left out)."""
     if param is None:
         return None
     param = param.replace(".function.parameters", ".input_schema").replace(".function.", ".")
+    if param.startswith("tools[") and fields:
+        index, _, rest = param[6:].partition("]")
+        if index.isdigit() and int(index) < len(fields):
+            param = fields[int(index)] + rest
     return param.replace("response_format.json_schema.schema", "output_config.format.schema")
+
+
+def param_names(body: CountTokensRequest) -> Callable[[str | None], str | None]:
+    """`chat_param` for this request's tools."""
+    fields = tool_fields(body)
+    return lambda param: chat_param(param, fields)

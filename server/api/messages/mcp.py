@@ -16,8 +16,8 @@ from typing import Any
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
-from server.api.messages.input import chat_messages, chat_param, message_options
-from server.api.messages.protocol import MessagesRequest
+from server.api.messages.input import chat_messages, message_options, param_names
+from server.api.messages.protocol import MCP_BETA, MessagesRequest, betas
 from server.api.messages.serving import Blocks, _stop, _usage
 from server.errors import APIError, BadRequest
 from server.http.deps import Caller, resolve_model
@@ -29,14 +29,11 @@ from server.serving.drive import until_disconnect
 from server.serving.prepare import with_images
 from server.serving.state import Choice
 
-BETA = "mcp-client-2025-04-04"
-
 
 async def serve_messages_mcp(body: MessagesRequest, request: Request, caller: Caller) -> Any:
     servers = (body.model_extra or {}).pop("mcp_servers")
-    betas = [b.strip() for b in request.headers.get("anthropic-beta", "").split(",")]
-    if BETA not in betas:
-        raise BadRequest(f"mcp_servers needs the header 'anthropic-beta: {BETA}'",
+    if MCP_BETA not in betas(request.headers.get("anthropic-beta", "")):
+        raise BadRequest(f"mcp_servers needs the header 'anthropic-beta: {MCP_BETA}'",
                          param="mcp_servers")  # fmt: skip
     if not isinstance(servers, list):
         raise BadRequest("'mcp_servers' must be a list", param="mcp_servers")
@@ -50,18 +47,19 @@ async def serve_messages_mcp(body: MessagesRequest, request: Request, caller: Ca
     messages = await with_images(request, engine.info, chat_messages(body))
     options = message_options(body)
     prepare = loop_prepare(served, sampling, caller, pool, max_tokens=body.max_tokens,
-                           param_name=chat_param)  # fmt: skip
+                           param_name=param_names(body))  # fmt: skip
     message: dict[str, Any] = {
         "id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
         "content": [], "model": engine.info.model_id, "stop_reason": None,
         "stop_sequence": None, "usage": _usage(0, Choice()),
     }  # fmt: skip
     limits = request.app.state.settings.mcp
+    blocks = Blocks(omit_thinking=body.omits_thinking)
     async with mcp_turn(request, refs, caller, engine, session_id if internal else None) as turn:
         spec = LoopSpec(turn.toolset, messages, options, prepare, engine.generate, limits)
         if body.stream:
-            return turn.stream(_stream(spec, message))
-        return await until_disconnect(request, _complete(spec, message))
+            return turn.stream(_stream(spec, message, blocks))
+        return await until_disconnect(request, _complete(spec, message, blocks))
 
 
 def _apply(blocks: Blocks, event: LoopEvent, num_calls: list[int]) -> None:
@@ -91,8 +89,8 @@ def _end(event: Finished, num_calls: int) -> dict[str, Any]:
             "usage": _usage(event.num_prompt_tokens, event.total)}  # fmt: skip
 
 
-async def _complete(spec: LoopSpec, message: dict[str, Any]) -> dict[str, Any]:
-    blocks, num_calls = Blocks(), [0]
+async def _complete(spec: LoopSpec, message: dict[str, Any], blocks: Blocks) -> dict[str, Any]:
+    num_calls = [0]
     async for event in run_loop(spec):
         if isinstance(event, Finished):
             blocks.close()
@@ -101,10 +99,12 @@ async def _complete(spec: LoopSpec, message: dict[str, Any]) -> dict[str, Any]:
     raise AssertionError("the loop ends with Finished")
 
 
-async def _stream(spec: LoopSpec, message: dict[str, Any]) -> AsyncIterator[ServerSentEvent]:
+async def _stream(
+    spec: LoopSpec, message: dict[str, Any], blocks: Blocks
+) -> AsyncIterator[ServerSentEvent]:
     yield sse.named("message_start", {"message": message})
     yield sse.named("ping", {})
-    blocks, num_calls = Blocks(), [0]
+    num_calls = [0]
     try:
         async for event in run_loop(spec):
             if isinstance(event, Finished):

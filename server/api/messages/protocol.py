@@ -28,6 +28,9 @@ class ToolChoice(RequestModel):
 class Thinking(RequestModel):
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: Annotated[int, Field(ge=1)] | None = None
+    # "omitted": thinking blocks come back with an empty `thinking` text (streamed with
+    # no thinking_delta), as Anthropic sends them; the model thinks as before.
+    display: Literal["summarized", "omitted"] | None = None
 
 
 class OutputFormat(RequestModel):
@@ -52,6 +55,23 @@ MESSAGES_UNSUPPORTED = ("container",)
 # threshold (Claude Code sends it on every request); kvserve keeps every turn it is
 # sent, and a prompt that does not fit is still refused (or cut, by drop_oldest).
 MESSAGES_HINTS = ("context_management",)
+# The `anthropic-beta` header names the beta features a request may use (Claude Code
+# sends a dozen on every request: claude-code, interleaved-thinking, context-management,
+# effort, ...): hints here, logged once per request. Only the MCP connector's is read
+# (server/api/messages/mcp.py): it is what lets a request name `mcp_servers`.
+MCP_BETA = "mcp-client-2025-04-04"
+
+
+def betas(header: str) -> list[str]:
+    """An `anthropic-beta` header's values (comma-separated)."""
+    return [b.strip() for b in header.split(",") if b.strip()]
+
+
+def log_beta_hints(header: str) -> None:
+    hints = [b for b in betas(header) if b != MCP_BETA]
+    if hints:
+        log.info("messages: accepting anthropic-beta hints that change nothing here: %s",
+                 ", ".join(hints))  # fmt: skip
 
 
 class CountTokensRequest(RequestModel):
@@ -110,6 +130,11 @@ class MessagesRequest(CountTokensRequest):
                                    "top_k": self.top_k})  # fmt: skip
         return RequestSampling(params, stop=tuple(self.stop_sequences or ()),
                                session_id=session_id)  # fmt: skip
+
+    @property
+    def omits_thinking(self) -> bool:
+        """`thinking.display: "omitted"`: the thinking blocks' text is left out."""
+        return self.thinking is not None and self.thinking.display == "omitted"
 
     @property
     def thinking_budget(self) -> int | None:

@@ -19,7 +19,7 @@ from sse_starlette import ServerSentEvent
 
 from chat.callstream import Delta
 from engine.client import FinishReason, Generation
-from server.api.messages.input import chat_messages, chat_param, message_options
+from server.api.messages.input import chat_messages, message_options, param_names
 from server.api.messages.protocol import CountTokensRequest, MessagesRequest
 from server.errors import APIError, params_renamed
 from server.http.deps import Caller, resolve_model
@@ -48,7 +48,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     served = resolve_model(request, body.model)
     info = served.engine.info
     messages = await with_images(request, info, chat_messages(body))
-    with params_renamed(chat_param):
+    with params_renamed(param_names(body)):
         plan = make_plan(served.template, messages, message_options(body),
                          media_marker=info.media_marker)  # fmt: skip
         return {"input_tokens": len(await prompt_tokens(served.engine, plan))}
@@ -60,7 +60,7 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
     engine = served.engine
     sampling = body.sampling_record(session_id=None)
     messages = await with_images(request, engine.info, chat_messages(body))
-    with params_renamed(chat_param):
+    with params_renamed(param_names(body)):
         prepared = await prepare_chat(engine, served.template, messages,
                                       message_options(body), sampling, caller,
                                       max_tokens=body.max_tokens,
@@ -76,11 +76,12 @@ async def serve_messages(body: MessagesRequest, request: Request, caller: Caller
     log.info("message %s: %d prompt tokens, stream=%s", message["id"], len(prepared.prompt),
              body.stream)  # fmt: skip
     if body.stream:
-        return sse.event_stream(_stream(generation, prepared, message),
+        return sse.event_stream(_stream(generation, prepared, message,
+                                        Blocks(omit_thinking=body.omits_thinking)),
                                 on_close=generation.abort)  # fmt: skip
     (choice,) = await until_disconnect(request, collect(generation, 1))
     step = prepared.finish(0, choice)
-    blocks = Blocks()
+    blocks = Blocks(omit_thinking=body.omits_thinking)
     blocks.feed(step.deltas)
     blocks.close()
     return {**message, "content": blocks.blocks, **_stop(choice, step.num_calls),
@@ -103,9 +104,15 @@ def _stop(total: Choice, num_calls: int) -> dict[str, Any]:
 
 class Blocks:
     """Parsed output -> content blocks and the stream events that build them; block
-    indexes increase monotonically, one block open at a time."""
+    indexes increase monotonically, one block open at a time.
 
-    def __init__(self) -> None:
+    `omit_thinking` (`thinking.display: "omitted"`): a thinking block is still opened
+    where the model thinks, but its `thinking` text stays empty and no thinking_delta is
+    sent, as Anthropic does. Its `signature` is empty either way: thinking blocks sent
+    back are dropped (input.py), so there is nothing for one to carry."""
+
+    def __init__(self, *, omit_thinking: bool = False) -> None:
+        self.omit_thinking = omit_thinking
         self.blocks: list[dict[str, Any]] = []
         self.events: list[NamedEvent] = []
         self._open: str | None = None  # the kind of the open block
@@ -129,8 +136,9 @@ class Blocks:
             elif d.text and d.kind == "reasoning":
                 if self._open != "thinking":
                     self._begin("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                self.blocks[-1]["thinking"] += d.text
-                self._delta({"type": "thinking_delta", "thinking": d.text})
+                if not self.omit_thinking:
+                    self.blocks[-1]["thinking"] += d.text
+                    self._delta({"type": "thinking_delta", "thinking": d.text})
 
     def close(self) -> None:
         if self._open is None:
@@ -171,12 +179,11 @@ class Blocks:
 
 
 async def _stream(
-    generation: Generation, prepared: Prepared, message: dict[str, Any]
+    generation: Generation, prepared: Prepared, message: dict[str, Any], blocks: Blocks
 ) -> AsyncIterator[ServerSentEvent]:
     """message_start waits for the engine to place the request, so that its usage
     carries the cache split (clients show it at once); until then, and whenever the
     stream is silent for sse.HEARTBEAT_S, a `ping` keeps the client's watchdog fed."""
-    blocks = Blocks()
     (state,) = prepared.states()
     started = False
 

@@ -18,14 +18,9 @@ from typing import Any
 
 from chat.plan import ChatOptions
 from chat.reasoning import effort_kwargs
-from chat.tools import tool_choice
+from chat.tools import Tool, tool_choice
 from server.api.responses.protocol import HostedChoice, ResponsesRequest
-from server.api.responses.tools import (
-    ToolNames,
-    custom_arguments,
-    request_tools,
-    response_tools,
-)
+from server.api.responses.tools import ToolNames, custom_arguments
 from server.errors import BadRequest, Unsupported
 from server.serving.media import chat_part, image_from_url
 
@@ -187,11 +182,12 @@ def mcp_history(item: dict[str, Any], where: str) -> list[dict[str, Any]]:
     return turns
 
 
-def response_options(body: ResponsesRequest) -> ChatOptions:
+def response_options(body: ResponsesRequest, tools: tuple[Tool, ...]) -> ChatOptions:
+    """`tools`: the request's, as `response_tools` read them (once per request, so a
+    hosted tool left out is logged once)."""
     fmt = body.text.format if body.text and body.text.format else None
     if fmt is not None and fmt.type == "json_schema" and fmt.schema_ is None:
         raise BadRequest("a json_schema format needs 'schema'", param="text.format.schema")
-    tools, _ = response_tools(request_tools(body.tools, body.input))
     return ChatOptions(
         tools=tools,
         tool_choice=tool_choice(None if isinstance(body.tool_choice, HostedChoice)

@@ -92,10 +92,10 @@ def _echo_tools(body: ResponsesRequest, response: dict[str, Any]) -> None:
 async def serve_mcp_response(body: ResponsesRequest, request: Request, caller: Caller) -> Any:
     body.log_unknown("responses")
     body.log_hints()
-    store, previous, served, conversation, _ = await open_turn(body, request, caller)
+    store, previous, served, conversation, _, tools = await open_turn(body, request, caller)
     engine = served.engine
     # Everything that can be refused without the MCP servers, before any is contacted.
-    options = response_options(body)
+    options = response_options(body, tools)
     refs = [openai_ref(t, f"tools[{i}]") for i, t in enumerate(body.tools or [])
             if t.get("type") == "mcp"]  # fmt: skip
     given, pool = _session(body, caller, previous)

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from fastapi import Request
 from sse_starlette import ServerSentEvent
 
+from chat.tools import Tool
 from engine.client import (
     EngineLike,
     FinishReason,
@@ -63,6 +64,7 @@ class Turn(NamedTuple):
     served: ServedModel
     conversation: list[dict[str, Any]]  # the stored conversation, then this input
     names: ToolNames  # what the model's tool names stand for
+    tools: tuple[Tool, ...]  # the tools the model sees (read once: hosted ones logged once)
 
 
 async def open_turn(body: ResponsesRequest, request: Request, caller: Caller) -> Turn:
@@ -73,13 +75,13 @@ async def open_turn(body: ResponsesRequest, request: Request, caller: Caller) ->
                                    "previous_response_id")  # fmt: skip
     served = resolve_model(request, body.model)
     history = previous.conversation if previous else []
-    _, names = response_tools(request_tools(body.tools, body.input))
+    tools, names = response_tools(request_tools(body.tools, body.input))
     # The app's seal, fetched only for an input that carries sealed reasoning.
     current = input_messages(
         body, lambda blob, param: reasoning_seal(request).open(blob, served.id, param), names
     )
     current = await with_images(request, served.engine.info, current)
-    return Turn(store, previous, served, [*history, *current], names)
+    return Turn(store, previous, served, [*history, *current], names, tools)
 
 
 def output_builder(body: ResponsesRequest, request: Request, turn: Turn) -> OutputBuilder:
@@ -97,13 +99,13 @@ async def serve_response(body: ResponsesRequest, request: Request, caller: Calle
     body.log_unknown("responses")
     body.log_hints()
     turn = await open_turn(body, request, caller)
-    store, previous, served, conversation, names = turn
+    store, previous, served, conversation, names, tools = turn
     engine = served.engine
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     session_id, pool = _session(body, caller, previous)
     with params_renamed(lambda param: chat_param(param, names.fields)):
         prepared = await prepare_chat(
-            engine, served.template, [*system, *conversation], response_options(body),
+            engine, served.template, [*system, *conversation], response_options(body, tools),
             replace(body.sampling_record(session_id), session_pool=pool), caller,
             max_tokens=body.max_output_tokens,
             replay=lambda: request_replay(request, served.id, caller),

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from chat import ChatOptions, ChatTemplate, plan_chat
+from engine.client import fits_context
 from server.serving import prepare
 from server.serving.prepare import keep_turns_from, plan_within_context, turn_starts
 from tests.conftest import ClientFactory
@@ -47,7 +48,7 @@ def one_at_a_time(engine: FakeEngine, template: ChatTemplate, messages: list[dic
     for turn in range(len(starts)):
         kept = keep_turns_from(messages, starts, turn)
         text = plan_chat(template, kept, ChatOptions()).prompt.text
-        if len(engine.tokenize(text)) + max_tokens <= engine.info.n_ctx:
+        if fits_context(len(engine.tokenize(text)), max_tokens, engine.info.n_ctx):
             return len(messages) - len(kept)
     return starts[-1] - starts[0]
 
@@ -115,9 +116,37 @@ async def test_a_20000_turn_chat_is_cut_in_few_renders_off_the_event_loop(
     assert dropped % 2 == 0 and 0 < dropped < len(messages) - 1
     prompt = bytes(fake.submitted[0].prompt_tokens).decode()
     assert prompt.startswith("<|im_start|>system\nBe brief.") and "u19999" in prompt
-    assert len(prompt.encode()) + 16 <= 512
+    assert len(prompt.encode()) < 512  # room for one token (max_tokens is cut at the end)
     one_more = [messages[0], *messages[dropped - 1 :]]  # the turn before the cut, kept
-    assert len(real_render(served.template, one_more).text.encode()) + 16 > 512
+    assert len(real_render(served.template, one_more).text.encode()) >= 512
+
+
+async def test_a_max_tokens_past_the_context_drops_no_turn_that_fits(
+    make_client: ClientFactory,
+) -> None:
+    """An agent's max_tokens 32000 on a small context: what must fit is the prompt and
+    the one token the engine admits it with (its max_tokens is cut where the context
+    ends), so every turn of a conversation that fits stays, and the reply ends there."""
+    fake = FakeEngine(n_ctx=512, reply="y" * 400)
+    fake.context_ends = True
+    client = make_client(fake)
+    served = client._transport.app.state.models.default  # type: ignore[attr-defined]
+    served.context_overflow = "drop_oldest"
+    messages = [m("system", "Be brief."), m("user", "u1"), m("assistant", "a1"),
+                m("user", "u2" + "x" * 300)]  # fmt: skip
+    body = {"model": MODEL, "messages": messages, "max_tokens": 32000}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Kvserve-Dropped-Messages"] == "0"
+    prompt = bytes(fake.submitted[0].prompt_tokens).decode()
+    assert "u1" in prompt and "a1" in prompt
+    assert r.json()["choices"][0]["finish_reason"] == "length"  # the context ran out
+    assert len(prompt) + r.json()["usage"]["completion_tokens"] == 512
+    # One turn more than the context holds: only the oldest goes.
+    messages[-1] = m("user", "u2" + "x" * 420)
+    r = await client.post("/v1/chat/completions", json={**body, "messages": messages})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Kvserve-Dropped-Messages"] == "2"
 
 
 async def test_more_messages_than_the_cap_is_a_400_naming_the_field(

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server.config.tree import ModelSection, Settings
+from server.config.tree import ModelSection, ResponsesSection, Settings
 from tests.conftest import ClientFactory
 from tests.fakes import FakeEngine
 from tests.helpers import gbnf_match
@@ -147,8 +147,10 @@ async def test_an_altered_blob_is_400_a_foreign_one_dropped(
         r = await thinking.post("/v1/responses", json={**body, "input": [bad, message]})
         assert assert_error(r, 400, "input[0].encrypted_content")["code"] == (
             "invalid_encrypted_content")  # fmt: skip
-    # another process's blob (another secret), or another server's: dropped, the turn runs
-    settings = Settings(models=(ModelSection(id="fake-model", chat_template=THINKING),))
+    # a blob sealed under another secret (a replica configured apart), or another
+    # server's: dropped, the turn runs
+    settings = Settings(models=(ModelSection(id="fake-model", chat_template=THINKING),),
+                        responses=ResponsesSection(seal_secret="another replica's secret"))  # fmt: skip
     replica = make_client(fake, settings=settings)
     theirs = (await replica.post("/v1/responses", json=body)).json()["output"][0]
     for foreign in (theirs["encrypted_content"], "gAAAAABo-openai-sealed"):
@@ -211,13 +213,20 @@ async def test_namespaced_function_is_named_back(client: httpx.AsyncClient, fake
     assert '"name": "mcp__files__read"' in prompt(fake)
 
 
-async def test_hosted_tools_are_left_out(client: httpx.AsyncClient, fake: FakeEngine) -> None:
+async def test_hosted_tools_are_left_out(
+    client: httpx.AsyncClient, fake: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
     tools = [{"type": "web_search", "external_web_access": False}, {"type": "file_search"}]
-    r = await client.post("/v1/responses", json=req(tools=tools, tool_choice="auto"))
+    with caplog.at_level(logging.INFO, logger="kvserve.server"):
+        r = await client.post("/v1/responses", json=req(tools=tools, tool_choice="auto"))
     assert r.status_code == 200, r.text
     assert "tool_calls" not in prompt(fake)  # no tool is described to the model
     assert fake.submitted[0].sampling.grammar is None
     assert r.json()["tools"] == tools  # the response lists what was asked
+    # Each left out with one log line per request (the tools are read once).
+    lines = [rec.getMessage() for rec in caplog.records if "left out" in rec.getMessage()]
+    assert len(lines) == 2, lines
+    assert "tools[0]" in lines[0] and "'web_search'" in lines[0] and "tools[1]" in lines[1]
 
 
 @pytest.mark.parametrize(("effort", "shown"), [("none", True), ("minimal", True), ("high", False)])
