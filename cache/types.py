@@ -23,7 +23,12 @@ class CacheConfig:
     so prefixes shorter than max(min_tokens, block_tokens) are never stored."""
 
     enabled: bool = True
-    block_tokens: int = 64  # key granularity
+    # Key granularity: a stored prefix is found through the deepest block it shares with
+    # the prompt, then matched token by token. 16 rather than 64: prompts that part from a
+    # stored one a few dozen tokens in (one system prompt, then each user's question)
+    # find it, as llama-server's prompt cache does (issue 48: c=8 TTFT); a lookup of 20k
+    # tokens hashes in 1.0 ms instead of 0.6.
+    block_tokens: int = 16
     ram_bytes: int = 1 << 30  # RAM tier budget
     disk_dir: str = ""  # "" = no disk tier; "auto": default_cache_dir()
     disk_bytes: int = 8 << 30  # disk tier budget

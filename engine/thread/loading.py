@@ -34,6 +34,7 @@ from engine.llama import (
 from engine.media import image_positions_limit
 from engine.thread.embedder import Embedder
 from engine.thread.exactness import CANDIDATES, exact_rows
+from engine.thread.plan import checkpoint_tokens
 from engine.thread.scheduler import Scheduler, SchedulerConfig
 from engine.thread.stats import StepCounters
 from engine.thread.worker import Deliver, Worker
@@ -144,7 +145,7 @@ def load(
                 n_swa=family.n_swa,
                 flash_attn=cfg.flash_attn,
                 cpu=_padding_rule(cfg),
-                checkpoint_tokens=cache.config.block_tokens if cache is not None else 0,
+                checkpoint_tokens=checkpoint_tokens(cache.config.block_tokens) if cache else 0,
                 projector=model.vision.identity if model.vision is not None else "",
             ),
             counters,

@@ -26,9 +26,13 @@ if TYPE_CHECKING:
     from cache import CacheHit
 
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
-# ~94 MB for the default model at 4096 cells), and restoring a cached state moves ~23 KB
-# a token: worth it only for a clearly longer prefix.
+# ~94 MB for the default model at 4096 cells): worth it only for a clearly longer prefix.
 COPY_MIN_TOKENS = 16
+# Restoring a cached state writes every token of it (~23 KB a token for the default
+# model, a few microseconds) where computing a token's KV costs milliseconds (3.8 ms a
+# prompt token on the 2-core Xeon): a restore pays once it saves one token for each
+# RESTORE_TOKENS_PER_SAVED tokens it writes, and never needs more than a copy does.
+RESTORE_TOKENS_PER_SAVED = 256
 # How many prompts placed lately the placer compares a new one with (Placer.recent): an
 # agent's turns come a few requests apart; each comparison runs at C speed.
 RECENT_PROMPTS = 16
@@ -98,6 +102,12 @@ def hit_floor(hit: CacheHit, config: SchedulerConfig) -> int:
         if first is not None:
             floor = min(floor, first + config.n_swa - 1)
     return floor
+
+
+def restore_min_gain(num_tokens: int) -> int:
+    """How many more prompt tokens than the best slot offers a restore of a state of
+    `num_tokens` tokens must reuse to be chosen (RESTORE_TOKENS_PER_SAVED)."""
+    return min(COPY_MIN_TOKENS, max(1, num_tokens // RESTORE_TOKENS_PER_SAVED))
 
 
 def padded_keep(num_tokens: int, keep: int, config: SchedulerConfig) -> int:
@@ -236,7 +246,7 @@ class Placer:
         if hit is not None:
             floor = hit_floor(hit, config)
             length = usable(hit.tokens, floor)
-            if length >= best.length + COPY_MIN_TOKENS:
+            if length >= best.length + restore_min_gain(len(hit.tokens)):
                 best.length, best.copy_from, best.restore, best.floor = length, None, True, floor
         return best
 
@@ -320,7 +330,7 @@ def _slot(seq: Sequence | None) -> int | None:
 EXACT_TAIL = "exact_tail"  # it ends within the rows exact reuse computes again
 LONGER_STATE = "longer_state"  # a whole state past the shared prefix: cannot be cut back
 WINDOW = "window"  # a window's state from a blob, past the shared prefix: cannot be cut back
-SHORT = "short"  # too short to be worth a copy or a restore (COPY_MIN_TOKENS)
+SHORT = "short"  # too short to be worth a copy or a restore (COPY_MIN_TOKENS, restore_min_gain)
 KV_OP_FAILED = "kv_op_failed"  # its restore, copy or cut failed (engine/thread/kvexec.py)
 
 

@@ -20,6 +20,16 @@ from engine.exact_rules import (
 from engine.sequence import Sequence
 from engine.thread.slots import KvOp
 
+# Where prompts diverge, states are saved on multiples of 64 tokens: the alignment they
+# had while the cache's block was 64 (a finer block finds them all the same).
+CHECKPOINT_ALIGN = 64
+
+
+def checkpoint_tokens(block_tokens: int) -> int:
+    """The multiple checkpoints land on: CHECKPOINT_ALIGN rounded up to the cache's block,
+    so that a lookup, which finds states through whole blocks, finds every one."""
+    return -(-CHECKPOINT_ALIGN // block_tokens) * block_tokens
+
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
@@ -56,7 +66,7 @@ class SchedulerConfig:
     # not at all, so reuse starts only from a state made from exactly a prefix of the
     # prompt, and states are saved where prompts were seen to diverge (placement.py).
     whole_state: bool = False
-    checkpoint_tokens: int = 0  # those saves land on multiples of this (the cache's block)
+    checkpoint_tokens: int = 0  # those saves land on multiples of this (checkpoint_tokens())
     # The model's sliding window (0: none): a state that comes through a blob keeps only
     # its last n_swa positions' window cells (slots.window_floor).
     n_swa: int = 0
