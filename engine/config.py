@@ -63,7 +63,7 @@ class EngineConfig(EngineSettings):
     # mmproj*.gguf beside the model file, if there is exactly one; NO_PROJECTOR: none.
     mmproj: str = ""
     # Called after `fetch` when set: the hub's projector for the fetched model ("": the
-    # repository has none), used as `mmproj` (server/models/hub.py fetch_projector).
+    # repository has none), used as `mmproj` (server/models/hub.py fetch, projector=True).
     fetch_mmproj: Callable[[Callable[[float], None]], str] | None = None
 
     @classmethod

@@ -84,7 +84,7 @@ def engine_config(
         source = hub_source(label, model, settings.hub)
         fetch = functools.partial(hub.fetch, source)
         if not model.mmproj:  # the repository's projector comes along, as with -hf
-            fetch_mmproj = functools.partial(hub.fetch_projector, source)
+            fetch_mmproj = functools.partial(hub.fetch, source, projector=True)
     cache = settings.cache
     if cache.enabled and not cache.disk_path:
         log.info("cache: disk tier off (cache.disk_dir is empty): a restart starts cold")

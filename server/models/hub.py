@@ -7,7 +7,7 @@ only handed to llama.cpp once the library has renamed it complete, and a freshly
 downloaded file is checked against the sha256 the hub lists for it.
 
 A model's vision projector comes along as llama-server's `-hf` fetches it
-(`fetch_projector`, `choose_projector`): the repository's `mmproj` GGUF nearest the
+(`fetch(..., projector=True)`, `choose_projector`): the repository's `mmproj` GGUF nearest the
 model's folder and quantization, downloaded with the model and under the same checks.
 
 Every failure is a `HubError` whose text is one line naming the config key (the error and
@@ -131,31 +131,21 @@ def fetch(
     endpoint: str | None = None,
     offline: bool | None = None,
     before_download: Callable[[str, int], None] | None = None,
+    projector: bool = False,
 ) -> str:
-    """The local path of the model's GGUF, downloading it first if it is not cached.
+    """The local path of the model's GGUF, downloading it first if it is not cached;
+    with `projector`, of the vision projector that goes with it (`choose_projector`),
+    "" when the repository has none (same checks, same `before_download`).
 
-    `endpoint`/`offline` default to huggingface_hub's (HF_ENDPOINT, HF_HUB_OFFLINE).
+    `endpoint`/`offline` default to huggingface_hub's (HF_ENDPOINT, HF_HUB_OFFLINE);
+    offline or with the hub out of reach, only a file in the local cache is found.
     `before_download(filename, size)` runs once the file is known to need a download,
     before any byte of it is written; it refuses by raising (NoRoom)."""
-    # choose_file names a file or raises: never None here
-    return _fetch(source, choose_file, on_progress, endpoint, offline, before_download) or ""
-
-
-def fetch_projector(
-    source: HubSource,
-    on_progress: Progress | None = None,
-    *,
-    endpoint: str | None = None,
-    offline: bool | None = None,
-    before_download: Callable[[str, int], None] | None = None,
-) -> str:
-    """The local path of the vision projector that goes with the model `fetch` gives
-    (`choose_projector`), downloading it first if it is not cached, as `fetch` does the
-    model (same checks, same `before_download`); "" when the repository has none.
-    Offline or with the hub out of reach, only a projector in the local cache is found."""
 
     def pick(src: HubSource, names: list[str]) -> str | None:
-        return choose_projector(choose_file(src, names), names)
+        # choose_file names a file or raises: the model's path is never None
+        model = choose_file(src, names)
+        return choose_projector(model, names) if projector else model
 
     return _fetch(source, pick, on_progress, endpoint, offline, before_download) or ""
 

@@ -1,5 +1,5 @@
 """A hub model's vision projector comes along as llama-server's `-hf` fetches it
-(server/models/hub.py `choose_projector`, `fetch_projector`; engine/thread/loading.py
+(server/models/hub.py `choose_projector`, `fetch(..., projector=True)`; engine/thread/loading.py
 `fetched`, `projector_of`): a stand-in hub on loopback, no model loaded."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from server.app import engine_config
 from server.config.hub import HubSection, HubSource
 from server.config.model_entries import ModelSection
 from server.config.tree import Settings
-from server.models.hub import NoRoom, choose_projector, fetch, fetch_projector
+from server.models.hub import NoRoom, choose_projector, fetch
 from tests.helpers.hub_standin import HubFile, StandIn, point_hub_at, serving
 
 REPO = "kvtest/tiny-VLM-GGUF"
@@ -78,13 +78,13 @@ def test_the_rule_is_llama_cpps() -> None:
 def test_the_model_and_its_projector_are_both_fetched(hub: StandIn, tmp_path: Path) -> None:
     src = _src(tmp_path, REPO + ":Q8_0")
     model = fetch(src, endpoint=hub.url, offline=False)
-    projector = fetch_projector(src, endpoint=hub.url, offline=False)
+    projector = fetch(src, projector=True, endpoint=hub.url, offline=False)
     assert Path(model).name == "tiny-Q8_0.gguf"
     assert Path(projector).name == "mmproj-tiny-f16.gguf"
     assert Path(projector).read_bytes() == hub.repos[REPO]["mmproj-tiny-f16.gguf"].path.read_bytes()
     assert hub.downloads == ["tiny-Q8_0.gguf", "mmproj-tiny-f16.gguf"]
     # cached: offline (or with the hub gone) the projector is still found
-    assert fetch_projector(src, endpoint=hub.url, offline=True) == projector
+    assert fetch(src, projector=True, endpoint=hub.url, offline=True) == projector
     assert hub.downloads == ["tiny-Q8_0.gguf", "mmproj-tiny-f16.gguf"]
 
 
@@ -99,8 +99,11 @@ def test_the_model_and_its_projector_are_both_fetched(hub: StandIn, tmp_path: Pa
 def test_several_projectors_the_rules_pick_only(
     hub: StandIn, tmp_path: Path, quant: str, expected: str
 ) -> None:
-    path = fetch_projector(
-        _src(tmp_path, f"kvtest/several:{quant}"), endpoint=hub.url, offline=False
+    path = fetch(
+        _src(tmp_path, f"kvtest/several:{quant}"),
+        endpoint=hub.url,
+        offline=False,
+        projector=True,
     )
     assert Path(path).name == expected
     assert hub.downloads == [expected]  # the other projector is not downloaded
@@ -108,10 +111,12 @@ def test_several_projectors_the_rules_pick_only(
 
 def test_a_repository_without_projector_gives_none(hub: StandIn, tmp_path: Path) -> None:
     src = _src(tmp_path, "kvtest/text-only")
-    assert fetch_projector(src, endpoint=hub.url, offline=False) == ""
+    assert fetch(src, projector=True, endpoint=hub.url, offline=False) == ""
     assert hub.downloads == []
     fetch(src, endpoint=hub.url, offline=False)
-    assert fetch_projector(src, endpoint=hub.url, offline=True) == ""  # the cache: none either
+    assert (
+        fetch(src, projector=True, endpoint=hub.url, offline=True) == ""
+    )  # the cache: none either
     assert hub.downloads == ["t-Q8_0.gguf"]
 
 
@@ -124,7 +129,7 @@ def test_the_projector_passes_the_budget_check(hub: StandIn, tmp_path: Path) -> 
 
     src = _src(tmp_path, REPO + ":Q8_0")
     with pytest.raises(NoRoom, match="mmproj-tiny-f16.gguf does not fit"):
-        fetch_projector(src, endpoint=hub.url, offline=False, before_download=refuse)
+        fetch(src, projector=True, endpoint=hub.url, offline=False, before_download=refuse)
     size = hub.repos[REPO]["mmproj-tiny-f16.gguf"].path.stat().st_size
     assert seen == [("mmproj-tiny-f16.gguf", size)]
     assert hub.downloads == []  # refused before its first byte
