@@ -25,10 +25,9 @@ the prompt's last full block asks the shared tier for a longer prefix; a shared 
 promoted to RAM. On a disk directory that other processes write too, such a lookup
 picks up their new files first (DiskTier.refresh: one stat while nothing changed).
 
-Several models in one process (cache/budget.py): caches made with one CacheBudget count
-their RAM and disk bytes in one budget each, and share one lock (the RAM pool's), so a
-save of one model may evict another's entry, in its index at once; its disk copies that
-another's write evicted it learns of at its next lookup (`_settle`).
+Several models in one process (cache/budget.py): caches of one CacheBudget share its RAM
+and disk budgets and one lock (the RAM pool's); an entry another model's save evicts
+leaves our index at once (RAM) or at our next lookup (disk: `_settle`).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 
 from cache.budget import CacheBudget
 from cache.copies import Copies
@@ -93,6 +93,7 @@ class PrefixCache:
         # never replaces its prefixes (each is a checkpoint another prompt may restore).
         self.whole_states = False
         self._counts = Counters()
+        self.stored = 0  # entries made visible in RAM so far (the engine's second look)
         self._purges = PurgeLog()
         self._closed = not config.enabled
         with self._lock:
@@ -111,20 +112,19 @@ class PrefixCache:
 
     # -- lookup ---------------------------------------------------------------------------
 
-    def lookup(self, tokens: Sequence[int], salt: str = "") -> CacheHit | None:
-        """The stored entry sharing the longest prefix with `tokens`, or None."""
+    def lookup(self, tokens: Sequence[int], salt: str = "", held: bool = False) -> CacheHit | None:
+        """The stored entry sharing the longest prefix with `tokens`, or None. `held`: in the
+        tiers under the lock only (RAM): no I/O, not counted (engine/thread/relookup.py)."""
         if not self.config.enabled:
-            return None
-        if len(tokens) < self._block:
-            with self._lock:
-                self._count_misses(self._local)
             return None
         prompt = tuple(tokens)
         hashes = block_hashes(prompt, self._block, seed(self.namespace, salt))
+        if held or not hashes:  # (no full block: a miss in every tier)
+            return self._lookup_local(prompt, hashes, held)
         full = len(hashes) * self._block
         self._refresh()
         generation = self._purges.generation
-        hit = self._lookup_local(prompt, hashes)
+        hit = self._lookup_local(prompt, hashes, False)
         for tier in self._searched:  # each asked only for more than the tiers before it
             if hit is not None and hit.num_matched >= full:
                 break
@@ -156,23 +156,28 @@ class PrefixCache:
                 with self._lock:
                     self._copies.sync(lost)
 
-    def _lookup_local(self, prompt: tuple[int, ...], hashes: list[bytes]) -> CacheHit | None:
-        """The indexed tiers in order: the best match is read from the first that holds
-        it; each tier before it, or every one if none does, counts a miss."""
+    def _lookup_local(
+        self, prompt: tuple[int, ...], hashes: list[bytes], held: bool
+    ) -> CacheHit | None:
+        """The indexed tiers in order (`held`: those under the lock): the best match is read
+        from the first that holds it; each tier before it, or all if none does, counts a miss."""
         copies = self._copies
+        tiers = tuple(takewhile(lambda t: not t.blocking, self._local)) if held else self._local
+        counts = Counters() if held else self._counts  # a second look: the first one counted
         with self._lock:
             find = self._index.longest_prefix_entry if self.whole_states else self._index.best_match
             match = find(prompt, hashes, prefer=copies.in_memory)
             if match is None:
-                self._count_misses(self._local)
+                for tier in tiers:
+                    counts.count(counts.misses, tier.name)
                 return None
             indexed, num_matched = match
-            for n, tier in enumerate(self._local):
+            for n, tier in enumerate(tiers):
                 entry = self._read(tier, indexed) if copies.holds(indexed, tier) else None
                 if entry is None:
-                    self._counts.count(self._counts.misses, tier.name)
+                    counts.count(counts.misses, tier.name)
                     continue
-                self._counts.count(self._counts.hits, tier.name)
+                counts.count(counts.hits, tier.name)
                 copies.touch_below(indexed, n)  # keeps hot entries' files from eviction
                 self._promote(entry, indexed, self._local[:n])
                 return CacheHit(entry.tokens, entry.state, num_matched, tier.name)
@@ -217,10 +222,6 @@ class PrefixCache:
             self._index.add(indexed)
             self._promote(entry, indexed, self._local)
             self._copies.forget_if_unheld(indexed)
-
-    def _count_misses(self, tiers: Sequence[Tier]) -> None:
-        for tier in tiers:  # (lock held)
-            self._counts.count(self._counts.misses, tier.name)
 
     # -- save -----------------------------------------------------------------------------
 
@@ -279,6 +280,7 @@ class PrefixCache:
                         self._index.add(indexed)
                     tier.pin(entry.key)  # not evicted before the blocking tiers have it
                     self._copies.drop(tier, tier.put(entry))
+                    self.stored += 1
         written: dict[Tier, list[str]] = {}  # the blocking tiers written: the keys they evicted
         for tier in self._local:
             if tier.blocking and (evicted := self._write_to(tier, entry)) is not None:

@@ -54,6 +54,7 @@ class Sequence:
         "kv_floor",
         "leader",
         "cache_hit",
+        "cache_seen",
         "hit_kind",
         "hit_source",
         "cold_reason",
@@ -100,6 +101,9 @@ class Sequence:
         # copy its KV instead of computing it again.
         self.leader: Sequence | None = None
         self.cache_hit: CacheHit | None = None  # looked up before submission, if any
+        # The cache's `stored` count its last lookup saw; -1: none made (and none again:
+        # engine/thread/relookup.py).
+        self.cache_seen = -1
         self.hit_kind = "cold"  # how the prompt was found: cold, partial, exact, session
         self.hit_source = "none"  # where reused tokens came from: none, slot, ram, disk
         self.cold_reason = ""  # why a stored prefix was found but not used (placement.py)

@@ -88,8 +88,8 @@ class Submitting:
         samplers: list[Sampler] = []
         try:
             samplers = await self._samplers(model, requests)
-            hit, looked_up, calls = (
-                await self._lookup(requests[0]) if requests else (None, None, ())
+            hit, seen, looked_up, calls = (
+                await self._lookup(requests[0]) if requests else (None, -1, None, ())
             )
             # Re-checked after the awaits: an unload (or a rebuild) that began meanwhile
             # would leave a Submit in a queue nobody reads, the request waiting forever
@@ -127,7 +127,7 @@ class Submitting:
             for index, (request, sampler) in enumerate(zip(requests, samplers, strict=True))
         )
         if seqs:
-            seqs[0].cache_hit = hit
+            seqs[0].cache_hit, seqs[0].cache_seen = hit, seen
             seqs[0].t_lookup, seqs[0].lookup_calls = looked_up, calls
             if hit is not None:
                 seqs[0].lookup_tier, seqs[0].lookup_tokens = hit.tier, hit.num_matched
@@ -153,11 +153,13 @@ class Submitting:
 
     async def _lookup(
         self, request: GenerateRequest
-    ) -> tuple[CacheHit | None, tuple[float, float] | None, tuple[StoreCall, ...]]:
+    ) -> tuple[CacheHit | None, int, tuple[float, float] | None, tuple[StoreCall, ...]]:
         """The longest cached prefix of the prompt, read off the event loop (a disk hit
-        reads a file); for traces, when the lookup started and ended and the calls it made
-        to the shared store. Only for the states the prompt can start from (a blob-bound
-        cache under exact reuse: placement.lookup_reach). Skipped (None, None, ()) when the
+        reads a file), and the cache's `stored` count before it (the engine thread looks
+        again if states are stored while the request waits: engine/thread/relookup.py);
+        for traces, when the lookup started and ended and the calls it made to the shared
+        store. Only for the states the prompt can start from (a blob-bound cache under
+        exact reuse: placement.lookup_reach). Skipped (None, -1, None, ()) when the
         session's own slot already holds its KV."""
         cache = self._cache
         if (
@@ -169,12 +171,14 @@ class Submitting:
                 and self.session_slot(pin_key(request.tenant, request.session_id)) is not None
             )
         ):
-            return None, None, ()
+            return None, -1, None, ()
 
         worker = self._worker
         prompt, reach = request.prompt_tokens, len(request.prompt_tokens)
         if worker is not None:  # only the states this prompt can start from (placement.py)
             reach = worker.lookup_reach(len(prompt))
+
+        seen = cache.stored
 
         def lookup() -> tuple[CacheHit | None, tuple[StoreCall, ...]]:
             with recording_calls() as calls:
@@ -193,7 +197,7 @@ class Submitting:
         context = contextvars.copy_context()  # as asyncio.to_thread: trace context and all
         loop = asyncio.get_running_loop()
         hit, calls = await loop.run_in_executor(self._lookups, context.run, lookup)
-        return hit, (started, time.monotonic()), calls
+        return hit, seen, (started, time.monotonic()), calls
 
     def _build_samplers(self, model: Model, requests: Sequence[GenerateRequest]) -> list[Sampler]:
         samplers: list[Sampler] = []

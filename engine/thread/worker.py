@@ -28,6 +28,7 @@ from engine.thread.embedder import Embedder
 from engine.thread.kvexec import KvExecutor
 from engine.thread.placement import lookup_again, lookup_reach
 from engine.thread.postprocess import Emit, End, Force, StepRules, postprocess
+from engine.thread.relookup import look_again
 from engine.thread.runner import DecodeError, Runner, StepResult
 from engine.thread.scheduler import Chunk, Scheduler
 from engine.thread.slots import slot_views
@@ -165,7 +166,14 @@ class Worker:
     # -- one step ----------------------------------------------------------------------
 
     def step(self) -> None:
-        chunks, kv = self.scheduler.schedule()
+        scheduler = self.scheduler
+        if (
+            self.cache is not None
+            and scheduler.waiting
+            and len(scheduler.running) < scheduler.config.num_slots
+        ):
+            look_again(scheduler.waiting, self.cache, scheduler.config)  # (relookup.py)
+        chunks, kv = scheduler.schedule()
         planned = time.monotonic()
         for chunk in chunks:  # stage times for traces
             if chunk.seq.t_admitted is None:

@@ -32,7 +32,7 @@ async def test_a_lookup_does_not_wait_for_the_default_pool(tmp_path: Path) -> No
     held_tasks = [asyncio.ensure_future(h) for h in held]
     try:
         await asyncio.sleep(0.05)
-        hit, _, _ = await asyncio.wait_for(engine._lookup(GenerateRequest("r", TOKENS)), 10)
+        hit, _, _, _ = await asyncio.wait_for(engine._lookup(GenerateRequest("r", TOKENS)), 10)
         assert hit is not None and hit.num_matched == len(TOKENS) and hit.tier == "ram"
     finally:
         release.set()
