@@ -69,7 +69,9 @@ class StepRules:
     eog_ids: Collection[int]  # end-of-generation tokens of the model
     n_ctx_seq: int  # KV cells one sequence may use
     saves: bool = True  # a prefix cache takes long prefills along the way
-    whole_state: bool = False  # a recurrent or hybrid memory (engine/family.py)
+    # A saved state serves only prompts that extend it (ModelFamily.blob_bound: a
+    # recurrent or hybrid memory, a sliding window).
+    blob_bound: bool = False
 
 
 @dataclass(slots=True)
@@ -199,9 +201,13 @@ def out_of_room(seq: Sequence, n_ctx_seq: int) -> bool:
 
 def save_long_prefill(seq: Sequence, rules: StepRules, counters: StepCounters) -> Save | None:
     """Save a long prompt's computed head every SAVE_EVERY_TOKENS (and once it is all
-    in), so an abort, a restart or another prompt sharing it starts warm. Whole-state
-    memories also save at their checkpoint, and every prompt once it is in (exact mode
-    can reuse no later state: decoded tokens are never reused)."""
+    in), so an abort, a restart or another prompt sharing it starts warm. Memories whose
+    saved states cannot be cut back (whole states, sliding windows) also save at their
+    checkpoint, and every prompt once it is in: a next turn that parts from the state at
+    the end of the reply anywhere inside the reply (a template that renders it otherwise,
+    a client that edits it or resends the prompt with another; and exact mode reuses no
+    decoded token) then starts from the prompt's end, not from the last save up to
+    SAVE_PROMPT_MIN_TOKENS before it."""
     if not rules.saves or seq.slot is None:
         return None
     done = min(seq.num_computed, seq.num_prompt_tokens)
@@ -213,7 +219,7 @@ def save_long_prefill(seq: Sequence, rules: StepRules, counters: StepCounters) -
     if at_checkpoint:
         del seq.checkpoints[0]
         counters.num_checkpoints += 1
-    least = 1 if rules.whole_state else SAVE_PROMPT_MIN_TOKENS
+    least = 1 if rules.blob_bound else SAVE_PROMPT_MIN_TOKENS
     if fresh >= SAVE_EVERY_TOKENS or at_checkpoint or (prompt_done and fresh >= least):
         seq.num_saved = done
         return Save(seq.slot, tuple(seq.tokens[:done]), seq.salt)

@@ -67,9 +67,8 @@ class Worker:
         self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._outbox: list[tuple[object, SeqOutput]] = []
         self._stopping = False
-        self._rules = StepRules(
-            model.eog_ids, config.n_ctx_seq, saves=cache is not None, whole_state=config.whole_state
-        )
+        self._rules = StepRules(model.eog_ids, config.n_ctx_seq, saves=cache is not None,
+                                blob_bound=config.saves_checkpoints)  # fmt: skip
         # For stats(): the scheduler's, so one object counts everything and outlives
         # this worker (engine/thread/stats.py). Written by this thread only.
         self.counters = scheduler.counters

@@ -25,7 +25,7 @@ def test_a_prompt_saves_its_state_where_its_extension_may_start() -> None:
     assert [(c.start, c.length, c.sample) for c in chunks] == [(0, 92, False)]
     prompt.num_computed += 92
     counters = StepCounters()
-    rules = StepRules((), 1000, saves=True, whole_state=True)
+    rules = StepRules((), 1000, saves=True, blob_bound=True)
     assert save_long_prefill(prompt, rules, counters) == Save(0, tuple(range(92)), "")
     assert counters.num_checkpoints == 1 and prompt.checkpoints == []
     chunks, _ = s.schedule()

@@ -164,6 +164,23 @@ def test_a_finished_prompt_is_saved_once_long_enough_and_not_without_a_cache() -
     assert seq.num_saved == 0
 
 
+def test_a_state_not_to_be_cut_back_is_saved_at_the_prompt_end_however_little_is_new() -> None:
+    # A sliding window or a whole state (blob_bound): the state after the reply does not
+    # serve a next turn that parts inside the reply, so the prompt's end is saved even
+    # when its last save (a checkpoint, SAVE_EVERY_TOKENS) lies only a few tokens before.
+    window = StepRules(frozenset({EOG}), 4096, saves=True, blob_bound=True)
+    for r, saved in ((window, True), (rules(), False)):
+        seq = running(num_prompt=SAVE_EVERY_TOKENS + 203)
+        seq.num_saved = SAVE_EVERY_TOKENS  # the last save, 203 tokens before the end
+        seq.num_computed = SAVE_EVERY_TOKENS
+        chunk = Chunk(seq, SAVE_EVERY_TOKENS, 203, sample=True)
+        actions = postprocess([chunk], StepResult([Sampled(seq, 0, None)], []), r,
+                              StepCounters()).actions  # fmt: skip
+        save = Save(0, tuple(range(SAVE_EVERY_TOKENS + 203)), seq.salt)
+        assert (save in actions) is saved
+        assert seq.num_saved == (SAVE_EVERY_TOKENS + 203 if saved else SAVE_EVERY_TOKENS)
+
+
 def test_prompt_logprobs_wait_for_the_worker_and_counters_count() -> None:
     seq = running(num_prompt=3)
     scored = [TokenLogprob(1, -0.5), TokenLogprob(2, -0.25)]

@@ -95,7 +95,7 @@ def test_where_prompts_diverge_a_checkpoint_is_computed_to_and_saved() -> None:
     assert [(c.start, c.length) for c in chunks] == [(0, 64)]  # stops at the checkpoint
     second.num_computed += 64
     counters = StepCounters()
-    rules = StepRules((), 1000, saves=True, whole_state=True)
+    rules = StepRules((), 1000, saves=True, blob_bound=True)
     assert save_long_prefill(second, rules, counters) == Save(0, tuple(range(64)), "")
     assert counters.num_checkpoints == 1 and second.checkpoint == 0
     chunks, _ = s.schedule()
