@@ -21,8 +21,9 @@ HEAD = list(range(100, 140))  # the head queued agents share
 CONFIG = SchedulerConfig(2, 2000, 1000, 512, 256, exact=False)
 
 
-def queued(name: str, tokens: list[int], seen: int) -> Sequence:
-    seq = Sequence(GenerateRequest(name, tuple(tokens)), None, IncrementalDetokenizer([b""]), None)
+def queued(name: str, tokens: list[int], seen: int, salt: str = "") -> Sequence:
+    request = GenerateRequest(name, tuple(tokens), cache_salt=salt)
+    seq = Sequence(request, None, IncrementalDetokenizer([b""]), None)
     seq.cache_seen = seen
     return seq
 
@@ -54,6 +55,14 @@ def test_only_prompts_whose_lookup_predates_a_store_look_again(cache: PrefixCach
     preempted.tokens.append(3)  # it generated a token before it was preempted
     assert look_again([current, never, preempted], cache, CONFIG) == 0
     assert all(s.cache_hit is None for s in (current, never, preempted))
+
+
+def test_a_second_look_finds_only_its_own_tenants_and_adapters_states(cache: PrefixCache) -> None:
+    saved(cache, HEAD, salt="tenant-a")
+    other = queued("b", HEAD + [1], seen=0, salt="tenant-b")
+    own = queued("a", HEAD + [1], seen=0, salt="tenant-a")
+    assert look_again([other, own], cache, CONFIG) == 1
+    assert other.cache_hit is None and own.cache_hit is not None
 
 
 def test_a_second_look_keeps_the_longer_hit(cache: PrefixCache) -> None:
