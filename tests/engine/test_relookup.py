@@ -4,6 +4,7 @@ only prompts whose lookup predates them look again."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,8 +62,10 @@ def test_a_second_look_finds_only_its_own_tenants_and_adapters_states(cache: Pre
     saved(cache, HEAD, salt="tenant-a")
     other = queued("b", HEAD + [1], seen=0, salt="tenant-b")
     own = queued("a", HEAD + [1], seen=0, salt="tenant-a")
-    assert look_again([other, own], cache, CONFIG) == 1
-    assert other.cache_hit is None and own.cache_hit is not None
+    adapted = queued("lora", HEAD + [1], seen=0, salt="tenant-a")
+    adapted.request = dataclasses.replace(adapted.request, lora=(("style", 1.0),))
+    assert look_again([other, adapted, own], cache, CONFIG) == 1
+    assert other.cache_hit is None and adapted.cache_hit is None and own.cache_hit is not None
 
 
 def test_a_second_look_keeps_the_longer_hit(cache: PrefixCache) -> None:
