@@ -3,9 +3,8 @@ a whole new map at every change, never changed once published."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from engine.loop.session_ops import SessionOps
 from engine.thread.slots import KvOp, SlotTable
@@ -41,8 +40,11 @@ class Published:
 
     pinned_sessions: Mapping[str, int] = field(default_factory=dict)
 
-    def find_prefix(self, cache: Any, prompt: Sequence[int], salt: str) -> Any:
-        return cache.lookup(prompt, salt)
+    def lookup_reach(self, num_tokens: int) -> int:
+        return num_tokens
+
+    def lookup_again(self, hit: object, num_tokens: int) -> int:
+        return 0
 
 
 class Loop(SessionOps):
