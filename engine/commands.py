@@ -17,7 +17,9 @@ import numpy as np
 from engine.sequence import Sequence
 
 if TYPE_CHECKING:
-    from cache import CacheHit
+    from collections.abc import Sequence as SeqType
+
+    from cache import CacheHit, PrefixCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +91,7 @@ class EngineThread(Protocol):
         state, never changed after it is published)."""
         ...
 
-    def lookup_reach(self, num_tokens: int) -> int:
-        """How much of a prompt of `num_tokens` a cache lookup should match."""
-        ...
-
-    def lookup_again(self, hit: CacheHit, num_tokens: int) -> int:
-        """0, or how far a second lookup should reach (the first found a state the
-        prompt cannot start from, where a shorter one may serve)."""
+    def find_prefix(self, cache: PrefixCache, prompt: SeqType[int], salt: str) -> CacheHit | None:
+        """The longest stored prefix `prompt` can start from (a blob-bound cache under
+        exact reuse: not a longer state placement must refuse)."""
         ...

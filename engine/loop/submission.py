@@ -159,7 +159,7 @@ class Submitting:
         again if states are stored while the request waits: engine/thread/relookup.py);
         for traces, when the lookup started and ended and the calls it made to the shared
         store. Only for the states the prompt can start from (a blob-bound cache under
-        exact reuse: placement.lookup_reach). Skipped (None, -1, None, ()) when the
+        exact reuse: placement.find_usable). Skipped (None, -1, None, ()) when the
         session's own slot already holds its KV."""
         cache = self._cache
         if (
@@ -173,19 +173,13 @@ class Submitting:
         ):
             return None, -1, None, ()
 
-        worker = self._worker
-        prompt, reach = request.prompt_tokens, len(request.prompt_tokens)
-        if worker is not None:  # only the states this prompt can start from (placement.py)
-            reach = worker.lookup_reach(len(prompt))
-
+        worker, prompt, salt = self._worker, request.prompt_tokens, request.prefix_salt
         seen = cache.stored
 
         def lookup() -> tuple[CacheHit | None, tuple[StoreCall, ...]]:
             with recording_calls() as calls:
-                hit = cache.lookup(prompt[:reach], request.prefix_salt)
-                again = worker.lookup_again(hit, len(prompt)) if hit and worker else 0
-                if again:  # a state that cannot be cut back to where the prompt needs
-                    hit = cache.lookup(prompt[:again], request.prefix_salt)
+                hit = (worker.find_prefix(cache, prompt, salt) if worker is not None
+                       else cache.lookup(prompt, salt))  # fmt: skip
                 return hit, tuple(calls)
 
         started = time.monotonic()

@@ -23,7 +23,9 @@ from engine.thread.slots import Copy, Drop, KvOp, Restore, SlotTable, window_flo
 from engine.thread.window_keep import window_start
 
 if TYPE_CHECKING:
-    from cache import CacheHit
+    from collections.abc import Sequence as SeqType
+
+    from cache import CacheHit, PrefixCache
 
 # Copying a slot's KV stream moves the whole stream (all n_ctx_seq cells of every layer,
 # ~94 MB for the default model at 4096 cells): worth it only for a clearly longer prefix.
@@ -90,6 +92,18 @@ def lookup_again(hit: CacheHit, num_tokens: int, config: SchedulerConfig) -> int
         return 0
     reach = config.block_floor(min(len(hit.tokens), reuse_limit(num_tokens, config)))
     return plain if hit_floor(hit, config) > reach else 0
+
+
+def find_usable(
+    cache: PrefixCache, prompt: SeqType[int], salt: str, config: SchedulerConfig, held: bool = False
+) -> CacheHit | None:
+    """The longest stored prefix `prompt` can start from: looked up as far as
+    `lookup_reach`, and once more as far as `lookup_again` where the first look found a
+    state that cannot be cut back to where the prompt needs. `held`: in RAM only
+    (PrefixCache.lookup)."""
+    hit = cache.lookup(prompt[: lookup_reach(len(prompt), config)], salt, held)
+    again = lookup_again(hit, len(prompt), config) if hit is not None else 0
+    return cache.lookup(prompt[:again], salt, held) if again else hit
 
 
 def hit_floor(hit: CacheHit, config: SchedulerConfig) -> int:

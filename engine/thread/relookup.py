@@ -18,7 +18,7 @@ from itertools import islice
 from cache import PrefixCache
 from engine.sequence import Sequence
 from engine.thread.admission import RANKED_PER_SLOT
-from engine.thread.placement import lookup_again, lookup_reach
+from engine.thread.placement import find_usable
 from engine.thread.plan import SchedulerConfig
 
 
@@ -33,11 +33,7 @@ def look_again(waiting: Iterable[Sequence], cache: PrefixCache, config: Schedule
         if seq.cache_seen < 0 or seq.cache_seen == stored or seq.num_output_tokens > 0:
             continue
         seq.cache_seen = stored
-        prompt = seq.tokens[: seq.num_prompt_tokens]
-        hit = cache.lookup(prompt[: lookup_reach(len(prompt), config)], seq.salt, held=True)
-        again = lookup_again(hit, len(prompt), config) if hit is not None else 0
-        if again:  # a state that cannot be cut back to where the prompt needs
-            hit = cache.lookup(prompt[:again], seq.salt, held=True)
+        hit = find_usable(cache, seq.tokens[: seq.num_prompt_tokens], seq.salt, config, held=True)
         before = seq.cache_hit.num_matched if seq.cache_hit is not None else 0
         if hit is not None and hit.num_matched > before:
             seq.cache_hit = hit

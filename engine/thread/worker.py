@@ -18,6 +18,7 @@ import logging
 import queue
 import time
 from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Seq
 
 from cache import CacheHit, PrefixCache
 from engine.commands import Abort, Command, Embed, Fork, ReleaseSession, Stop, Submit
@@ -26,7 +27,7 @@ from engine.sequence import SeqStatus, Sequence
 from engine.thread import recovery
 from engine.thread.embedder import Embedder
 from engine.thread.kvexec import KvExecutor
-from engine.thread.placement import lookup_again, lookup_reach
+from engine.thread.placement import find_usable
 from engine.thread.postprocess import Emit, End, Force, StepRules, postprocess
 from engine.thread.relookup import look_again
 from engine.thread.runner import DecodeError, Runner, StepResult
@@ -357,15 +358,10 @@ class Worker:
         of the pins another thread may read (SlotTable.published_pins)."""
         return self.scheduler.slots.published_pins
 
-    def lookup_reach(self, num_tokens: int) -> int:
-        """How much of a prompt a cache lookup should match (placement.lookup_reach) under
+    def find_prefix(self, cache: PrefixCache, prompt: Seq[int], salt: str) -> CacheHit | None:
+        """The longest stored prefix `prompt` can start from (placement.find_usable) under
         this worker's scheduler settings, which are fixed at load: any thread may ask."""
-        return lookup_reach(num_tokens, self.scheduler.config)
-
-    def lookup_again(self, hit: CacheHit, num_tokens: int) -> int:
-        """0, or how far a second lookup should reach (placement.lookup_again): any
-        thread may ask."""
-        return lookup_again(hit, num_tokens, self.scheduler.config)
+        return find_usable(cache, prompt, salt, self.scheduler.config)
 
     def stats(self) -> EngineStats:
         """Safe to call from another thread (see `engine.stats.snapshot`)."""

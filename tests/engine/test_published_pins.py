@@ -3,8 +3,9 @@ a whole new map at every change, never changed once published."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.loop.session_ops import SessionOps
 from engine.thread.slots import KvOp, SlotTable
@@ -40,11 +41,8 @@ class Published:
 
     pinned_sessions: Mapping[str, int] = field(default_factory=dict)
 
-    def lookup_reach(self, num_tokens: int) -> int:
-        return num_tokens
-
-    def lookup_again(self, hit: object, num_tokens: int) -> int:
-        return 0
+    def find_prefix(self, cache: Any, prompt: Sequence[int], salt: str) -> Any:
+        return cache.lookup(prompt, salt)
 
 
 class Loop(SessionOps):

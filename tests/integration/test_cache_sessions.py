@@ -106,7 +106,7 @@ async def test_a_state_that_fails_to_restore_falls_back_to_cold(cold: Engine) ->
     try:
         assert engine._cache is not None
         garbage = CacheHit(prompt, b"\x00" * 1000, len(prompt), "ram")
-        engine._cache.lookup = lambda tokens, salt="": garbage  # type: ignore[method-assign]
+        engine._cache.lookup = lambda tokens, salt="", held=False: garbage  # type: ignore[method-assign]
         assert await run(engine, prompt) == (expected, 0)
         stats = engine.stats()
         assert stats is not None and stats.num_restore_failures == 1

@@ -115,7 +115,7 @@ async def test_samplers_are_freed_when_the_lookup_fails_or_the_caller_leaves(
     cache = engine._cache
     assert cache is not None
 
-    def broken(tokens: Sequence[int], salt: str = "") -> CacheHit | None:
+    def broken(tokens: Sequence[int], salt: str = "", held: bool = False) -> CacheHit | None:
         raise OSError("the disk went away")
 
     cache.lookup = broken  # type: ignore[method-assign]
