@@ -2,10 +2,14 @@
 
     python bench/step_cost.py [--lengths 256,1024,2048] [--fa off,on] [--unified off,on]
     python bench/step_cost.py --tail --lengths 1024,2048,4096,7168
+    python bench/step_cost.py --window --model GEMMA3.gguf --lengths 1024,4096,8192
 
 `--tail` times the warm-tail choice instead (engine/thread/plan.py pad_from): on 2 sequences of
 8192 cells with flash attention, a warm chunk of 20, 40 or 60 rows beside a decode row in
 one llama_decode, against the 64-row tile in a decode of its own plus the decode row alone.
+`--window` times a sliding-window model's choice (engine/thread/plan.py solo_rows): a prompt
+chunk of 64, 128 or 256 rows beside a decode row in one llama_decode, against the chunk in
+a decode of its own plus the decode row alone.
 
 The agents benchmark spends 97% of the engine thread in llama_decode, and its wall time
 depends on flash attention. This script times llama_decode alone on the bundled model,
@@ -92,21 +96,28 @@ def fill(ctx: Context, batch: Batch, num_seqs: int, length: int, rng) -> None:
                 raise RuntimeError("llama_decode failed")
 
 
-def tail_costs(model: Model, lengths: list[int], repeat: int) -> None:
-    """The --tail table: where padding a warm chunk to the flash tile pays."""
+def pair_costs(model: Model, lengths: list[int], repeat: int, rows: tuple[int, ...], *,
+               tile: bool) -> None:  # fmt: skip
+    """The --tail and --window tables: on 2 sequences with flash attention, R rows of one
+    beside a decode row of the other in one llama_decode, against a chunk in a decode of
+    its own plus the decode row alone (--tail: the 64-row tile; --window: the same R)."""
     rng = np.random.default_rng(5)
-    ctx = Context(model, ContextParams(8192 * 2, N_BATCH, 2, 2, flash_attn=True))
+    cells = max(lengths) + N_BATCH
+    ctx = Context(model, ContextParams(cells * 2, N_BATCH, 2, 2, flash_attn=True))
     batch = Batch(N_BATCH)
-    shapes = {f"{r} + 1": [[(0, r), (1, 1)]] for r in (20, 40, 60)}
-    shapes["tile alone, then 1"] = [[(0, 64)], [(1, 1)]]
+    shapes = {f"{r} + 1": [[(0, r), (1, 1)]] for r in rows}
+    if tile:
+        shapes["tile alone, then 1"] = [[(0, 64)], [(1, 1)]]
+    else:
+        shapes.update({f"{r} alone, then 1": [[(0, r)], [(1, 1)]] for r in rows})
     print("| KV length | " + " | ".join(shapes) + " |\n|" + "---|" * (len(shapes) + 1))
     for length in lengths:
         fill(ctx, batch, 2, length, rng)
-        cells = []
+        row = []
         for decodes in shapes.values():
             total = sum(time_shape(ctx, batch, runs, length, rng, repeat) for runs in decodes)
-            cells.append(f"{total:.0f}")
-        print(f"| {length} | " + " | ".join(cells) + " |", flush=True)
+            row.append(f"{total:.0f}")
+        print(f"| {length} | " + " | ".join(row) + " |", flush=True)
     ctx.close()
 
 
@@ -118,10 +129,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--shapes", default=";".join(SHAPES), help="a subset, separated by ;")
     ap.add_argument("--tail", action="store_true", help="the warm tail's padding choice")
+    ap.add_argument("--window", action="store_true", help="a windowed model's chunk split")
+    ap.add_argument("--model", default=None, help="a GGUF (default: the bundled model)")
     args = ap.parse_args()
-    model = Model(default_model_path())
-    if args.tail:
-        tail_costs(model, [int(x) for x in args.lengths.split(",")], args.repeat)
+    model = Model(args.model or default_model_path())
+    if args.tail or args.window:
+        lengths = [int(x) for x in args.lengths.split(",")]
+        rows = (20, 40, 60) if args.tail else (64, 128, 256)
+        pair_costs(model, lengths, args.repeat, rows, tile=args.tail)
         return
     rng = np.random.default_rng(18)
     lengths = [int(x) for x in args.lengths.split(",")]

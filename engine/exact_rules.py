@@ -55,6 +55,16 @@ FLASH_TILE_ROWS = 64
 #   4,096: 578, 842, 537;   7,168: 919, 1,358, 985.
 # The tile costs what 37-45 rows cost at every length: padding pays from about 48 rows.
 PAD_FROM_ROWS = 48
+# A sliding-window model's prompt chunk of this many rows gets a decode of its own
+# (SchedulerConfig.solo_rows) instead of sharing one with another slot's decode row. On a
+# Xeon with AMX (Gemma 3 270M, flash attention, 2 streams), one llama_decode of R rows
+# beside a decode row, against R rows alone plus the decode row alone, in ms
+# (bench/step_cost.py --window):
+#   KV 1,024: R=64 169 / 187, R=128 301 / 282, R=256 549 / 513;
+#   4,096: 235 / 250, 401 / 323, 672 / 629;   8,192: 310 / 319, 516 / 407, 900 / 778.
+# Sharing pays below 128 rows and costs 7-27% from 128 on (a 16.6k-token prefill in
+# 256-row chunks beside one decode row: 61.0 s shared, 50.9 s apart, 50.3 s alone).
+WINDOW_SOLO_ROWS = 128
 # SchedulerConfig.cpu: which padding rule the load measured for its device.
 CPU_TILE_PAYS = "tile pays"
 CPU_ROW_BY_ROW = "row by row"

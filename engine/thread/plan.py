@@ -16,6 +16,7 @@ from engine.exact_rules import (
     FLASH_TILE_ROWS,
     GPU_KERNELS,
     PAD_FROM_ROWS,
+    WINDOW_SOLO_ROWS,
 )
 from engine.sequence import Sequence
 from engine.thread.slots import KvOp
@@ -140,12 +141,18 @@ class SchedulerConfig:
         """Chunks of this many rows get a llama_decode of their own (engine/thread/runner.py);
         0: none. With a KV stream per slot, llama.cpp cuts a batch into ubatches holding
         the same number of rows of each sequence, so a chunk beside decode rows would lose
-        rows to one-row ubatches: other kernels (exact reuse), and the slow path (a warm
-        tail's tile, above)."""
+        rows to one-row ubatches: other kernels (exact reuse), the slow path (a warm
+        tail's tile, above), and on sliding-window models a slower step than two
+        (measured, engine/exact_rules.py WINDOW_SOLO_ROWS: a long prompt prefilled while
+        another slot generates)."""
         if self.pad_from:
             return FLASH_TILE_ROWS
         tail = self.tail_rows
-        return tail if tail > 1 and self.keeps_prefixes else 0
+        if tail > 1 and self.keeps_prefixes:
+            return tail
+        windowed = self.n_swa > 0 and not self.whole_state
+        cpu_flash = self.flash_attn and self.cpu != GPU_KERNELS
+        return WINDOW_SOLO_ROWS if windowed and cpu_flash and self.keeps_prefixes else 0
 
     @property
     def window_recut(self) -> int:

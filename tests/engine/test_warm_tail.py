@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.exact_rules import CPU_ROW_BY_ROW, CPU_TILE_PAYS, GPU_KERNELS, PAD_FROM_ROWS
+from engine.exact_rules import (
+    CPU_ROW_BY_ROW,
+    CPU_TILE_PAYS,
+    GPU_KERNELS,
+    PAD_FROM_ROWS,
+    WINDOW_SOLO_ROWS,
+)
 from engine.sequence import Sequence
 from engine.thread.placement import padded_keep, reuse_limit
 from engine.thread.scheduler import Scheduler, SchedulerConfig
@@ -55,7 +61,8 @@ def test_without_amx_only_chunks_near_a_tile_are_padded() -> None:
 )
 def test_elsewhere_only_the_last_row_is_computed_again(kw: dict, why: str) -> None:
     c = config(**kw)
-    assert (c.tail_rows, c.pad_from, c.solo_rows, c.warm_tail[0]) == (1, 0, 0, 1)
+    assert (c.tail_rows, c.pad_from, c.warm_tail[0]) == (1, 0, 1)
+    assert c.solo_rows == (WINDOW_SOLO_ROWS if "n_swa" in kw else 0)
     assert why in c.warm_tail[1]
     assert reuse_limit(1000, c) == 999
     assert padded_keep(1000, 950, c) == 950
@@ -112,3 +119,16 @@ def test_without_amx_a_grown_prompt_pads_only_near_a_tile(
     chunks, _ = s.schedule()
     assert [(c.start, c.length) for c in chunks] == [chunk]
     s.check_integrity()
+
+
+def test_a_window_model_prefills_long_chunks_in_decodes_of_their_own() -> None:
+    """On a CPU with flash attention only: a chunk beside another slot's decode row was
+    measured slower than the two apart from 128 rows on (engine/exact_rules.py)."""
+    assert config(n_swa=512).solo_rows == WINDOW_SOLO_ROWS
+    assert config(n_swa=512, cpu=CPU_ROW_BY_ROW).solo_rows == WINDOW_SOLO_ROWS
+    assert config(n_swa=512, exact=True, exact_min_rows=64).solo_rows == 64  # its own rows
+    assert config(n_swa=512, cpu=GPU_KERNELS).solo_rows == 0
+    assert config(n_swa=512, flash_attn=False).solo_rows == 0
+    assert config(n_swa=512, whole_state=True).solo_rows == 0  # hybrid: not measured
+    unified = SchedulerConfig(4, 2000, 2000, 512, 256, exact=False, flash_attn=True, n_swa=512)
+    assert unified.solo_rows == 0  # one pool: no ubatches per sequence
