@@ -63,7 +63,7 @@ PAD_FROM_ROWS = 48
 #   KV 1,024: R=64 169 / 187, R=128 301 / 282, R=256 549 / 513;
 #   4,096: 235 / 250, 401 / 323, 672 / 629;   8,192: 310 / 319, 516 / 407, 900 / 778.
 # Sharing pays below 128 rows and costs 7-27% from 128 on (a 16.6k-token prefill in
-# 256-row chunks beside one decode row: 61.0 s shared, 50.9 s apart, 50.3 s alone).
+# 256-row chunks beside one decode row: 54.9 s shared, 47.5 s apart, 45.6 s alone).
 WINDOW_SOLO_ROWS = 128
 # SchedulerConfig.cpu: which padding rule the load measured for its device.
 CPU_TILE_PAYS = "tile pays"
