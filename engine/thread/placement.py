@@ -101,9 +101,9 @@ def find_usable(
     `lookup_reach`, and once more as far as `lookup_again` where the first look found a
     state that cannot be cut back to where the prompt needs. `held`: in RAM only
     (PrefixCache.lookup)."""
-    hit = cache.lookup(prompt[: lookup_reach(len(prompt), config)], salt, held)
+    hit = cache.lookup(prompt[: lookup_reach(len(prompt), config)], salt, held=held)
     again = lookup_again(hit, len(prompt), config) if hit is not None else 0
-    return cache.lookup(prompt[:again], salt, held) if again else hit
+    return cache.lookup(prompt[:again], salt, held=held) if again else hit
 
 
 def hit_floor(hit: CacheHit, config: SchedulerConfig) -> int:

@@ -98,11 +98,15 @@ class SchedulerConfig:
         (bench/step_cost.py --tail), so there only chunks of PAD_FROM_ROWS+ are padded.
         Not where a state cannot be cut back at will (a whole state, a window's floor):
         there padding would cost reuse, not rows; nor in exact mode (its own rows)."""
-        if self.exact or not self.flash_attn or self.cpu == GPU_KERNELS:
-            return 0
-        if not self.keeps_prefixes or self.whole_state or self.n_swa > 0:
+        if self.exact or not self.cpu_flash_streams or self.whole_state or self.n_swa > 0:
             return 0
         return 1 if self.cpu == CPU_TILE_PAYS else PAD_FROM_ROWS
+
+    @property
+    def cpu_flash_streams(self) -> bool:
+        """Flash attention on a CPU, with a KV stream per slot: where the step shapes
+        measured for the warm tail (pad_from) and windowed chunks (solo_rows) hold."""
+        return self.flash_attn and self.cpu != GPU_KERNELS and self.keeps_prefixes
 
     @property
     def warm_tail(self) -> tuple[int, str]:
@@ -151,8 +155,7 @@ class SchedulerConfig:
         if tail > 1 and self.keeps_prefixes:
             return tail
         windowed = self.n_swa > 0 and not self.whole_state
-        cpu_flash = self.flash_attn and self.cpu != GPU_KERNELS
-        return WINDOW_SOLO_ROWS if windowed and cpu_flash and self.keeps_prefixes else 0
+        return WINDOW_SOLO_ROWS if windowed and self.cpu_flash_streams else 0
 
     @property
     def window_recut(self) -> int:
