@@ -41,6 +41,8 @@ class Sampler:
         self._n_vocab = model.n_vocab
         self._trigger: LazyTrigger | None = None  # set while a lazy grammar waits
         self._refused = False  # a forced token the grammar did not take: sampling ends
+        # The chain is greedy after at most a logit bias (ids, values): see `sample`.
+        self._argmax: tuple[np.ndarray, np.ndarray] | None = None
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self.handle = C.llama_sampler_chain_init(chain_params)
@@ -106,6 +108,12 @@ class Sampler:
             )
         if p.greedy:
             self._add(C.llama_sampler_init_greedy())
+            if C.llama_sampler_chain_n(self.handle) == 1 + bool(bias):  # no penalty, no DRY
+                valid = [(t, b) for t, b in bias if 0 <= t < model.n_vocab]
+                self._argmax = (
+                    np.array([t for t, _ in valid], dtype=np.int64),
+                    np.array([b for _, b in valid], dtype=np.float32),
+                )
             return
         if p.mirostat == 1:
             self._add(C.llama_sampler_init_temp(p.temperature))
@@ -146,6 +154,8 @@ class Sampler:
         if self._refused:
             return None
         if self.grammar is None:
+            if self._argmax is not None:
+                return self._greedy(ctx.logits_row(row), *self._argmax)
             return int(C.llama_sampler_sample(self.handle, ctx.handle, row))
         logits = ctx.logits_row(row)
         token = self._pick(logits, constrained=False)
@@ -161,6 +171,16 @@ class Sampler:
             self._accept(token)
         C.llama_sampler_accept(self.handle, token)
         return token
+
+    @staticmethod
+    def _greedy(logits: np.ndarray, ids: np.ndarray, bias: np.ndarray) -> int:
+        """What a chain of a logit bias and the greedy sampler picks (the first highest
+        biased logit), without llama_sampler_sample's copy of every logit into a
+        candidate array. Neither sampler keeps state to accept a token into."""
+        if len(ids):
+            logits = logits.copy()
+            np.add.at(logits, ids, bias)  # a token listed twice gets both, as in llama.cpp
+        return int(logits.argmax())
 
     @property
     def constraining(self) -> bool:
