@@ -228,7 +228,7 @@ class Context:
         if address != last:
             if not address:
                 raise ValueError(f"no logits for batch row {row}")
-            view = np.frombuffer(self._logits_type.from_address(address), dtype=np.float32)
+            view = np.frombuffer(memoryview(self._logits_type.from_address(address)), np.float32)
             self._logits_at = (address, view)
         return view
 
