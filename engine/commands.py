@@ -32,6 +32,13 @@ class Abort:
     request_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Their reader wants the whole replies: merge their outputs (engine/thread/holding.py)."""
+
+    request_ids: tuple[str, ...]
+
+
 @dataclass(slots=True)
 class EmbedJob:
     """Inputs to embed, and (engine thread only, once sent) how far the embedder is."""
@@ -71,7 +78,7 @@ class Stop:
     pass
 
 
-Command = Submit | Abort | Embed | ReleaseSession | Fork | Stop
+Command = Submit | Abort | Hold | Embed | ReleaseSession | Fork | Stop
 
 
 class EngineThread(Protocol):

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.types import GenerateRequest, StoreCall, Timings, TokenLogprob
+from engine.types import GenerateRequest, SeqOutput, StoreCall, Timings, TokenLogprob
 
 if TYPE_CHECKING:
     from cache import CacheHit
@@ -75,6 +75,9 @@ class Sequence:
         "drafter",
         "num_overtaken",
         "thinking",
+        "holding",
+        "held",
+        "t_released",
     )
 
     def __init__(
@@ -133,6 +136,11 @@ class Sequence:
         self.drafter: Drafter | None = None  # speculative decoding, made at first decode
         self.num_overtaken = 0  # later arrivals admitted before it (engine/thread/admission.py)
         self.thinking = thinking  # its thinking budget (engine/thinking.py), if it has one
+        # Its reader wants the whole reply: outputs are merged, not each handed over
+        # (engine/thread/holding.py); what is held, and when an output last went out.
+        self.holding = False
+        self.held: SeqOutput | None = None
+        self.t_released: float | None = None
 
     @property
     def request_id(self) -> str:

@@ -88,6 +88,7 @@ class FakeEngine:
         self.submitted: list[GenerateRequest] = []
         self.stored: list[GenerateRequest] = []  # "cache entries", one per request
         self.aborted: list[str] = []
+        self.held: list[str] = []  # request ids whose reader asked for held outputs
         self.running: set[str] = set()
         self._info = ModelInfo(
             model_id=model_id,
@@ -210,7 +211,9 @@ class FakeEngine:
             self.session_of[requests[0].request_id] = session
         self.submitted.extend(requests)
         self.stored.extend(requests)
-        generation = Generation([r.request_id for r in requests], self._abort, session_id)
+        generation = Generation(
+            [r.request_id for r in requests], self._abort, session_id, hold=self.held.extend
+        )
         fail = self.fail_next
         self.fail_next = False
         reply = self.replies.pop(0).encode() if self.replies else self.reply

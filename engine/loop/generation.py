@@ -23,12 +23,14 @@ class Generation:
         session_id: str | None = None,
         session: Session | None = None,
         tenant: str = "",
+        hold: Callable[[list[str]], None] | None = None,
     ):
         self.tenant = tenant
         self.request_ids = list(request_ids)
         self.session_id = session_id
         self.session = session  # the one its end updates (the id may change hands)
         self._abort = abort
+        self._hold = hold
         self._queue: asyncio.Queue[tuple[int, SeqOutput]] = asyncio.Queue()
         self._open = set(range(len(request_ids)))
 
@@ -71,6 +73,13 @@ class Generation:
                 self._open.discard(index)
             items.append((index, output))
         return items
+
+    def hold_outputs(self) -> None:
+        """Its reader wants the whole replies, not each token: the engine hands over
+        the first token, then merged outputs at most every half second, and the end
+        (engine/thread/holding.py)."""
+        if self._hold is not None and self._open:
+            self._hold([self.request_ids[i] for i in sorted(self._open)])
 
     def abort(self) -> None:
         if self._open:

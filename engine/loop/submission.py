@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from cache import CacheHit, PrefixCache, recording_calls
-from engine.commands import Abort, Embed, EmbedJob, EngineThread, Submit
+from engine.commands import Abort, Embed, EmbedJob, EngineThread, Hold, Submit
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.llama import Model, Sampler
@@ -108,7 +108,12 @@ class Submitting:
                     self.sessions.remove(session)
             raise
         generation = Generation(
-            [r.request_id for r in requests], self._abort, session_id, session, requests[0].tenant
+            [r.request_id for r in requests],
+            self._abort,
+            session_id,
+            session,
+            requests[0].tenant,
+            hold=self._hold,
         )
         seqs = tuple(
             Seq(
@@ -213,6 +218,10 @@ class Submitting:
     def _abort(self, request_ids: list[str]) -> None:
         if self._worker is not None:
             self._worker.commands.put(Abort(tuple(request_ids)))
+
+    def _hold(self, request_ids: list[str]) -> None:
+        if self._worker is not None:
+            self._worker.commands.put(Hold(tuple(request_ids)))
 
     def _deliver(self, items: list[tuple[object, SeqOutput]]) -> None:
         """Engine thread: hand one step's outputs to the event loop in one wake-up."""

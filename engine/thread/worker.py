@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 
 from cache import CacheHit, PrefixCache
-from engine.commands import Abort, Command, Embed, Fork, ReleaseSession, Stop, Submit
+from engine.commands import Abort, Command, Embed, Fork, Hold, ReleaseSession, Stop, Submit
 from engine.llama import Context, Model
 from engine.sequence import SeqStatus, Sequence
-from engine.thread import recovery
+from engine.thread import holding, recovery
 from engine.thread.embedder import Embedder
 from engine.thread.kvexec import KvExecutor
 from engine.thread.placement import find_usable
@@ -135,6 +135,11 @@ class Worker:
                 found = self.scheduler.find(request_id)
                 if found is not None:
                     self._finish(found, FinishReason.ABORT, "")
+        elif isinstance(command, Hold):
+            for request_id in command.request_ids:
+                found = self.scheduler.find(request_id)
+                if found is not None:
+                    found.holding = True
         elif isinstance(command, Embed):
             if self.embedder is None:
                 command.job.on_done(None, "embeddings are disabled")
@@ -240,6 +245,11 @@ class Worker:
         if seq.prompt_logprobs:  # sent once, with the first output after the prompt
             output = dataclasses.replace(output, prompt_logprobs=tuple(seq.prompt_logprobs))
             seq.prompt_logprobs.clear()
+        if seq.holding:
+            released = holding.release(seq, output, time.monotonic())
+            if released is None:
+                return
+            output = released
         self._outbox.append((seq.sink, output))
 
     def _finish(

@@ -93,6 +93,7 @@ async def collect(generation: Generation, n: int) -> list[Choice]:
     if record is not None:
         record.watch(generation)
     async with generation:
+        generation.hold_outputs()  # read whole: no wake-up of this loop per token
         async for index, out in generation:
             if record is not None:
                 record.observe(generation, index, out)
