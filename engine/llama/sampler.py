@@ -42,7 +42,7 @@ class Sampler:
         self._trigger: LazyTrigger | None = None  # set while a lazy grammar waits
         self._refused = False  # a forced token the grammar did not take: sampling ends
         # The chain is greedy after at most a logit bias (ids, values): see `sample`.
-        self._argmax: tuple[np.ndarray, np.ndarray] | None = None
+        self._greedy_bias: tuple[np.ndarray, np.ndarray] | None = None
         chain_params = C.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self.handle = C.llama_sampler_chain_init(chain_params)
@@ -110,7 +110,7 @@ class Sampler:
             self._add(C.llama_sampler_init_greedy())
             if C.llama_sampler_chain_n(self.handle) == 1 + bool(bias):  # no penalty, no DRY
                 valid = [(t, b) for t, b in bias if 0 <= t < model.n_vocab]
-                self._argmax = (
+                self._greedy_bias = (
                     np.array([t for t, _ in valid], dtype=np.int64),
                     np.array([b for _, b in valid], dtype=np.float32),
                 )
@@ -154,8 +154,8 @@ class Sampler:
         if self._refused:
             return None
         if self.grammar is None:
-            if self._argmax is not None:
-                return self._greedy(ctx.logits_row(row), *self._argmax)
+            if self._greedy_bias is not None:
+                return self._greedy(ctx.logits_row(row), *self._greedy_bias)
             return int(C.llama_sampler_sample(self.handle, ctx.handle, row))
         logits = ctx.logits_row(row)
         token = self._pick(logits, constrained=False)

@@ -5,10 +5,11 @@ A streamed reply needs every token at once. A non-streamed one is read whole at 
 loop: at one sequence of SmolLM2 on two cores, 0.28 ms of the loop's CPU a token (0.09
 held), and 0.1-0.2 ms more between two 12 ms decodes, since the GIL runs the loop's
 Python there while llama.cpp's second thread spins (docs/benchmarks.md). A held
-sequence's outputs are merged here instead and
-handed over with the first token (its time to first token stays measured), then at most
-every `HOLD_S` (the status page's and the metrics' token counts stay live), and at its
-end. What reaches the reader is the same text, tokens and totals.
+sequence's outputs are merged here instead and handed over with the first token (its
+time to first token stays measured), then at most every `HOLD_S` (the status page's and
+the metrics' token counts stay live), and at its end. What reaches the reader is the
+same text, tokens and totals. The merge is the engine's copy of what the reader's
+`Choice.add` does with two outputs in turn: the engine may not import the server.
 """
 
 from __future__ import annotations

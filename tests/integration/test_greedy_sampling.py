@@ -40,7 +40,7 @@ def test_greedy_picks_what_the_chain_picks(model: Model) -> None:
     ]  # fmt: skip
     samplers = [Sampler(model, p, 1, 512) for p in cases]
     try:
-        assert all(s._argmax is not None for s in samplers)
+        assert all(s._greedy_bias is not None for s in samplers)
         pos, row = len(prompt), len(prompt) - 1
         for _ in range(12):
             for s in samplers:
@@ -63,7 +63,7 @@ def test_chains_with_state_keep_llama_sampling(model: Model) -> None:
         SamplingParams(temperature=0.7),
     ):
         sampler = Sampler(model, params, 1, 512)
-        assert sampler._argmax is None, params
+        assert sampler._greedy_bias is None, params
         sampler.close()
 
 
