@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from fastapi import Request
-from sse_starlette import EventSourceResponse
 
 from chat.plan import ChatOptions
 from engine.client import SessionBusyError, SessionPool, check_session_id
@@ -64,7 +63,7 @@ class McpTurn:
     cleanup: Callable[[], None]
     handed_over: bool = False
 
-    def stream(self, events: AsyncIterator[Any]) -> EventSourceResponse:
+    def stream(self, events: AsyncIterator[Any]) -> sse.EventStream:
         """The SSE response of `events`; the clean-up is now the stream's, run at its end
         in every case (server/serving/sse.py)."""
         response = sse.event_stream(events, on_close=self.cleanup)

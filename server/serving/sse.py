@@ -8,12 +8,16 @@ one last event carrying the API's own error body.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.background import BackgroundTask
+from sse_starlette import ServerSentEvent
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from server.errors import APIError
 
@@ -28,15 +32,95 @@ Event = str | ServerSentEvent
 # small CPU. Their watchdogs count events, not SSE comments, so the heartbeat is an event
 # of the API's own (Anthropic's `ping`, `response.in_progress` again, a chat chunk with
 # an empty delta), sent by the stream itself in its order (`drive.increments`), never
-# after its last event. The SSE comment every 15 s is for proxies.
+# after its last event. The SSE comment every PING_S is for proxies.
 HEARTBEAT_S = 5.0
+PING_S = 15.0
 
 
-def event_stream(events: AsyncIterator[Event], on_close: Callable[[], None]) -> EventSourceResponse:
+def event_stream(events: AsyncIterator[Event], on_close: Callable[[], None]) -> EventStream:
     """The SSE response. `on_close` runs after the stream in every case, also when the
     client left before the first event. A str is one data line; a ServerSentEvent may
     carry an event name."""
-    return EventSourceResponse(events, sep="\n", ping=15, background=BackgroundTask(on_close))
+    return EventStream(events, on_close)
+
+
+class EventStream(Response):
+    """A stream of server-sent events, ended early when the client goes away.
+
+    Ours rather than sse-starlette's EventSourceResponse, whose every send enters an
+    anyio cancel scope (a timeout that is off): on a streamed token that was about a
+    tenth of the event loop's CPU, and on a machine whose cores llama.cpp's threads
+    fill, the loop's CPU comes out of the decode (docs/benchmarks.md, "What the server
+    costs per token"). The same headers, framing and proxy pings; the stream runs in a
+    task of its own beside one that waits for the client's disconnect, and whichever
+    ends first cancels the other."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[Event], on_close: Callable[[], None]):
+        # Not Response.__init__: it would announce a body of 0 bytes (content-length).
+        self.status_code, self.background = 200, None
+        self.events, self.on_close = events, on_close
+        self.init_headers({"cache-control": "no-store", "connection": "keep-alive",
+                           "x-accel-buffering": "no"})  # fmt: skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lock = asyncio.Lock()  # a ping never lands inside an event's send
+        streaming = asyncio.ensure_future(self._stream(send, lock))
+        watching = asyncio.ensure_future(_until_disconnect(receive))
+        pinging = asyncio.ensure_future(_ping(send, lock))
+        try:
+            await asyncio.wait((streaming, watching), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (streaming, watching, pinging):
+                task.cancel()
+            await asyncio.wait((streaming, watching, pinging))
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:  # a generator left at a yield: its finally blocks run
+                with contextlib.suppress(Exception):
+                    await aclose()
+            self.on_close()
+        failed = None if streaming.cancelled() else streaming.exception()
+        if failed is not None:
+            raise failed  # a bug: the app's error handler logs it
+
+    async def _stream(self, send: Send, lock: asyncio.Lock) -> None:
+        async with lock:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})  # fmt: skip
+        try:
+            async for event in self.events:
+                body = encode(event)
+                async with lock:
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+            async with lock:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client is gone (ASGI 2.4 servers raise it on a send)
+            return
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _ping(send: Send, lock: asyncio.Lock) -> None:
+    """An SSE comment every PING_S: proxies drop a connection silent for long."""
+    with contextlib.suppress(OSError):  # the client is gone: the stream sees it too
+        while True:
+            await asyncio.sleep(PING_S)
+            async with lock:
+                line = f": ping - {datetime.now(UTC)}\n\n".encode()
+                await send({"type": "http.response.body", "body": line, "more_body": True})
+
+
+def encode(event: Event) -> bytes:
+    """One event's bytes: a str is the data of an unnamed event."""
+    if isinstance(event, str):
+        if "\n" in event or "\r" in event:  # one data line a line, as SSE asks
+            return ServerSentEvent(data=event, sep="\n").encode()
+        return b"data: " + event.encode() + b"\n\n"
+    return event.encode()
 
 
 def data(payload: dict[str, Any]) -> str:
