@@ -176,11 +176,19 @@ class Sampler:
     def _greedy(logits: np.ndarray, ids: np.ndarray, bias: np.ndarray) -> int:
         """What a chain of a logit bias and the greedy sampler picks (the first highest
         biased logit), without llama_sampler_sample's copy of every logit into a
-        candidate array. Neither sampler keeps state to accept a token into."""
-        if len(ids):
-            logits = logits.copy()
-            np.add.at(logits, ids, bias)  # a token listed twice gets both, as in llama.cpp
-        return int(logits.argmax())
+        candidate array. Neither sampler keeps state to accept a token into.
+
+        The bias goes onto llama.cpp's row in place and is taken back after the argmax:
+        the row is read again for logprobs, and copying all of it would cost more than
+        the argmax itself."""
+        if not len(ids):
+            return int(logits.argmax())
+        kept = logits[ids]
+        np.add.at(logits, ids, bias)  # a token listed twice gets both, as in llama.cpp
+        try:
+            return int(logits.argmax())
+        finally:
+            logits[ids] = kept
 
     @property
     def constraining(self) -> bool:

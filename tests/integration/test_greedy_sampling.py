@@ -43,8 +43,10 @@ def test_greedy_picks_what_the_chain_picks(model: Model) -> None:
         assert all(s._greedy_bias is not None for s in samplers)
         pos, row = len(prompt), len(prompt) - 1
         for _ in range(12):
+            before = ctx.logits_row(row).copy()
             for s in samplers:
                 assert s.sample(ctx, row) == C.llama_sampler_sample(s.handle, ctx.handle, row)
+                assert np.array_equal(ctx.logits_row(row), before)  # a bias taken back
             assert samplers[2].sample(ctx, row) == 7
             batch.clear()
             row = batch.add(0, [samplers[0].sample(ctx, row)], pos, True)
