@@ -59,12 +59,16 @@ class IncrementalDetokenizer:
 
     def push(self, token: int) -> str:
         """Add one token; return the text that can be released now."""
-        self._raw += self._pieces[token]
-        cut = split_complete_utf8(self._raw)
-        if cut == 0:
-            return ""
-        text = self._raw[:cut].decode("utf-8", "replace")
-        del self._raw[:cut]
+        piece = self._pieces[token]
+        if not self._raw and piece.isascii():  # most tokens: no bytes to hold back
+            text = piece.decode("ascii")
+        else:
+            self._raw += piece
+            cut = split_complete_utf8(self._raw)
+            if cut == 0:
+                return ""
+            text = self._raw[:cut].decode("utf-8", "replace")
+            del self._raw[:cut]
         if not self._stops:
             return text
         return self._scan(self._held + text)

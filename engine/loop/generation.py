@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from engine.loop.sessions import Session
@@ -31,12 +33,37 @@ class Generation:
         self.session = session  # the one its end updates (the id may change hands)
         self._abort = abort
         self._hold = hold
-        self._queue: asyncio.Queue[tuple[int, SeqOutput]] = asyncio.Queue()
+        # Not an asyncio.Queue: one reader, and this is the path of every streamed token
+        # (a deque and one future cost a fraction of the queue's getters and putters).
+        self._ready: deque[tuple[int, SeqOutput]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._last_put = 0.0  # time.monotonic() at the last output (the heartbeat's clock)
         self._open = set(range(len(request_ids)))
 
     def put(self, index: int, output: SeqOutput) -> None:
         """Called on the event loop with each output the engine produced."""
-        self._queue.put_nowait((index, output))
+        self._ready.append((index, output))
+        self._last_put = time.monotonic()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        """Until `put` or the heartbeat's timer wakes the reader."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _take(self) -> tuple[int, SeqOutput]:
+        index, output = self._ready.popleft()
+        if output.finish_reason is not None:
+            self._open.discard(index)
+        return index, output
 
     @property
     def finished(self) -> bool:
@@ -44,34 +71,52 @@ class Generation:
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, SeqOutput]]:
         while self._open:
-            index, output = await self._queue.get()
-            if output.finish_reason is not None:
-                self._open.discard(index)
-            yield index, output
+            while not self._ready:
+                await self._wait()
+            yield self._take()
 
     async def outputs(self, idle_s: float) -> AsyncIterator[tuple[int, SeqOutput] | None]:
         """As iterating, and None after every `idle_s` seconds without an output (a
         stream's heartbeat, sent in its order with the rest: a long prefill is silent).
-        Waiting on the queue is cancelled by the timeout, never the iteration."""
-        while self._open:
-            try:
-                async with asyncio.timeout(idle_s):
-                    index, output = await self._queue.get()
-            except TimeoutError:
-                yield None
-                continue
-            if output.finish_reason is not None:
-                self._open.discard(index)
-            yield index, output
+
+        One timer for the whole iteration, not one per output: when it fires it looks
+        at the time of the last output (or heartbeat) and either wakes the reader for a
+        heartbeat or sets itself for `idle_s` after that output."""
+        loop = asyncio.get_running_loop()
+        self._last_put = beat_at = time.monotonic()
+        beat = False
+        timer: asyncio.TimerHandle
+
+        def tick() -> None:
+            nonlocal timer, beat, beat_at
+            if not self._open:
+                return
+            now = time.monotonic()
+            due = max(self._last_put, beat_at) + idle_s
+            if now >= due:
+                beat, beat_at, due = True, now, now + idle_s
+                self._wake()
+            timer = loop.call_later(due - now, tick)
+
+        timer = loop.call_later(idle_s, tick)
+        try:
+            while self._open:
+                while not self._ready and not beat:
+                    await self._wait()
+                if self._ready:
+                    beat = False
+                    yield self._take()
+                else:
+                    beat = False
+                    yield None
+        finally:
+            timer.cancel()
 
     def ready_nowait(self) -> list[tuple[int, SeqOutput]]:
         """Outputs already waiting, without blocking (lets a slow reader coalesce)."""
         items = []
-        while self._open and not self._queue.empty():
-            index, output = self._queue.get_nowait()
-            if output.finish_reason is not None:
-                self._open.discard(index)
-            items.append((index, output))
+        while self._open and self._ready:
+            items.append(self._take())
         return items
 
     def hold_outputs(self) -> None:

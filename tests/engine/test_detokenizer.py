@@ -109,3 +109,19 @@ def test_held_stop_prefix() -> None:
     assert held_stop_prefix("abc</", ("</s>",)) == 2
     assert held_stop_prefix("abc", ("</s>",)) == 0
     assert held_stop_prefix("xx", ("x", "xxy")) == 2
+
+
+def test_plain_text_after_an_unfinished_character_keeps_the_bytes_order() -> None:
+    # the ASCII shortcut applies only while no bytes are held back
+    out, _ = run([4, 0, 6, 7, 1])
+    assert "".join(out) == "\ufffdHel\ufffdlo"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_any_token_order_releases_what_decoding_all_the_bytes_gives(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    tokens = [rng.randrange(len(PIECES)) for _ in range(40)]
+    out, _ = run(tokens)
+    assert "".join(out) == b"".join(PIECES[t] for t in tokens).decode("utf-8", "replace")
