@@ -33,7 +33,10 @@ class CacheConfig:
     disk_dir: str = ""  # "" = no disk tier; "auto": default_cache_dir()
     disk_bytes: int = 8 << 30  # disk tier budget
     writer_queue: int = 4  # pending saves; a full queue drops the save (counted)
-    min_tokens: int = 64  # don't store shorter prefixes (== one block by default)
+    # Don't store shorter prefixes: one block by default. A short prompt that a prompt
+    # sharing its head pushed out of its slot is then found again in RAM, as in
+    # llama-server's prompt cache (a 63-token prompt sent again: 17 ms, not 70-115).
+    min_tokens: int = 16
     shared_url: str = ""  # redis://host:port/db of the tier shared by replicas; "" = none
     shared_timeout_s: float = 1.0  # one shared-store operation; past it, a counted miss
     shared_retry_s: float = 2.0  # after a shared-store error, skip it this long

@@ -233,3 +233,21 @@ async def test_a_session_retired_at_the_key_quota_resumes_warm(cold: Engine) -> 
         assert text == expected and cached == min(reused(len(first), 0), reused(len(second)))
     finally:
         engine.close()
+
+
+async def test_a_short_prompt_pushed_out_of_its_slot_is_found_again_in_ram() -> None:
+    """The default cache keeps prompts of one block and more: a short prompt whose slot a
+    prompt sharing its head took over (one slot) starts warm when it comes back (the
+    server's default reuse, not exact)."""
+    engine = await start(n_seq_max=1, exact_reuse=False, cache=CacheConfig(disk_dir=""))
+    try:
+        first, second = chat(engine, [], QUESTIONS[0]), chat(engine, [], QUESTIONS[1])
+        short, other = first[:16] + first[-14:], first[:16] + second[-14:]
+        assert short != other
+        await run(engine, short)  # with its reply, under 64 tokens
+        await run(engine, other)  # takes the one slot, keeping the shared head
+        _, cached = await run(engine, short)
+        assert cached >= len(short) - 2, cached  # all but the recomputed tail
+        assert sources(engine).get("ram", 0) >= 1
+    finally:
+        engine.close()
