@@ -103,12 +103,8 @@ class Generation:
             while self._open:
                 while not self._ready and not beat:
                     await self._wait()
-                if self._ready:
-                    beat = False
-                    yield self._take()
-                else:
-                    beat = False
-                    yield None
+                beat = False  # an output due now serves as the heartbeat too
+                yield self._take() if self._ready else None
         finally:
             timer.cancel()
 
