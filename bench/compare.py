@@ -16,6 +16,12 @@ on / off), kvserve-q8 (a q8_0 KV cache); llama-server-nofa is llama-server with 
 A kvserve name ending in `@DIR` runs the code of the checkout at DIR, for an A/B in one run:
     git worktree add /tmp/base 8f3b5ea
     python bench/compare.py --servers kvserve@/tmp/base,kvserve,llama-server --rounds 3
+--interleave pairs the servers more tightly: all of them are started first, and each
+round runs one concurrency on every server in turn (the order rotating from round to
+round), so that what one server is compared with ran a minute before or after it, not
+the whole run. Only the server under load runs: the others are stopped (SIGSTOP), so
+they use no CPU at all. Either way the table ends with each server's ratios to the last
+one named (llama-server where named), round by round.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -191,9 +199,7 @@ def start(
     log_name = name + (f"@{Path(source).name}" if source else "")
     log = open(f"/tmp/bench-{log_name}.log", "w")  # noqa: SIM115
     # `python -m server` imports from its working directory first
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=source or None
-    )
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=source or None)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -211,25 +217,102 @@ def start(
     raise RuntimeError(f"{name} did not start")
 
 
-def measure(label: str, base_url: str, model_id: str, args: argparse.Namespace) -> list[dict]:
-    asyncio.run(run_load(base_url, model_id, 1, 2, args.prompt_words, 8, {}))  # warm-up
-    rows = []
-    for concurrency in args.concurrency:
-        report = asyncio.run(
-            run_load(
-                base_url,
-                model_id,
-                concurrency,
-                args.requests,
-                args.prompt_words,
-                args.max_tokens,
-                {},
-            )
+def warm_up(base_url: str, model_id: str, args: argparse.Namespace) -> None:
+    asyncio.run(run_load(base_url, model_id, 1, 2, args.prompt_words, 8, {}))
+
+
+def load(
+    label: str, base_url: str, model_id: str, concurrency: int, args: argparse.Namespace
+) -> dict:
+    report = asyncio.run(
+        run_load(
+            base_url,
+            model_id,
+            concurrency,
+            args.requests,
+            args.prompt_words,
+            args.max_tokens,
+            {},
         )
-        report["server"] = label
-        rows.append(report)
-        print(json.dumps(report), file=sys.stderr)
+    )
+    report["server"] = label
+    print(json.dumps(report), file=sys.stderr)
+    return report
+
+
+def measure(label: str, base_url: str, model_id: str, args: argparse.Namespace) -> list[dict]:
+    warm_up(base_url, model_id, args)
+    return [load(label, base_url, model_id, c, args) for c in args.concurrency]
+
+
+def sequential(names: list[str], args: argparse.Namespace) -> list[dict]:
+    """Each round starts each server alone, runs every concurrency on it and stops it."""
+    rows: list[dict] = []
+    for round_ in range(args.rounds):  # alternating rounds: drift hits every server
+        for name in names:
+            proc, base_url, model_id = start(name, args.threads, args.parallel)
+            try:
+                rows += [{**r, "round": round_} for r in measure(name, base_url, model_id, args)]
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        for item in args.base_url:
+            label, url = item.split("=", 1)
+            model = os.environ.get("BENCH_MODEL", "SmolLM2-135M-Instruct")
+            rows += [{**r, "round": round_} for r in measure(label, url, model, args)]
     return rows
+
+
+def interleaved(names: list[str], args: argparse.Namespace) -> list[dict]:
+    """All servers started first; each round runs one concurrency on each in turn, the
+    order rotating by round. The servers not under load are stopped (SIGSTOP)."""
+    servers: list[tuple[str, subprocess.Popen, str, str]] = []
+    rows: list[dict] = []
+    try:
+        for name in names:
+            proc, base_url, model_id = start(name, args.threads, args.parallel)
+            servers.append((name, proc, base_url, model_id))
+            warm_up(base_url, model_id, args)
+            proc.send_signal(signal.SIGSTOP)
+        for round_ in range(args.rounds):
+            turn = round_ % len(servers)
+            for concurrency in args.concurrency:
+                for name, proc, base_url, model_id in servers[turn:] + servers[:turn]:
+                    proc.send_signal(signal.SIGCONT)
+                    try:
+                        report = load(name, base_url, model_id, concurrency, args)
+                    finally:
+                        proc.send_signal(signal.SIGSTOP)
+                    rows.append({**report, "round": round_})
+    finally:
+        for _, proc, _, _ in servers:
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+            proc.wait(30)
+    return rows
+
+
+def paired_ratios(rows: list[dict], reference: str) -> list[str]:
+    """Each server's throughput and TTFT p50 over `reference`'s in the same round."""
+    by = {(r["server"], r["concurrency"], r["round"]): r for r in rows}
+    lines = []
+    for server, concurrency in dict.fromkeys((r["server"], r["concurrency"]) for r in rows):
+        pairs = [
+            (r, by[(reference, concurrency, k)])
+            for (name, c, k), r in by.items()
+            if (name, c) == (server, concurrency) and (reference, c, k) in by
+        ]
+        if server == reference or not pairs:
+            continue
+        tok = [a["output_tok_s"] / b["output_tok_s"] for a, b in pairs]
+        ttft = [a["ttft_p50_s"] / b["ttft_p50_s"] for a, b in pairs if b["ttft_p50_s"]]
+        lines.append(
+            f"{server} / {reference}, c={concurrency}: throughput "
+            f"{' '.join(f'{x:.3f}' for x in tok)} (median {statistics.median(tok):.3f}); "
+            f"TTFT p50 {' '.join(f'{x:.2f}' for x in ttft)}"
+            + (f" (median {statistics.median(ttft):.2f})" if ttft else "")
+        )
+    return lines
 
 
 def medians(rows: list[dict]) -> list[dict]:
@@ -259,22 +342,20 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--parallel", type=int, default=8)
     p.add_argument("--rounds", type=int, default=1, help="alternate the servers this many times")
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="start every server first; a round runs one concurrency on each in turn",
+    )
     p.add_argument("--chart", help="write a PNG of throughput and TTFT (needs matplotlib)")
     args = p.parse_args()
-    rows: list[dict] = []
     names = [s for s in args.servers.split(",") if s]
-    for _ in range(args.rounds):  # alternating rounds: drift on the machine hits every server
-        for name in names:
-            proc, base_url, model_id = start(name, args.threads, args.parallel)
-            try:
-                rows += measure(name, base_url, model_id, args)
-            finally:
-                proc.terminate()
-                proc.wait(30)
-        for item in args.base_url:
-            label, url = item.split("=", 1)
-            model = os.environ.get("BENCH_MODEL", "SmolLM2-135M-Instruct")
-            rows += measure(label, url, model, args)
+    if args.interleave and args.base_url:
+        p.error("--interleave starts (and stops) its servers itself: no --base-url")
+    rows = interleaved(names, args) if args.interleave else sequential(names, args)
+    labels = names + [item.split("=", 1)[0] for item in args.base_url]
+    reference = next((n for n in labels if n.startswith("llama-server")), labels[-1])
+    ratios = paired_ratios(rows, reference)
     rows = medians(rows)
     if args.chart:
         from bench.chart import throughput_and_ttft
@@ -293,6 +374,9 @@ def main() -> None:
             f"{r['ttft_p50_s']} s | "
             f"{r['ttft_p95_s']} s | {r['itl_p50_ms']} ms | {r['itl_p95_ms']} ms | {r['errors']} |"
         )
+    print()
+    for line in ratios:
+        print(f"- {line}")
     print_peer(names)
 
 
