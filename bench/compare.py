@@ -30,9 +30,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import llama_build  # noqa: E402
 from bench.loadgen import run_load  # noqa: E402
+from bench.paired import all_started, in_turn, paired_ratios, resumed  # noqa: E402
 from engine.llama import cpu_has_amx  # noqa: E402
 from server.config.model_entries import ModelSection  # noqa: E402
 from server.config.tree import default_model_path  # noqa: E402
@@ -266,53 +265,22 @@ def sequential(names: list[str], args: argparse.Namespace) -> list[dict]:
 def interleaved(names: list[str], args: argparse.Namespace) -> list[dict]:
     """All servers started first; each round runs one concurrency on each in turn, the
     order rotating by round. The servers not under load are stopped (SIGSTOP)."""
-    servers: list[tuple[str, subprocess.Popen, str, str]] = []
     rows: list[dict] = []
-    try:
-        for name in names:
-            proc, base_url, model_id = start(name, args.threads, args.parallel)
-            servers.append((name, proc, base_url, model_id))
-            warm_up(base_url, model_id, args)
-            proc.send_signal(signal.SIGSTOP)
+
+    def launch(name: str) -> tuple[subprocess.Popen, str, str]:
+        return start(name, args.threads, args.parallel)
+
+    def warm(base_url: str, model_id: str) -> None:
+        warm_up(base_url, model_id, args)
+
+    with all_started(names, launch, warm) as servers:
         for round_ in range(args.rounds):
-            turn = round_ % len(servers)
             for concurrency in args.concurrency:
-                for name, proc, base_url, model_id in servers[turn:] + servers[:turn]:
-                    proc.send_signal(signal.SIGCONT)
-                    try:
+                for name, proc, base_url, model_id in in_turn(servers, round_):
+                    with resumed(proc):
                         report = load(name, base_url, model_id, concurrency, args)
-                    finally:
-                        proc.send_signal(signal.SIGSTOP)
                     rows.append({**report, "round": round_})
-    finally:
-        for _, proc, _, _ in servers:
-            proc.send_signal(signal.SIGCONT)
-            proc.terminate()
-            proc.wait(30)
     return rows
-
-
-def paired_ratios(rows: list[dict], reference: str) -> list[str]:
-    """Each server's throughput and TTFT p50 over `reference`'s in the same round."""
-    by = {(r["server"], r["concurrency"], r["round"]): r for r in rows}
-    lines = []
-    for server, concurrency in dict.fromkeys((r["server"], r["concurrency"]) for r in rows):
-        pairs = [
-            (r, by[(reference, concurrency, k)])
-            for (name, c, k), r in by.items()
-            if (name, c) == (server, concurrency) and (reference, c, k) in by
-        ]
-        if server == reference or not pairs:
-            continue
-        tok = [a["output_tok_s"] / b["output_tok_s"] for a, b in pairs]
-        ttft = [a["ttft_p50_s"] / b["ttft_p50_s"] for a, b in pairs if b["ttft_p50_s"]]
-        lines.append(
-            f"{server} / {reference}, c={concurrency}: throughput "
-            f"{' '.join(f'{x:.3f}' for x in tok)} (median {statistics.median(tok):.3f}); "
-            f"TTFT p50 {' '.join(f'{x:.2f}' for x in ttft)}"
-            + (f" (median {statistics.median(ttft):.2f})" if ttft else "")
-        )
-    return lines
 
 
 def medians(rows: list[dict]) -> list[dict]:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.compare import print_peer, start  # noqa: E402
+from bench.paired import all_started, in_turn, resumed  # noqa: E402
 
 
 def decode_ms_per_token(client: httpx.Client, base_url: str, model: str, n: int, i: int) -> float:
@@ -65,33 +64,22 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     args = p.parse_args()
     names = [s for s in args.servers.split(",") if s]
-    servers: list[tuple[str, subprocess.Popen, str, str]] = []
     figures: dict[str, list[float]] = {name: [] for name in names}
-    try:
-        # A connection a reply: a server stopped past its keep-alive time closes the
-        # idle one as it resumes, under the next request.
-        no_reuse = httpx.Limits(max_keepalive_connections=0)
-        with httpx.Client(timeout=120, limits=no_reuse) as client:
-            for name in names:
-                proc, base_url, model = start(name, 2, 8)
-                servers.append((name, proc, base_url, model))
-                decode_ms_per_token(client, base_url, model, 8, -1)  # warm-up
-                proc.send_signal(signal.SIGSTOP)
+    # A connection a reply: a server stopped past its keep-alive time closes the idle
+    # one as it resumes, under the next request.
+    no_reuse = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(timeout=120, limits=no_reuse) as client:
+
+        def warm(base_url: str, model: str) -> float:
+            return decode_ms_per_token(client, base_url, model, 8, -1)
+
+        with all_started(names, lambda name: start(name, 2, 8), warm) as servers:
             for i in range(args.pairs):
-                turn = i % len(servers)
-                for name, proc, base_url, model in servers[turn:] + servers[:turn]:
-                    proc.send_signal(signal.SIGCONT)
-                    try:
+                for name, proc, base_url, model in in_turn(servers, i):
+                    with resumed(proc):
                         ms = decode_ms_per_token(client, base_url, model, args.tokens, i)
-                    finally:
-                        proc.send_signal(signal.SIGSTOP)
                     figures[name].append(ms)
                     print(f"{i} {name} {ms:.3f} ms/token", file=sys.stderr)
-    finally:
-        for _, proc, _, _ in servers:
-            proc.send_signal(signal.SIGCONT)
-            proc.terminate()
-            proc.wait(30)
     reference = names[-1]
     print(f"| server | ms/token, median | ms/token, mean | over {reference}, median of pairs |")
     print("|---|---|---|---|")

@@ -1,4 +1,4 @@
-"""bench/compare.py's interleaved rounds and paired ratios (no model, no server)."""
+"""bench/compare.py's interleaved rounds and bench/paired.py's ratios (no model, no server)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench import compare
+from bench import compare, paired
 
 
 class FakeProc:
@@ -69,7 +69,7 @@ def test_paired_ratios_divide_within_a_round() -> None:
         row("kvserve", 1, 1, 45.0, 0.3), row("llama-server", 1, 1, 50.0, 0.3),
         row("kvserve", 1, 2, 99.0, 0.1), row("llama-server", 1, 2, 100.0, 0.1),
     ]  # fmt: skip
-    (line,) = compare.paired_ratios(rows, "llama-server")
+    (line,) = paired.paired_ratios(rows, "llama-server")
     assert line == (
         "kvserve / llama-server, c=1: throughput 1.100 0.900 0.990 (median 0.990); "
         "TTFT p50 0.50 1.00 1.00 (median 1.00)"
