@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import llama_build  # noqa: E402
 from bench.loadgen import run_load  # noqa: E402
-from bench.paired import all_started, in_turn, paired_ratios, resumed  # noqa: E402
+from bench.paired import all_started, in_turn, paired_ratios, reference_of, resumed  # noqa: E402
 from engine.llama import cpu_has_amx  # noqa: E402
 from server.config.model_entries import ModelSection  # noqa: E402
 from server.config.tree import default_model_path  # noqa: E402
@@ -322,8 +322,7 @@ def main() -> None:
         p.error("--interleave starts (and stops) its servers itself: no --base-url")
     rows = interleaved(names, args) if args.interleave else sequential(names, args)
     labels = names + [item.split("=", 1)[0] for item in args.base_url]
-    reference = next((n for n in labels if n.startswith("llama-server")), labels[-1])
-    ratios = paired_ratios(rows, reference)
+    ratios = paired_ratios(rows, reference_of(labels))
     rows = medians(rows)
     if args.chart:
         from bench.chart import throughput_and_ttft

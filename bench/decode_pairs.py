@@ -6,8 +6,8 @@ Every server is started first (bench/compare.py's `start`: the bundled model, 8 
 2 threads); only the one answering runs, the others are stopped (SIGSTOP). Each pair
 round sends one streamed greedy reply of --tokens tokens (`ignore_eos`) to every server
 in turn, the order rotating, and times the reply from its first token to its last: the
-decode phase alone, without the prompt. Each server's figure is divided by the last
-server's in the same round.
+decode phase alone, without the prompt. Each server's figure is divided by llama-server's
+(where named, else the last server's) in the same round.
 
 Why: this machine's speed drifts by 5-15% over minutes, more than the difference between
 two servers, so a run of one server against a run of another measures the drift. Replies
@@ -29,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.compare import print_peer, start  # noqa: E402
-from bench.paired import all_started, in_turn, resumed  # noqa: E402
+from bench.paired import all_started, in_turn, reference_of, resumed  # noqa: E402
 
 
 def decode_ms_per_token(client: httpx.Client, base_url: str, model: str, n: int, i: int) -> float:
@@ -80,7 +80,7 @@ def main() -> None:
                         ms = decode_ms_per_token(client, base_url, model, args.tokens, i)
                     figures[name].append(ms)
                     print(f"{i} {name} {ms:.3f} ms/token", file=sys.stderr)
-    reference = names[-1]
+    reference = reference_of(names)
     print(f"| server | ms/token, median | ms/token, mean | over {reference}, median of pairs |")
     print("|---|---|---|---|")
     for name in names:

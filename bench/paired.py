@@ -54,6 +54,11 @@ def in_turn(servers: list[Started], round_: int) -> list[Started]:
     return servers[turn:] + servers[:turn]
 
 
+def reference_of(labels: list[str]) -> str:
+    """The server every other one is divided by: llama-server where named, else the last."""
+    return next((n for n in labels if n.startswith("llama-server")), labels[-1])
+
+
 def paired_ratios(rows: list[dict], reference: str) -> list[str]:
     """Each server's throughput and TTFT p50 over `reference`'s in the same round."""
     by = {(r["server"], r["concurrency"], r["round"]): r for r in rows}

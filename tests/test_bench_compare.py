@@ -74,3 +74,9 @@ def test_paired_ratios_divide_within_a_round() -> None:
         "kvserve / llama-server, c=1: throughput 1.100 0.900 0.990 (median 0.990); "
         "TTFT p50 0.50 1.00 1.00 (median 1.00)"
     )
+
+
+def test_the_reference_is_llama_server_where_named_else_the_last() -> None:
+    assert paired.reference_of(["llama-server", "kvserve@/tmp/base", "kvserve"]) == "llama-server"
+    assert paired.reference_of(["kvserve", "llama-server-nofa"]) == "llama-server-nofa"
+    assert paired.reference_of(["kvserve@/tmp/base", "kvserve"]) == "kvserve"
