@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from engine.lane import Lane
 from engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -37,6 +38,14 @@ class Hold:
     """Their reader wants the whole replies: merge their outputs (engine/thread/holding.py)."""
 
     request_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenLane:
+    """Offer this sequence's outputs to `lane` first (engine/thread/lanes.py)."""
+
+    request_id: str
+    lane: Lane
 
 
 @dataclass(slots=True)
@@ -78,7 +87,7 @@ class Stop:
     pass
 
 
-Command = Submit | Abort | Hold | Embed | ReleaseSession | Fork | Stop
+Command = Submit | Abort | Hold | OpenLane | Embed | ReleaseSession | Fork | Stop
 
 
 class EngineThread(Protocol):

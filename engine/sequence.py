@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.lane import Lane
 from engine.types import GenerateRequest, SeqOutput, StoreCall, Timings, TokenLogprob
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ class Sequence:
         "holding",
         "held",
         "t_released",
+        "lane",
+        "passed",
     )
 
     def __init__(
@@ -141,6 +144,10 @@ class Sequence:
         self.holding = False
         self.held: SeqOutput | None = None
         self.t_released: float | None = None
+        # Its stream's lane, if it has one (engine/thread/lanes.py), and what the lane
+        # wrote that the reader has not been told of yet.
+        self.lane: Lane | None = None
+        self.passed: SeqOutput | None = None
 
     @property
     def request_id(self) -> str:

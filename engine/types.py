@@ -232,6 +232,7 @@ class SeqOutput:
     stop_sequence: str = ""  # the stop string that ended a STOP finish ("": an EOG token)
     num_kv_tokens: int = 0  # tokens whose KV the slot keeps after the request
     timings: Timings | None = None  # with the finish only
+    lane: str = ""  # engine/lane.py: WRITTEN or DECLINED on a sequence with a lane
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +330,7 @@ class EngineStats:
     num_rebuilds: int = 0  # times the engine thread died and was rebuilt in place
     num_refused_drops: int = 0  # cuts llama.cpp refused (recurrent memory): computed cold
     num_checkpoints: int = 0  # whole-state memories: states saved where prompts diverged
+    num_lane_writes: int = 0  # streamed outputs the engine thread wrote (a stream's lane)
     slots: tuple[SlotView, ...] = ()  # per slot: busy, session, tokens held
 
 

@@ -7,6 +7,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from engine.lane import DECLINED, WRITTEN, Lane
 from engine.loop.sessions import Session
 from engine.types import SeqOutput
 
@@ -26,6 +27,7 @@ class Generation:
         session: Session | None = None,
         tenant: str = "",
         hold: Callable[[list[str]], None] | None = None,
+        open_lane: Callable[[str, Lane], None] | None = None,
     ):
         self.tenant = tenant
         self.request_ids = list(request_ids)
@@ -33,6 +35,9 @@ class Generation:
         self.session = session  # the one its end updates (the id may change hands)
         self._abort = abort
         self._hold = hold
+        self._open_lane = open_lane
+        self._lane: Lane | None = None
+        self._declined = 0  # outputs its lane left to this reader, received so far
         # Not an asyncio.Queue: one reader, and this is the path of every streamed token
         # (a deque and one future cost a fraction of the queue's getters and putters).
         self._ready: deque[tuple[int, SeqOutput]] = deque()
@@ -43,6 +48,8 @@ class Generation:
     def put(self, index: int, output: SeqOutput) -> None:
         """Called on the event loop with each output the engine produced."""
         self._ready.append((index, output))
+        if output.lane == DECLINED:
+            self._declined += 1
         self._last_put = time.monotonic()
         self._wake()
 
@@ -53,6 +60,8 @@ class Generation:
 
     async def _wait(self) -> None:
         """Until `put` or the heartbeat's timer wakes the reader."""
+        if self._lane is not None:  # all it received is sent: the lane may write again
+            self._lane.paid = self._declined
         self._waiter = asyncio.get_running_loop().create_future()
         try:
             await self._waiter
@@ -108,10 +117,11 @@ class Generation:
         finally:
             timer.cancel()
 
-    def ready_nowait(self) -> list[tuple[int, SeqOutput]]:
-        """Outputs already waiting, without blocking (lets a slow reader coalesce)."""
+    def ready_nowait(self, written: bool = False) -> list[tuple[int, SeqOutput]]:
+        """Outputs already waiting, without blocking (lets a slow reader coalesce): those
+        its lane wrote, or (`written` False) those it did not, up to the first other."""
         items = []
-        while self._open and self._ready:
+        while self._open and self._ready and (self._ready[0][1].lane == WRITTEN) == written:
             items.append(self._take())
         return items
 
@@ -121,6 +131,13 @@ class Generation:
         (engine/thread/holding.py)."""
         if self._hold is not None and self._open:
             self._hold([self.request_ids[i] for i in sorted(self._open)])
+
+    def open_lane(self, lane: Lane) -> None:
+        """Its reader streams plain text: the engine thread may write each output to the
+        client itself, through `lane` (engine/thread/lanes.py). One sequence only."""
+        if self._open_lane is not None and len(self.request_ids) == 1 and self._open:
+            self._lane = lane
+            self._open_lane(self.request_ids[0], lane)
 
     def abort(self) -> None:
         if self._open:

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from cache import CacheHit, PrefixCache, recording_calls
-from engine.commands import Abort, Embed, EmbedJob, EngineThread, Hold, Submit
+from engine.commands import Abort, Embed, EmbedJob, EngineThread, Hold, OpenLane, Submit
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.lane import Lane
 from engine.llama import Model, Sampler
 from engine.loop.generation import Generation
 from engine.loop.sessions import SessionRegistry, unpinned_if_busy
@@ -114,6 +115,7 @@ class Submitting:
             session,
             requests[0].tenant,
             hold=self._hold,
+            open_lane=self._open_lane,
         )
         seqs = tuple(
             Seq(
@@ -222,6 +224,10 @@ class Submitting:
     def _hold(self, request_ids: list[str]) -> None:
         if self._worker is not None:
             self._worker.commands.put(Hold(tuple(request_ids)))
+
+    def _open_lane(self, request_id: str, lane: Lane) -> None:
+        if self._worker is not None:
+            self._worker.commands.put(OpenLane(request_id, lane))
 
     def _deliver(self, items: list[tuple[object, SeqOutput]]) -> None:
         """Engine thread: hand one step's outputs to the event loop in one wake-up."""

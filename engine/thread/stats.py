@@ -36,6 +36,7 @@ class StepCounters:
     num_rebuilds: int = 0  # times the engine thread died and was rebuilt
     num_refused_drops: int = 0  # cuts of a sequence llama.cpp refused (recurrent memory)
     num_checkpoints: int = 0  # whole-state memories: states saved where prompts diverged
+    num_lane_writes: int = 0  # outputs a stream's lane wrote (engine/thread/lanes.py)
     hits: dict[str, int] = field(default_factory=dict)  # (kind) cold / partial / exact / session
     hit_sources: dict[str, int] = field(default_factory=dict)  # none / slot / ram / disk
     # Requests that found a stored prefix and computed cold anyway, by why (placement.py).

@@ -21,10 +21,20 @@ from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 
 from cache import CacheHit, PrefixCache
-from engine.commands import Abort, Command, Embed, Fork, Hold, ReleaseSession, Stop, Submit
+from engine.commands import (
+    Abort,
+    Command,
+    Embed,
+    Fork,
+    Hold,
+    OpenLane,
+    ReleaseSession,
+    Stop,
+    Submit,
+)
 from engine.llama import Context, Model
 from engine.sequence import SeqStatus, Sequence
-from engine.thread import holding, recovery
+from engine.thread import lanes, recovery
 from engine.thread.embedder import Embedder
 from engine.thread.kvexec import KvExecutor
 from engine.thread.placement import find_usable
@@ -140,6 +150,9 @@ class Worker:
                 found = self.scheduler.find(request_id)
                 if found is not None:
                     found.holding = True
+        elif isinstance(command, OpenLane):
+            if (found := self.scheduler.find(command.request_id)) is not None:
+                found.lane = command.lane
         elif isinstance(command, Embed):
             if self.embedder is None:
                 command.job.on_done(None, "embeddings are disabled")
@@ -245,12 +258,8 @@ class Worker:
         if seq.prompt_logprobs:  # sent once, with the first output after the prompt
             output = dataclasses.replace(output, prompt_logprobs=tuple(seq.prompt_logprobs))
             seq.prompt_logprobs.clear()
-        if seq.holding:
-            released = holding.release(seq, output, time.monotonic())
-            if released is None:
-                return
-            output = released
-        self._outbox.append((seq.sink, output))
+        for handed in lanes.handed(seq, output, time.monotonic(), self.counters):
+            self._outbox.append((seq.sink, handed))
 
     def _finish(
         self,

@@ -22,9 +22,11 @@ import asyncio
 import logging
 import resource
 import time
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from server.serving.wire import TRANSPORT_KEY
 
 log = logging.getLogger("kvserve.server")
 
@@ -64,10 +66,18 @@ def protocol_class(max_connections: int, header_timeout_s: float) -> type[H11Pro
             if self._head_timer is None and not self._request_in_progress():
                 self._arm_head_timer()
             super().data_received(data)
+            self._expose_transport()
 
         def on_response_complete(self) -> None:
             self._cancel_head_timer()  # idle now: uvicorn's keep-alive timeout applies
             super().on_response_complete()
+            self._expose_transport()  # a pipelined request's head may have started one
+
+        def _expose_transport(self) -> None:
+            # The request's app task is created, not yet run: its scope gets the
+            # transport, for a stream's lane (server/serving/wire.py).
+            if self._request_in_progress():
+                cast(dict[str, Any], self.cycle.scope).setdefault(TRANSPORT_KEY, self.transport)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_head_timer()

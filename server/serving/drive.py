@@ -2,7 +2,7 @@
 
 Both paths abort the engine sequences when the client goes away: a non-streaming
 request races the generation against the client's disconnect; a stream is cancelled by
-sse-starlette, and leaving `async with generation` aborts what is still running.
+the stream's response, and leaving `async with generation` aborts what is still running.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from engine.client import EngineLike, FinishReason, Generation, SeqOutput
+from engine.client import WRITTEN, EngineLike, FinishReason, Generation, SeqOutput
 from server.errors import APIError, BadRequest, ClientDisconnected, generation_failure
 from server.serving.state import Choice, ChoiceState, Step
 from server.telemetry.access import current_record
@@ -129,7 +129,7 @@ async def increments(
             if item is None:
                 yield []
                 continue
-            rest = generation.ready_nowait()
+            rest = generation.ready_nowait(written=item[1].lane == WRITTEN)
             if record is not None:
                 for index, out in [item, *rest]:
                     record.observe(generation, index, out)

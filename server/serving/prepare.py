@@ -69,6 +69,11 @@ class Prepared:
     dropped: int = 0  # messages left out to fit the context (context_overflow drop_oldest)
     recorder: Recorder | None = None  # keeps the tool turns sampled (server/serving/replay.py)
 
+    @property
+    def plain_text(self) -> bool:
+        """Its output is content as sampled: no reasoning to split, no calls to parse."""
+        return self.plan.tool_format is None and not self.plan.split_reasoning
+
     def states(self) -> list[ChoiceState]:
         """One state per choice, for a stream (each records its turn when it finishes)."""
         return [self._state(i) for i in range(len(self.requests))]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from server.errors import APIError
+from server.serving.wire import Wire
 
 DONE = "[DONE]"
 
@@ -37,11 +38,14 @@ HEARTBEAT_S = 5.0
 PING_S = 15.0
 
 
-def event_stream(events: AsyncIterator[Event], on_close: Callable[[], None]) -> EventStream:
+def event_stream(
+    events: AsyncIterator[Event], on_close: Callable[[], None], wire: Wire | None = None
+) -> EventStream:
     """The SSE response. `on_close` runs after the stream in every case, also when the
     client left before the first event. A str is one data line; a ServerSentEvent may
-    carry an event name."""
-    return EventStream(events, on_close)
+    carry an event name. `wire`: bound to the connection once the response starts, for
+    a lane that writes some events from the engine thread (server/serving/wire.py)."""
+    return EventStream(events, on_close, wire)
 
 
 class EventStream(Response):
@@ -57,24 +61,28 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[Event], on_close: Callable[[], None]):
+    def __init__(
+        self, events: AsyncIterator[Event], on_close: Callable[[], None], wire: Wire | None
+    ):
         # Not Response.__init__: it would announce a body of 0 bytes (content-length).
         self.status_code, self.background = 200, None
         self.events, self.on_close = events, on_close
+        self.binds, self.wire = wire is not None, wire or Wire()  # unbound: no lane
         self.init_headers({"cache-control": "no-store", "connection": "keep-alive",
                            "x-accel-buffering": "no"})  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         lock = asyncio.Lock()  # a ping never lands inside an event's send
-        streaming = asyncio.ensure_future(self._stream(send, lock))
+        streaming = asyncio.ensure_future(self._stream(scope, send, lock))
         watching = asyncio.ensure_future(_until_disconnect(receive))
-        pinging = asyncio.ensure_future(_ping(send, lock))
+        pinging = asyncio.ensure_future(_ping(self._sender(send, lock)))
         try:
             await asyncio.wait((streaming, watching), return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (streaming, watching, pinging):
                 task.cancel()
             await asyncio.wait((streaming, watching, pinging))
+            self.wire.close()
             aclose = getattr(self.events, "aclose", None)
             if aclose is not None:  # a generator left at a yield: its finally blocks run
                 with contextlib.suppress(Exception):
@@ -84,15 +92,28 @@ class EventStream(Response):
         if failed is not None:
             raise failed  # a bug: the app's error handler logs it
 
-    async def _stream(self, send: Send, lock: asyncio.Lock) -> None:
+    def _sender(self, send: Send, lock: asyncio.Lock) -> Callable[[bytes], Awaitable[None]]:
+        """One part of the body, sent in turn with the rest: a ping never lands inside an
+        event's send (`lock`), nor beside a write of the engine thread (the wire's)."""
+
+        async def send_body(body: bytes) -> None:
+            async with lock:
+                with self.wire.lock:  # held by the engine thread only for one write
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+
+        return send_body
+
+    async def _stream(self, scope: Scope, send: Send, lock: asyncio.Lock) -> None:
         async with lock:
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})  # fmt: skip
+        if self.binds:
+            self.wire.bind(scope)
+        send_body = self._sender(send, lock)
         try:
             async for event in self.events:
-                body = encode(event)
-                async with lock:
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                await send_body(encode(event))
+            self.wire.close()  # the body's end goes last
             async with lock:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:  # the client is gone (ASGI 2.4 servers raise it on a send)
@@ -104,14 +125,12 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _ping(send: Send, lock: asyncio.Lock) -> None:
+async def _ping(send_body: Callable[[bytes], Awaitable[None]]) -> None:
     """An SSE comment every PING_S: proxies drop a connection silent for long."""
     with contextlib.suppress(OSError):  # the client is gone: the stream sees it too
         while True:
             await asyncio.sleep(PING_S)
-            async with lock:
-                line = f": ping - {datetime.now(UTC)}\n\n".encode()
-                await send({"type": "http.response.body", "body": line, "more_body": True})
+            await send_body(f": ping - {datetime.now(UTC)}\n\n".encode())
 
 
 def encode(event: Event) -> bytes:

@@ -15,7 +15,7 @@ from typing import Any
 
 from chat.callstream import Delta
 from chat.plan import OutputParser
-from engine.client import FinishReason, SeqOutput, Timings, TokenLogprob
+from engine.client import WRITTEN, FinishReason, SeqOutput, Timings, TokenLogprob
 
 
 @dataclass(slots=True)
@@ -35,8 +35,10 @@ class Choice:
     stop_sequence: str = ""
     timings: Timings | None = None  # the engine's stage times, with the finish
     finished_at: float = 0.0  # time.monotonic() when the finish arrived here
+    written: bool = False  # a stream's lane sent its text already (server/serving/wire.py)
 
     def add(self, out: SeqOutput) -> None:
+        self.written = out.lane == WRITTEN
         if out.text:
             self.text.append(out.text)
         self.token_ids.extend(out.token_ids)
@@ -68,6 +70,7 @@ class Step:
     finish: FinishReason | None
     num_calls: int
     token_ids: list[int] = field(default_factory=list)  # sampled in this increment
+    written: bool = False  # its text is out already (the stream's lane): send nothing
 
 
 @dataclass(slots=True)
@@ -102,7 +105,7 @@ class ChoiceState:
         if inc.finish_reason is not None and self.on_finish is not None:
             self.on_finish(self)
         return Step(self.index, pieces, inc.logprobs, inc.finish_reason, self.parser.num_calls,
-                    inc.token_ids)  # fmt: skip
+                    inc.token_ids, inc.written)  # fmt: skip
 
 
 def coalesced(deltas: list[Delta]) -> list[Delta]:

@@ -150,6 +150,10 @@ def _counters(s: EngineStats) -> dict[str, tuple[str, float]]:
         "kvserve_request_timeouts": (
             "Sequences ended by a per-request time limit.", s.num_timeouts
         ),
+        "kvserve_lane_writes": (
+            "Streamed outputs written to the client by the engine thread (a stream's lane).",
+            s.num_lane_writes,
+        ),
         "kvserve_engine_rebuilds": (
             "Times the engine thread died and was rebuilt in place.", s.num_rebuilds
         ),

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from engine.llama import cpu_has_amx
-from tests.kvserve_process import running
+from tests.kvserve_process import metrics, running
 
 pytestmark = pytest.mark.model
 
@@ -90,6 +90,54 @@ def test_streaming_equals_non_streaming(client: openai.OpenAI) -> None:
             usage = chunk.usage
     assert "".join(parts) == whole.choices[0].message.content
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def lane_writes(server: str) -> float:
+    return metrics(server)["kvserve_lane_writes_total"]
+
+
+def streamed(server: str, **extra: Any) -> tuple[list[dict[str, Any]], bytes]:
+    """A streamed chat reply's chunks (data lines, [DONE] left out), and its raw bytes."""
+    body = {"model": MODEL, "messages": MESSAGES, "temperature": 0, "stream": True, **extra}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=server, headers=headers, timeout=60) as http:
+        raw = http.post("/v1/chat/completions", json=body).content
+    lines = [x for x in raw.decode().split("\n\n") if x]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(x.removeprefix("data: ")) for x in lines[:-1]], raw
+
+
+def test_a_plain_stream_s_tokens_go_out_through_its_lane(server: str) -> None:
+    """After its first token, a plain one-choice stream's chunks are written by the
+    engine thread (server/serving/wire.py): the same chunks, in order, as the loop's."""
+    before = lane_writes(server)
+    extra = {"max_tokens": 160, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    chunks, _ = streamed(server, **extra)
+    written = lane_writes(server) - before
+    assert written >= 100, written  # all but the first few of 160 tokens
+    whole = httpx.post(
+        f"{server}/v1/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": 160,
+              "ignore_eos": True},
+        headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+    ).json()  # fmt: skip
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[-2:-1]] == ["length"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 160
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+def test_streams_whose_chunks_need_more_than_the_text_have_no_lane(server: str) -> None:
+    before = lane_writes(server)
+    chunks, _ = streamed(server, max_tokens=24, logprobs=True, top_logprobs=2)
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert content and all(c["choices"][0]["logprobs"]["content"] for c in content)
+    chunks, _ = streamed(server, max_tokens=24, n=2)
+    assert {c["choices"][0]["index"] for c in chunks if c["choices"]} == {0, 1}
+    assert lane_writes(server) == before
 
 
 async def test_async_client_concurrent_requests(server: str) -> None:

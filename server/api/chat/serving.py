@@ -27,6 +27,7 @@ from server.serving.prepare import DROPPED_HEADER, Prepared, prepare_chat, with_
 from server.serving.replay import request_replay
 from server.serving.state import Choice, chat_finish_text, parsed, usage
 from server.serving.timings import timings, with_timings
+from server.serving.wire import TextLane, Wire
 
 log = logging.getLogger("kvserve.server")
 
@@ -76,9 +77,11 @@ async def serve_chat(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         framing = sse.chunk_framing("chat.completion.chunk", response_id, created,
                                     engine.info.model_id, include_usage)  # fmt: skip
+        # A plain text stream of one choice: its tokens may skip the event loop (wire.py).
+        wire = Wire() if body.n == 1 and prepared.plain_text and not body.return_tokens else None
         events = _stream(engine, generation, prepared, framing, include_usage,
-                         body.return_tokens, body.timings_per_token)  # fmt: skip
-        stream = sse.event_stream(events, on_close=generation.abort)
+                         body.return_tokens, body.timings_per_token, wire)  # fmt: skip
+        stream = sse.event_stream(events, on_close=generation.abort, wire=wire)
         stream.headers[DROPPED_HEADER] = str(prepared.dropped)
         return stream
     response.headers[DROPPED_HEADER] = str(prepared.dropped)
@@ -128,12 +131,15 @@ async def _stream(
     include_usage: bool,
     return_tokens: bool = False,
     timed: bool = False,
+    wire: Wire | None = None,
 ) -> AsyncIterator[str]:
     """Text and call deltas, then each choice's finish_reason in a chunk of its own with
     an empty delta (as OpenAI sends it: a client that stops reading at the finish has
     everything by then), then the usage chunk and [DONE]. `framing`: the JSON around
     every chunk's choices (sse.chunk_framing). `return_tokens`: each increment's part
-    carries its token ids; `timed`: the last chunk carries `timings` (llama-server's)."""
+    carries its token ids; `timed`: the last chunk carries `timings` (llama-server's).
+    `wire`: once the first token is out, the engine thread writes the chunk of each
+    plain-text token itself, through a lane on it (server/serving/wire.py)."""
     head, tail = framing
 
     def chunk(choices: list[dict[str, Any]]) -> str:
@@ -141,6 +147,9 @@ async def _stream(
 
     def part(index: int, delta: dict[str, Any], lps: Any = None, finish: Any = None) -> Any:
         return {"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}
+
+    def text_event(text: str) -> bytes:  # the chunk of plain text (the lane's)
+        return sse.encode(chunk([part(0, {"content": text})]))
 
     def last_timings() -> dict[str, Any] | None:
         totals = [s.total for s in states]
@@ -157,6 +166,11 @@ async def _stream(
             parts: list[dict[str, Any]] = []
             finals: list[dict[str, Any]] = []
             for step in increment:
+                if step.written:  # the lane sent it
+                    continue
+                if wire is not None and step.token_ids and wire.bound:
+                    generation.open_lane(TextLane(wire, text_event))
+                    wire = None
                 deltas = stream_deltas(step.deltas)
                 lps = _logprobs(engine, step.logprobs) if step.logprobs else None
                 tokens = step.token_ids if return_tokens else []

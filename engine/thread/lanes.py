@@ -1,0 +1,67 @@
+"""A stream's lane: a plain token's bytes written to the client by the engine thread.
+
+Handing each streamed token to the event loop costs more than the token's own Python:
+on two cores that llama.cpp's threads fill, the loop's wake-up and the GIL changing
+hands twice come out of the gap between two decodes (docs/benchmarks.md, "A token's
+lane"). A stream whose next chunk is a function of the output alone (a chat stream of
+plain text, n=1) opens a lane (`engine.types.Lane`); each output of its sequence is
+offered to the lane first, here on the engine thread, and only what the lane declines
+goes to the loop, which sends it as always.
+
+The reader still learns of every output: what the lane wrote is merged (as
+engine/thread/holding.py merges) and handed over marked WRITTEN before the next output
+the lane declines (the finish always is), and at least every `holding.HOLD_S` so that
+the reader's heartbeat, the status page and the metrics stay live. The reader folds a
+WRITTEN output into its totals and sends nothing for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.lane import DECLINED, WRITTEN
+from engine.sequence import Sequence
+from engine.thread import holding
+from engine.thread.holding import HOLD_S, merged
+from engine.thread.stats import StepCounters
+from engine.types import SeqOutput
+
+
+def handed(
+    seq: Sequence, output: SeqOutput, now: float, counters: StepCounters
+) -> list[SeqOutput]:
+    """What the reader of `seq` gets for `output`, in order: held back and merged for a
+    reader of whole replies (engine/thread/holding.py), offered to a lane first, or as is."""
+    if seq.holding:
+        released = holding.release(seq, output, now)
+        return [] if released is None else [released]
+    if seq.lane is not None:
+        return pass_on(seq, output, now, counters)
+    return [output]
+
+
+def pass_on(
+    seq: Sequence, output: SeqOutput, now: float, counters: StepCounters
+) -> list[SeqOutput]:
+    """What to hand the reader of `seq` (which has a lane) for `output`, in order."""
+    assert seq.lane is not None
+    if seq.t_released is None:
+        seq.t_released = now
+    if seq.lane.offer(output):
+        counters.num_lane_writes += 1
+        seq.passed = output if seq.passed is None else merged(seq.passed, output)
+        if now - seq.t_released < HOLD_S:
+            return []
+        return [_told(seq, now)]
+    declined = dataclasses.replace(output, lane=DECLINED)
+    if seq.passed is None:
+        return [declined]
+    return [_told(seq, now), declined]
+
+
+def _told(seq: Sequence, now: float) -> SeqOutput:
+    """What the lane wrote since the reader was last told, marked so."""
+    assert seq.passed is not None
+    told = dataclasses.replace(seq.passed, lane=WRITTEN)
+    seq.passed, seq.t_released = None, now
+    return told
