@@ -147,7 +147,7 @@ class Sequence:
         # Its stream's lane, if it has one (engine/thread/lanes.py), and what the lane
         # wrote that the reader has not been told of yet.
         self.lane: Lane | None = None
-        self.passed: SeqOutput | None = None
+        self.passed: list[SeqOutput] = []
 
     @property
     def request_id(self) -> str:

@@ -15,6 +15,7 @@ same text, tokens and totals. The merge is the engine's copy of what the reader'
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from engine.sequence import Sequence
 from engine.types import SeqOutput
@@ -34,6 +35,29 @@ def merged(first: SeqOutput, then: SeqOutput) -> SeqOutput:
         prompt_logprobs=first.prompt_logprobs + then.prompt_logprobs,
         num_prompt_tokens=split.num_prompt_tokens,
         num_cached_tokens=split.num_cached_tokens,
+    )
+
+
+def merged_all(outputs: list[SeqOutput], **changes: Any) -> SeqOutput:
+    """`merged` folded over `outputs` (at least one), made in one go: one new output,
+    not one a pair (engine/thread/lanes.py merges every token it wrote). `changes`
+    apply to the result, as in dataclasses.replace."""
+    last = outputs[-1]
+    if len(outputs) == 1:
+        return dataclasses.replace(last, **changes)
+    split = next(
+        (o for o in reversed(outputs) if o.num_prompt_tokens or o.finish_reason is not None),
+        outputs[0],
+    )
+    return dataclasses.replace(
+        last,
+        text="".join(o.text for o in outputs),
+        token_ids=tuple(t for o in outputs for t in o.token_ids),
+        logprobs=tuple(lp for o in outputs for lp in o.logprobs),
+        prompt_logprobs=tuple(lp for o in outputs for lp in o.prompt_logprobs),
+        num_prompt_tokens=split.num_prompt_tokens,
+        num_cached_tokens=split.num_cached_tokens,
+        **changes,
     )
 
 

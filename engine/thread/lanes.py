@@ -22,7 +22,7 @@ import dataclasses
 from engine.lane import DECLINED, WRITTEN
 from engine.sequence import Sequence
 from engine.thread import holding
-from engine.thread.holding import HOLD_S, merged
+from engine.thread.holding import HOLD_S, merged_all
 from engine.thread.stats import StepCounters
 from engine.types import SeqOutput
 
@@ -49,19 +49,18 @@ def pass_on(
         seq.t_released = now
     if seq.lane.offer(output):
         counters.num_lane_writes += 1
-        seq.passed = output if seq.passed is None else merged(seq.passed, output)
+        seq.passed.append(output)
         if now - seq.t_released < HOLD_S:
             return []
         return [_told(seq, now)]
     declined = dataclasses.replace(output, lane=DECLINED)
-    if seq.passed is None:
+    if not seq.passed:
         return [declined]
     return [_told(seq, now), declined]
 
 
 def _told(seq: Sequence, now: float) -> SeqOutput:
     """What the lane wrote since the reader was last told, marked so."""
-    assert seq.passed is not None
-    told = dataclasses.replace(seq.passed, lane=WRITTEN)
-    seq.passed, seq.t_released = None, now
+    told = merged_all(seq.passed, lane=WRITTEN)
+    seq.passed, seq.t_released = [], now
     return told

@@ -59,6 +59,17 @@ def test_merged_reads_as_its_parts() -> None:
     assert (early.num_prompt_tokens, early.num_cached_tokens) == (40, 32)
 
 
+def test_merged_all_is_merged_folded_in_one_go() -> None:
+    for start in range(len(OUTPUTS)):
+        for stop in range(start + 1, len(OUTPUTS) + 1):
+            part = OUTPUTS[start:stop]
+            folded = part[0]
+            for out in part[1:]:
+                folded = holding.merged(folded, out)
+            assert holding.merged_all(part) == folded, (start, stop)
+    assert holding.merged_all(OUTPUTS[:2], lane="written").lane == "written"
+
+
 def test_first_token_then_every_half_second_then_the_end() -> None:
     seq = held_seq()
     released = []

@@ -31,7 +31,7 @@ class Lane:
 
 
 def seq(lane: Any) -> Sequence:
-    return cast(Sequence, SimpleNamespace(holding=False, lane=lane, passed=None, t_released=None))
+    return cast(Sequence, SimpleNamespace(holding=False, lane=lane, passed=[], t_released=None))
 
 
 def out(text: str, token: int = 1) -> SeqOutput:
