@@ -18,6 +18,7 @@ WRITTEN output into its totals and sends nothing for it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from engine.lane import DECLINED, WRITTEN
 from engine.sequence import Sequence
@@ -25,6 +26,8 @@ from engine.thread import holding
 from engine.thread.holding import HOLD_S, merged_all
 from engine.thread.stats import StepCounters
 from engine.types import SeqOutput
+
+log = logging.getLogger("kvserve.engine")
 
 
 def handed(
@@ -47,7 +50,12 @@ def pass_on(
     assert seq.lane is not None
     if seq.t_released is None:
         seq.t_released = now
-    if seq.lane.offer(output):
+    try:
+        wrote = seq.lane.offer(output)
+    except Exception:  # a lane's bug must not cost the step: the loop sends from now on
+        log.exception("a stream's lane failed; its outputs go through the event loop")
+        seq.lane, wrote = None, False
+    if wrote:
         counters.num_lane_writes += 1
         seq.passed.append(output)
         if now - seq.t_released < HOLD_S:

@@ -63,6 +63,22 @@ def test_the_reader_is_told_at_least_every_hold_period() -> None:
     assert handed(s, out("d"), 10.0 + HOLD_S * 1.5, counters) == []  # the clock restarted
 
 
+def test_a_lane_that_fails_is_dropped_and_the_loop_sends_the_rest() -> None:
+    class Broken(Lane):
+        def offer(self, output: SeqOutput) -> bool:
+            if output.text == "b":
+                raise RuntimeError("a bug")
+            return super().offer(output)
+
+    s, counters = seq(Broken()), StepCounters()
+    assert handed(s, out("a"), 0.0, counters) == []
+    told = handed(s, out("b"), 0.1, counters)
+    assert [(o.text, o.lane) for o in told] == [("a", WRITTEN), ("b", DECLINED)]
+    assert s.lane is None
+    c = out("c")
+    assert handed(s, c, 0.2, counters) == [c]
+
+
 def test_without_a_lane_an_output_goes_as_it_is() -> None:
     o = out("a")
     assert handed(seq(None), o, 0.0, StepCounters()) == [o]
