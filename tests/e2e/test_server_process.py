@@ -130,6 +130,21 @@ def test_a_plain_stream_s_tokens_go_out_through_its_lane(server: str) -> None:
     assert all(c["usage"] is None for c in chunks[:-1])
 
 
+def test_a_session_s_streamed_turns_through_the_lane_continue_from_its_slot(server: str) -> None:
+    """The lane and a session: the session's turn ends (and its KV stays) as without it."""
+    before = lane_writes(server)
+    first, _ = streamed(server, max_tokens=48, ignore_eos=True, session_id="lane-session",
+                        stream_options={"include_usage": True})  # fmt: skip
+    reply = "".join(c["choices"][0]["delta"].get("content", "") for c in first if c["choices"])
+    turn = [*MESSAGES, {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And of Spain?"}]  # fmt: skip
+    second, _ = streamed(server, messages=turn, max_tokens=8, session_id="lane-session",
+                         stream_options={"include_usage": True})  # fmt: skip
+    assert lane_writes(server) - before >= 30
+    usage = second[-1]["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= first[-1]["usage"]["prompt_tokens"]
+
+
 def test_streams_whose_chunks_need_more_than_the_text_have_no_lane(server: str) -> None:
     before = lane_writes(server)
     chunks, _ = streamed(server, max_tokens=24, logprobs=True, top_logprobs=2)
