@@ -23,7 +23,7 @@ from engine.exact_rules import (
     least_step_tokens,
 )
 from engine.family import ftype_name
-from engine.lane import WRITTEN, Lane
+from engine.lane import Lane
 from engine.llama import KV_TYPES, gpu_offload_supported
 from engine.loop.generation import Generation
 from engine.loop.sessions import Session, check_session_id
@@ -67,7 +67,6 @@ __all__ = [
     "KV_TYPES",
     "NO_PROJECTOR",
     "TIME_LIMIT_CODES",
-    "WRITTEN",
     "CacheBudget",
     "CacheConfig",
     "CacheStats",

@@ -81,6 +81,7 @@ class Sequence:
         "t_released",
         "lane",
         "passed",
+        "num_unwritten",
     )
 
     def __init__(
@@ -148,6 +149,7 @@ class Sequence:
         # wrote that the reader has not been told of yet.
         self.lane: Lane | None = None
         self.passed: list[SeqOutput] = []
+        self.num_unwritten = 0  # outputs handed to its reader that no lane wrote
 
     @property
     def request_id(self) -> str:

@@ -232,7 +232,7 @@ class SeqOutput:
     stop_sequence: str = ""  # the stop string that ended a STOP finish ("": an EOG token)
     num_kv_tokens: int = 0  # tokens whose KV the slot keeps after the request
     timings: Timings | None = None  # with the finish only
-    lane: str = ""  # engine/lane.py: WRITTEN or DECLINED on a sequence with a lane
+    written: bool = False  # its stream's lane sent its text already (engine/lane.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from engine.lane import DECLINED, WRITTEN, Lane
+from engine.lane import Lane
 from engine.loop.sessions import Session
 from engine.types import SeqOutput
 
@@ -37,7 +37,7 @@ class Generation:
         self._hold = hold
         self._open_lane = open_lane
         self._lane: Lane | None = None
-        self._declined = 0  # outputs its lane left to this reader, received so far
+        self._unwritten = 0  # outputs received that no lane wrote (the lane's `paid`)
         # Not an asyncio.Queue: one reader, and this is the path of every streamed token
         # (a deque and one future cost a fraction of the queue's getters and putters).
         self._ready: deque[tuple[int, SeqOutput]] = deque()
@@ -48,8 +48,8 @@ class Generation:
     def put(self, index: int, output: SeqOutput) -> None:
         """Called on the event loop with each output the engine produced."""
         self._ready.append((index, output))
-        if output.lane == DECLINED:
-            self._declined += 1
+        if not output.written:
+            self._unwritten += 1
         self._last_put = time.monotonic()
         self._wake()
 
@@ -61,7 +61,7 @@ class Generation:
     async def _wait(self) -> None:
         """Until `put` or the heartbeat's timer wakes the reader."""
         if self._lane is not None:  # all it received is sent: the lane may write again
-            self._lane.paid = self._declined
+            self._lane.paid = self._unwritten
         self._waiter = asyncio.get_running_loop().create_future()
         try:
             await self._waiter
@@ -121,7 +121,7 @@ class Generation:
         """Outputs already waiting, without blocking (lets a slow reader coalesce): those
         its lane wrote, or (`written` False) those it did not, up to the first other."""
         items = []
-        while self._open and self._ready and (self._ready[0][1].lane == WRITTEN) == written:
+        while self._open and self._ready and self._ready[0][1].written == written:
             items.append(self._take())
         return items
 

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from engine.client import WRITTEN, EngineLike, FinishReason, Generation, SeqOutput
+from engine.client import EngineLike, FinishReason, Generation, SeqOutput
 from server.errors import APIError, BadRequest, ClientDisconnected, generation_failure
 from server.serving.state import Choice, ChoiceState, Step
 from server.telemetry.access import current_record
@@ -129,7 +129,7 @@ async def increments(
             if item is None:
                 yield []
                 continue
-            rest = generation.ready_nowait(written=item[1].lane == WRITTEN)
+            rest = generation.ready_nowait(written=item[1].written)
             if record is not None:
                 for index, out in [item, *rest]:
                     record.observe(generation, index, out)

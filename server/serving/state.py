@@ -15,7 +15,7 @@ from typing import Any
 
 from chat.callstream import Delta
 from chat.plan import OutputParser
-from engine.client import WRITTEN, FinishReason, SeqOutput, Timings, TokenLogprob
+from engine.client import FinishReason, SeqOutput, Timings, TokenLogprob
 
 
 @dataclass(slots=True)
@@ -38,7 +38,7 @@ class Choice:
     written: bool = False  # a stream's lane sent its text already (server/serving/wire.py)
 
     def add(self, out: SeqOutput) -> None:
-        self.written = out.lane == WRITTEN
+        self.written = out.written
         if out.text:
             self.text.append(out.text)
         self.token_ids.extend(out.token_ids)

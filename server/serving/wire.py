@@ -9,8 +9,9 @@ straight to the connection's socket. What it declines (the finish, logprobs, any
 while the loop has a send of its own pending) goes through the loop as always.
 
 Every byte of a response still goes out in order:
-- the lane writes only while asyncio's transport has nothing buffered, and only once the
-  reader has sent every output the lane declined before (`paid`);
+- the lane writes only while asyncio's transport has nothing buffered, and the engine
+  offers it an output only once the reader has sent every output handed to it before
+  (`engine.lane.Lane`);
 - the stream's own sends (events, heartbeats, proxy pings) and the lane's writes take
   the wire's lock, so they never interleave;
 - the wire is closed (under that lock) before the response's end, and when the client
@@ -95,24 +96,21 @@ class TextLane:
 
     def __init__(self, wire: Wire, encode: Callable[[str], bytes]):
         self.wire, self.encode = wire, encode
-        self.owed = 0  # outputs it declined (engine thread)
-        self.paid = 0  # of those, the ones the reader has sent (event loop)
+        self.paid = 0  # set by the reader (engine.lane.Lane)
 
     def offer(self, output: SeqOutput) -> bool:
         if (
-            self.owed == self.paid
-            and output.finish_reason is None
-            and not output.logprobs
-            and not output.prompt_logprobs
-            and not output.num_prompt_tokens
+            output.finish_reason is not None
+            or output.logprobs
+            or output.prompt_logprobs
+            or output.num_prompt_tokens
         ):
-            if not output.text:
-                return True
-            if self.wire.lock.acquire(blocking=False):
-                try:
-                    if self.wire.write(self.encode(output.text)):
-                        return True
-                finally:
-                    self.wire.lock.release()
-        self.owed += 1
-        return False
+            return False
+        if not output.text:
+            return True
+        if not self.wire.lock.acquire(blocking=False):  # the loop is sending
+            return False
+        try:
+            return self.wire.write(self.encode(output.text))
+        finally:
+            self.wire.lock.release()

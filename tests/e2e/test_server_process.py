@@ -102,7 +102,8 @@ def streamed(server: str, **extra: Any) -> tuple[list[dict[str, Any]], bytes]:
     headers = {"Authorization": f"Bearer {KEY}"}
     with httpx.Client(base_url=server, headers=headers, timeout=60) as http:
         raw = http.post("/v1/chat/completions", json=body).content
-    lines = [x for x in raw.decode().split("\n\n") if x]
+    # SSE comments (a proxy ping, sent when a loaded machine stretches a stream) left out
+    lines = [x for x in raw.decode().split("\n\n") if x and not x.startswith(":")]
     assert lines[-1] == "data: [DONE]"
     return [json.loads(x.removeprefix("data: ")) for x in lines[:-1]], raw
 

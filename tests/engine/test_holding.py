@@ -67,7 +67,7 @@ def test_merged_all_is_merged_folded_in_one_go() -> None:
             for out in part[1:]:
                 folded = holding.merged(folded, out)
             assert holding.merged_all(part) == folded, (start, stop)
-    assert holding.merged_all(OUTPUTS[:2], lane="written").lane == "written"
+    assert holding.merged_all(OUTPUTS[:2], written=True).written
 
 
 def test_first_token_then_every_half_second_then_the_end() -> None:
