@@ -57,7 +57,10 @@ class Wire:
         sock = transport.get_extra_info("socket")
         if sock is None or transport.get_extra_info("sslcontext") is not None:
             return
-        self._fd = os.dup(sock.fileno())
+        try:  # a client gone before the response started has no socket left (EBADF)
+            self._fd = os.dup(sock.fileno())
+        except OSError:
+            return
         self._transport, self._loop = transport, asyncio.get_running_loop()
 
     def write(self, body: bytes) -> bool:

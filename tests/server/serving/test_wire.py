@@ -75,6 +75,17 @@ async def test_no_lane_without_a_plain_http_1_1_transport() -> None:
     theirs.close()
 
 
+async def test_a_connection_closed_before_the_response_started_gets_no_lane() -> None:
+    transport, theirs = await connection()
+    theirs.close()
+    transport.abort()
+    await asyncio.sleep(0)  # the transport lets go of its socket
+    wire = Wire()
+    wire.bind(scope_of(transport))
+    assert not wire.bound and not written(wire, b"x")
+    wire.close()
+
+
 async def test_nothing_is_written_past_what_the_transport_has_buffered() -> None:
     transport, theirs = await connection()
     wire = Wire()
