@@ -26,22 +26,14 @@ HOLD_S = 0.5
 def merged(first: SeqOutput, then: SeqOutput) -> SeqOutput:
     """`first` followed by `then`, as one output: a reader adding the two in turn
     (server/serving/state.py `Choice.add`) ends with what it gets from this one."""
-    split = then if then.num_prompt_tokens or then.finish_reason is not None else first
-    return dataclasses.replace(
-        then,
-        text=first.text + then.text,
-        token_ids=first.token_ids + then.token_ids,
-        logprobs=first.logprobs + then.logprobs,
-        prompt_logprobs=first.prompt_logprobs + then.prompt_logprobs,
-        num_prompt_tokens=split.num_prompt_tokens,
-        num_cached_tokens=split.num_cached_tokens,
-    )
+    return merged_all([first, then])
 
 
 def merged_all(outputs: list[SeqOutput], **changes: Any) -> SeqOutput:
-    """`merged` folded over `outputs` (at least one), made in one go: one new output,
-    not one a pair (engine/thread/lanes.py merges every token it wrote). `changes`
-    apply to the result, as in dataclasses.replace."""
+    """`outputs` (at least one) in turn, as one output, made in one go (the lane merges
+    every token it wrote: engine/thread/lanes.py). The prompt's split is the last one
+    an output carried (a later output without one keeps it). `changes` apply to the
+    result, as in dataclasses.replace."""
     last = outputs[-1]
     if len(outputs) == 1:
         return dataclasses.replace(last, **changes)
